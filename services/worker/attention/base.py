@@ -1,0 +1,27 @@
+"""The attention backend interface: store this step's K and V, attend over the pool."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from services.worker.forward_batch import ForwardBatch
+from services.worker.kv_cache import KVCache
+
+
+class AttentionBackend(ABC):
+    def __init__(self, cache: KVCache, num_heads: int, head_dim: int) -> None:
+        self.cache = cache
+        self.num_heads = num_heads  # this rank's query heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+
+    @abstractmethod
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """q: [T, Hq, D], k and v: [T, Hkv, D] for the packed new tokens -> [T, Hq, D].
+
+        Stores k and v in the pool at batch.out_slots first, so each token attends to
+        every earlier token of its request, itself included (causal)."""

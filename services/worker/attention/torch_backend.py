@@ -1,0 +1,62 @@
+"""Attention in plain PyTorch: the CPU path and the reference for the Triton kernels."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from services.worker.attention.base import AttentionBackend
+from services.worker.forward_batch import ForwardBatch
+from services.worker.kv_cache import quantize_int8
+
+
+class TorchAttention(AttentionBackend):
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        self._store(layer, k, v, batch.out_slots)
+        out = torch.empty_like(q)
+        e = batch.num_extend_tokens
+        for i in range(batch.num_extends):
+            prefix = batch.extend_prefix_lens_host[i]
+            n = batch.extend_lens_host[i]
+            start = int(batch.extend_starts[i])
+            row = int(batch.extend_rows[i])
+            out[start : start + n] = self._attend(layer, q[start : start + n], batch.req_table[row], prefix + n, prefix)
+        for j in range(batch.num_decodes):
+            row = int(batch.decode_rows[j])
+            length = int(batch.decode_seq_lens[j])
+            out[e + j : e + j + 1] = self._attend(layer, q[e + j : e + j + 1], batch.req_table[row], length, length - 1)
+        return out
+
+    def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        idx = slots.long()
+        cache = self.cache
+        if cache.layout.quantized:
+            assert cache.k_scale is not None and cache.v_scale is not None
+            kq, ks = quantize_int8(k)
+            vq, vs = quantize_int8(v)
+            cache.k[layer][idx] = kq
+            cache.v[layer][idx] = vq
+            cache.k_scale[layer][idx] = ks
+            cache.v_scale[layer][idx] = vs
+        else:
+            cache.k[layer][idx] = k.to(cache.k[layer].dtype)
+            cache.v[layer][idx] = v.to(cache.v[layer].dtype)
+
+    def _attend(
+        self, layer: int, q: torch.Tensor, table_row: torch.Tensor, length: int, first_pos: int
+    ) -> torch.Tensor:
+        """q: [n, Hq, D] at positions first_pos.. of a request whose context is length tokens."""
+        slots = table_row[:length].long()
+        k, v = self.cache.dequantized(layer, slots)  # [length, Hkv, D]
+        group = self.num_heads // k.shape[1]
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, length, D]
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        qh = q.transpose(0, 1)  # [Hq, n, D]
+        n = q.shape[0]
+        q_pos = torch.arange(first_pos, first_pos + n, device=q.device)[:, None]
+        k_pos = torch.arange(length, device=q.device)[None, :]
+        mask = k_pos <= q_pos  # [n, length]
+        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=self.scale)
+        return o.transpose(0, 1)

@@ -1,0 +1,105 @@
+"""Build an Engine from the worker's config: device, dtype, weights, KV pool, backends."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from services.worker.attention.torch_backend import TorchAttention
+from services.worker.engine import Engine
+from services.worker.kv_cache import KVCache, KVLayout
+from services.worker.kv_manager import KVManager
+from services.worker.models.llama import LlamaModel, ModelWeights
+from services.worker.models.loader import load_weights
+from services.worker.models.rope import cos_sin_table
+from services.worker.ops import TorchOps
+from services.worker.parallel import TensorParallel
+from services.worker.req_table import ReqTable
+from services.worker.sampler import Sampler
+from services.worker.scheduler import Scheduler, SchedulerLimits
+from services.worker.token_allocator import TokenAllocator
+from shared.config import WorkerConfig
+from shared.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device cuda asked for, but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, model: ModelConfig, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32
+    return _DTYPES.get(model.torch_dtype, torch.bfloat16) if model.torch_dtype != "float32" else torch.bfloat16
+
+
+def kv_capacity(cfg: WorkerConfig, layout: KVLayout, device: torch.device) -> int:
+    """Token slots for the pool: as configured, or what the free device memory holds."""
+    if cfg.max_total_token_num:
+        return cfg.max_total_token_num
+    if device.type != "cuda":
+        return cfg.cpu_kv_tokens
+    free, total = torch.cuda.mem_get_info(device)
+    budget = free - (1.0 - cfg.mem_fraction) * total
+    tokens = int(budget // layout.bytes_per_token)
+    if tokens < 1024:
+        raise RuntimeError(
+            f"only {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB after loading the weights: "
+            f"no room for a KV pool at mem_fraction {cfg.mem_fraction}"
+        )
+    return tokens
+
+
+def build_engine(
+    cfg: WorkerConfig,
+    tp: TensorParallel | None = None,
+    weights: ModelWeights | None = None,
+    model_cfg: ModelConfig | None = None,
+) -> Engine:
+    tp = tp or TensorParallel()
+    model_cfg = model_cfg or ModelConfig.from_dir(cfg.model_dir)
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, model_cfg, device)
+    if weights is None:
+        weights = load_weights(cfg.model_dir, model_cfg, dtype, device, tp)
+    max_total_len = min(cfg.max_req_total_len or model_cfg.context_length, model_cfg.context_length)
+    layout = KVLayout(
+        num_layers=model_cfg.num_layers,
+        kv_heads=model_cfg.num_kv_heads // tp.size,
+        head_dim=model_cfg.head_dim,
+        dtype=dtype,
+        quantized=cfg.kv_dtype == "int8",
+    )
+    capacity = kv_capacity(cfg, layout, device)
+    cache = KVCache(layout, capacity, device)
+    log.info(
+        "KV pool: %d tokens (%.2f GiB, %s), device %s, weights %s, max request length %d",
+        capacity,
+        capacity * layout.bytes_per_token / 2**30,
+        "int8" if layout.quantized else str(dtype).removeprefix("torch."),
+        device,
+        str(dtype).removeprefix("torch."),
+        max_total_len,
+    )
+    table = ReqTable(cfg.running_max_req_size, max_total_len, device, dummy_slot=cache.dummy_slot)
+    kv = KVManager(TokenAllocator(capacity, device), table)
+    attn = TorchAttention(cache, model_cfg.num_heads // tp.size, model_cfg.head_dim)
+    cos_sin = cos_sin_table(model_cfg.head_dim, model_cfg.rope_theta, model_cfg.rope_scaling, max_total_len, device)
+    model = LlamaModel(model_cfg, weights, TorchOps(), attn, cos_sin, tp)
+    eos = frozenset(model_cfg.eos_token_ids)
+    limits = SchedulerLimits(
+        max_running=cfg.running_max_req_size,
+        prefill_budget=cfg.batch_max_tokens,
+        max_total_len=max_total_len,
+    )
+    return Engine(model, kv, Scheduler(kv, limits, eos), Sampler(eos, model_cfg.vocab_size), device)

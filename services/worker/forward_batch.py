@@ -1,0 +1,50 @@
+"""The tensors that describe one model step.
+
+Tokens are packed: first the extend segments (prefill chunks, or whole re-prefills of
+resumed requests), one after another, then one token per decoding request. Every new
+token gets a KV slot (``out_slots``); attention reads each request's earlier tokens
+from the pool through its request-table row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    out_slots: torch.Tensor  # [T] int32, where each new token's K and V go
+    req_table: torch.Tensor  # [rows, max_context] int32, the whole request-to-token table
+
+    # extend segments: packed tokens [0, num_extend_tokens)
+    num_extend_tokens: int
+    extend_rows: torch.Tensor  # [Be] int32
+    extend_starts: torch.Tensor  # [Be] int32, offset of each segment in the packed tokens
+    extend_lens: torch.Tensor  # [Be] int32, new tokens of each segment
+    extend_prefix_lens: torch.Tensor  # [Be] int32, tokens already in the pool before this step
+    extend_max_len: int
+    extend_lens_host: list[int]
+    extend_prefix_lens_host: list[int]
+
+    # decoding requests: packed tokens [num_extend_tokens, T), one each
+    decode_rows: torch.Tensor  # [Bd] int32
+    decode_seq_lens: torch.Tensor  # [Bd] int32, context length including the new token
+    decode_max_len: int
+
+    sample_index: torch.Tensor  # [S] int64, packed positions whose logits are sampled
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_extends(self) -> int:
+        return int(self.extend_rows.shape[0])
+
+    @property
+    def num_decodes(self) -> int:
+        return int(self.decode_rows.shape[0])

@@ -1,0 +1,76 @@
+"""The token-level KV pool (LightLLM's TokenAttention): K and V of every layer, one row per token slot.
+
+A token slot is an index into every layer's buffers; which slots belong to a request is
+kept in the request-to-token table (req_table.py) and which are free by the allocator
+(token_allocator.py). The slot at index ``capacity`` is scratch: padded rows of a
+CUDA-graph batch write there, so they never touch a live token.
+
+int8 mode stores each token's K and V per head as int8 with a float32 scale
+(absmax / 127), about half the bytes of bf16 per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    num_layers: int
+    kv_heads: int  # this rank's share of the KV heads
+    head_dim: int
+    dtype: torch.dtype  # the model's activation dtype
+    quantized: bool  # int8 storage with per-token, per-head scales
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token slot costs over all layers, K and V."""
+        if self.quantized:
+            per_layer = self.kv_heads * (self.head_dim * 1 + 4)
+        else:
+            per_layer = self.kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
+        return 2 * self.num_layers * per_layer
+
+
+class KVCache:
+    def __init__(self, layout: KVLayout, capacity: int, device: torch.device | str) -> None:
+        if capacity < 1:
+            raise ValueError(f"KV capacity must be >= 1 token, got {capacity}")
+        self.layout = layout
+        self.capacity = capacity
+        self.dummy_slot = capacity
+        rows = capacity + 1
+        shape = (rows, layout.kv_heads, layout.head_dim)  # [slots, kv_heads, head_dim]
+        store_dtype = torch.int8 if layout.quantized else layout.dtype
+        self.k = [torch.zeros(shape, dtype=store_dtype, device=device) for _ in range(layout.num_layers)]
+        self.v = [torch.zeros(shape, dtype=store_dtype, device=device) for _ in range(layout.num_layers)]
+        self.k_scale: list[torch.Tensor] | None = None
+        self.v_scale: list[torch.Tensor] | None = None
+        if layout.quantized:
+            scale_shape = (rows, layout.kv_heads)  # [slots, kv_heads]
+            self.k_scale = [
+                torch.ones(scale_shape, dtype=torch.float32, device=device) for _ in range(layout.num_layers)
+            ]
+            self.v_scale = [
+                torch.ones(scale_shape, dtype=torch.float32, device=device) for _ in range(layout.num_layers)
+            ]
+
+    def dequantized(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the given slots in the activation dtype: [n, kv_heads, head_dim] each."""
+        k = self.k[layer][slots]
+        v = self.v[layer][slots]
+        if self.layout.quantized:
+            assert self.k_scale is not None and self.v_scale is not None
+            k = (k.float() * self.k_scale[layer][slots][..., None]).to(self.layout.dtype)
+            v = (v.float() * self.v_scale[layer][slots][..., None]).to(self.layout.dtype)
+        return k, v
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [n, heads, dim] -> (int8 values [n, heads, dim], float32 scales [n, heads])."""
+    absmax = x.float().abs().amax(dim=-1)
+    scale = torch.clamp(absmax, min=1e-8) / 127.0
+    q = torch.round(x.float() / scale[..., None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale

@@ -1,0 +1,47 @@
+"""Rotary position embedding tables, with the scalings Llama-family configs use.
+
+The table holds cos and sin of position * inverse frequency for every position the
+model serves, computed in float32 exactly as Hugging Face does, so the kernels only
+look rows up.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
+    """[head_dim // 2] float32 inverse frequencies after the config's rope scaling."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    rope_type = scaling.get("rope_type", "default")
+    if rope_type == "default":
+        return inv_freq
+    factor = float(scaling["factor"])
+    if rope_type == "linear":
+        return inv_freq / factor
+    if rope_type == "llama3":
+        low = float(scaling["low_freq_factor"])
+        high = float(scaling["high_freq_factor"])
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        low_wavelen = old_ctx / low
+        high_wavelen = old_ctx / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope type {rope_type!r}")
+
+
+def cos_sin_table(
+    head_dim: int, theta: float, scaling: dict[str, Any], max_positions: int, device: torch.device | str
+) -> torch.Tensor:
+    """[max_positions, head_dim] float32: cos in the first half of each row, sin in the second."""
+    inv_freq = inverse_frequencies(head_dim, theta, scaling)
+    positions = torch.arange(max_positions, dtype=torch.int64).float()
+    freqs = torch.outer(positions, inv_freq)  # [max_positions, head_dim // 2]
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)

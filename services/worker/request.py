@@ -1,0 +1,67 @@
+"""A request as the worker holds it: its tokens, how many are in the KV pool, its row."""
+
+from __future__ import annotations
+
+from shared.messages import GenerateReq, SamplingParams
+
+
+class Req:
+    __slots__ = (
+        "admit_order",
+        "alloc_len",
+        "deadline",
+        "detok",
+        "error",
+        "finish_reason",
+        "front",
+        "kv_len",
+        "params",
+        "prompt_len",
+        "rid",
+        "row",
+        "step_logprobs",
+        "step_top_logprobs",
+        "tokens",
+    )
+
+    def __init__(self, msg: GenerateReq, admit_order: int) -> None:
+        self.rid = msg.rid
+        self.front = msg.front
+        self.detok = msg.detok
+        self.params: SamplingParams = msg.params
+        self.deadline = msg.deadline
+        self.admit_order = admit_order
+        self.tokens: list[int] = list(msg.input_ids)  # prompt, then output
+        self.prompt_len = len(msg.input_ids)
+        self.kv_len = 0  # tokens whose K and V are in the pool
+        self.alloc_len = 0  # positions that have a slot (>= kv_len while a step is in flight)
+        self.row: int | None = None  # request-table row while it holds KV
+        self.finish_reason = ""
+        self.error = ""  # why it failed, when finish_reason is "error"
+        self.step_logprobs: list[float] = []
+        self.step_top_logprobs: list[list[list[float]]] = []
+
+    @property
+    def output_len(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def pending(self) -> int:
+        """Tokens the model has not run yet; the next token is sampled after the last of them."""
+        return len(self.tokens) - self.kv_len
+
+    @property
+    def decoding(self) -> bool:
+        """Prefilled: one new token per step from here on."""
+        return self.kv_len > 0 and self.pending == 1
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.params.max_new_tokens - self.output_len)
+
+    def __repr__(self) -> str:
+        return f"Req({self.rid}, len={len(self.tokens)}, kv={self.kv_len}, row={self.row})"

@@ -1,0 +1,188 @@
+"""Which requests run in the next step, and what happens to them after it.
+
+Every step decodes one token for each prefilled request and spends what is left of the
+prefill token budget on prefill chunks: first the requests already part-way through,
+then new ones in arrival order. A long prompt is cut into chunks, so it never stalls
+the running decodes. When the pool cannot hold this step's decode tokens, the newest
+requests are paused: their KV is freed, their tokens kept, and they run again by
+recomputation (a re-prefill) as soon as memory allows; their clients see a delay only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from services.worker.kv_manager import KVManager
+from services.worker.request import Req
+from shared.messages import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepPlan:
+    extends: list[tuple[Req, int]] = field(default_factory=list)  # (request, new tokens this step)
+    decodes: list[Req] = field(default_factory=list)
+    extend_slots: list[torch.Tensor] = field(default_factory=list)
+    decode_slots: torch.Tensor | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.extends and not self.decodes
+
+    def sampled(self) -> list[Req]:
+        """Requests that get a token from this step, in sample order."""
+        done = [r for r, n in self.extends if r.kv_len + n == len(r.tokens)]
+        return done + self.decodes
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    max_running: int
+    prefill_budget: int  # tokens per step
+    max_total_len: int  # prompt + output, per request
+
+
+class Scheduler:
+    def __init__(self, kv: KVManager, limits: SchedulerLimits, eos_ids: frozenset[int]) -> None:
+        self.kv = kv
+        self.limits = limits
+        self.eos_ids = eos_ids
+        self.waiting: deque[Req] = deque()  # admitted (or paused) and holding no KV
+        self.running: list[Req] = []  # holding KV, in admission order
+        self.finished: list[Req] = []  # ended since the last take_finished()
+        self.num_paused_total = 0
+
+    # ---------------------------------------------------------------- membership
+
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def all_requests(self) -> list[Req]:
+        return [*self.running, *self.waiting]
+
+    def abort(self, rid: str, reason: str = FINISH_ABORT) -> Req | None:
+        for req in self.running:
+            if req.rid == rid:
+                self.running.remove(req)
+                self._finish(req, reason)
+                return req
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                self._finish(req, reason)
+                return req
+        return None
+
+    def expire(self, now: float) -> list[Req]:
+        """End the requests whose deadline has passed."""
+        late = [r for r in self.all_requests() if r.deadline and r.deadline < now]
+        for req in late:
+            req.error = "deadline exceeded"
+            self.abort(req.rid, FINISH_ERROR)
+        return late
+
+    def take_finished(self) -> list[Req]:
+        out, self.finished = self.finished, []
+        return out
+
+    # ---------------------------------------------------------------- planning
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        decodes = [r for r in self.running if r.decoding]
+        decodes = self._make_room_for(decodes)
+        budget = self.limits.prefill_budget - len(decodes)
+        # requests part-way through their prefill hold KV already: finish them first
+        for req in self.running:
+            if budget <= 0:
+                break
+            if not req.decoding and req.pending > 0:
+                n = min(req.pending, budget)
+                if not self.kv.can_allocate(n + len(decodes)):
+                    break
+                plan.extends.append((req, n))
+                plan.extend_slots.append(self.kv.allocate(req, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.limits.max_running:
+            req = self.waiting[0]
+            n = min(req.pending, budget)
+            # keep room for this step's decodes and the next step's
+            if not self.kv.can_allocate(n + 2 * len(decodes) + 1, new_rows=1):
+                if not self.running and not self.kv.can_allocate(req.pending, new_rows=1):
+                    self.waiting.popleft()
+                    self._fail(req, "the request needs more KV tokens than the pool has")
+                    continue
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            plan.extends.append((req, n))
+            plan.extend_slots.append(self.kv.allocate(req, n))
+            budget -= n
+        plan.decodes = decodes
+        if decodes:
+            plan.decode_slots = torch.cat([self.kv.allocate(r, 1) for r in decodes])
+        return plan
+
+    def _make_room_for(self, decodes: list[Req]) -> list[Req]:
+        """Pause the newest requests until this step's decode tokens fit."""
+        while decodes and not self.kv.can_allocate(len(decodes)):
+            victim = max(self.running, key=lambda r: r.admit_order)
+            if len(self.running) == 1:
+                self.running.remove(victim)
+                decodes.remove(victim)
+                self._fail(victim, "the KV pool cannot hold this request alone")
+                continue
+            self.running.remove(victim)
+            if victim in decodes:
+                decodes.remove(victim)
+            self.kv.release(victim)
+            self.waiting.appendleft(victim)
+            self.num_paused_total += 1
+            log.info("paused (KV pool full); resumes by recomputation", extra={"rid": victim.rid})
+        return decodes
+
+    # ---------------------------------------------------------------- after the step
+
+    def commit(self, plan: StepPlan, tokens: list[int], logprobs: list[float] | None, top: list | None) -> None:
+        """Record the step's K and V as stored and append each sampled token."""
+        sampled = plan.sampled()
+        for req, n in plan.extends:
+            req.kv_len += n
+        for req in plan.decodes:
+            req.kv_len += 1
+        for i, (req, tok) in enumerate(zip(sampled, tokens, strict=True)):
+            req.tokens.append(tok)
+            req.step_logprobs = [logprobs[i]] if logprobs is not None else []
+            req.step_top_logprobs = [top[i]] if top is not None else []
+            reason = self._finish_reason(req, tok)
+            if reason:
+                self.running.remove(req)
+                self._finish(req, reason)
+
+    def _finish_reason(self, req: Req, tok: int) -> str:
+        p = req.params
+        if req.output_len >= p.min_new_tokens and (
+            (not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids
+        ):
+            return FINISH_STOP
+        if req.output_len >= p.max_new_tokens or len(req.tokens) >= self.limits.max_total_len:
+            return FINISH_LENGTH
+        return ""
+
+    def _finish(self, req: Req, reason: str) -> None:
+        req.finish_reason = reason
+        self.kv.release(req)
+        self.finished.append(req)
+
+    def _fail(self, req: Req, why: str) -> None:
+        log.error("failing request: %s", why, extra={"rid": req.rid})
+        req.error = why
+        self._finish(req, FINISH_ERROR)

@@ -1,0 +1,107 @@
+"""Frozen configuration of each service, built once in its ``__main__`` and passed down.
+
+Every field is also a command-line flag (``--field-name``) and an environment variable
+(``LS_FIELD_NAME``), see shared/cli.py. Invariants are checked in ``__post_init__`` so a
+bad setting stops the service at start with a message naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class CommonConfig:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    namespace: str = "ls"
+    replica: str = ""  # this replica's name; empty: derived from host name and pid
+    log_level: str = "INFO"
+    stream_maxlen: int = 100_000  # XADD MAXLEN ~ for every stream this service writes
+    metrics_port: int = 0  # Prometheus /metrics on this port; 0: none (the tokenizer serves its own)
+
+
+@dataclass(frozen=True)
+class TokenizerConfig(CommonConfig):
+    model_dir: str = ""
+    model_name: str = ""  # the name clients use; empty: the model directory's base name
+    host: str = "0.0.0.0"
+    port: int = 8000
+    max_req_total_len: int = 0  # prompt + output tokens; 0: the model's context length
+    max_body_bytes: int = 4 * 1024 * 1024
+    request_timeout_s: float = 600.0  # no request outlives this, queued or running
+    pipeline_dead_after_s: float = 5.0  # fail in-flight requests when no worker or detokenizer beats
+    tokenizer_threads: int = 2
+
+    def __post_init__(self) -> None:
+        _check(bool(self.model_dir), "model_dir is required")
+        _check(0 < self.port < 65536, f"port must be in 1..65535, got {self.port}")
+        _check(self.max_req_total_len >= 0, "max_req_total_len must be >= 0")
+        _check(self.request_timeout_s > 0, "request_timeout_s must be > 0")
+        _check(self.tokenizer_threads >= 1, "tokenizer_threads must be >= 1")
+
+
+@dataclass(frozen=True)
+class RouterConfig(CommonConfig):
+    router_token_ratio: float = 0.0  # below this KV usage a pool is 'not busy': guess output lengths
+    router_max_new_token_len: int = 1024  # the guess for a request's output when not busy
+    running_max_req_size: int = 1000  # most requests admitted to one worker group at once
+    batch_max_tokens: int = 0  # most prompt tokens admitted to a group and not yet started; 0: a tenth of its pool
+    worker_dead_after_s: float = 3.0  # a group with no status for this long is dead
+    max_waiting: int = 10_000  # waiting-queue bound; past it the router rejects
+    status_log_every_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.router_token_ratio <= 1.0, "router_token_ratio must be in [0, 1]")
+        _check(self.router_max_new_token_len >= 1, "router_max_new_token_len must be >= 1")
+        _check(self.running_max_req_size >= 1, "running_max_req_size must be >= 1")
+        _check(self.batch_max_tokens >= 0, "batch_max_tokens must be >= 0")
+        _check(self.worker_dead_after_s > 0, "worker_dead_after_s must be > 0")
+        _check(self.max_waiting >= 1, "max_waiting must be >= 1")
+
+
+@dataclass(frozen=True)
+class WorkerConfig(CommonConfig):
+    model_dir: str = ""
+    group: str = "0"  # this worker group's name; the router places requests by it
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (the model's, float32 on the CPU) | float32 | bfloat16 | float16
+    kv_dtype: str = "auto"  # auto (the model dtype) | int8
+    max_total_token_num: int = 0  # KV pool tokens; 0: sized from free memory
+    mem_fraction: float = 0.9  # of the device memory, for weights plus KV pool
+    cpu_kv_tokens: int = 32_768  # KV pool tokens on the CPU when max_total_token_num is 0
+    batch_max_tokens: int = 8192  # prefill tokens per step
+    running_max_req_size: int = 256
+    max_req_total_len: int = 0  # 0: the model's context length
+    status_interval_s: float = 0.5
+    seed: int = 0  # weights are loaded, not drawn; this seeds nothing but ties
+
+    def __post_init__(self) -> None:
+        _check(bool(self.model_dir), "model_dir is required")
+        _check(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device}")
+        _check(
+            self.dtype in ("auto", "float32", "bfloat16", "float16"),
+            f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}",
+        )
+        _check(self.kv_dtype in ("auto", "int8"), f"kv_dtype must be auto or int8, got {self.kv_dtype}")
+        _check(self.max_total_token_num >= 0, "max_total_token_num must be >= 0")
+        _check(0.0 < self.mem_fraction <= 1.0, "mem_fraction must be in (0, 1]")
+        _check(self.batch_max_tokens >= 16, "batch_max_tokens must be >= 16")
+        _check(self.running_max_req_size >= 1, "running_max_req_size must be >= 1")
+        _check(self.status_interval_s > 0, "status_interval_s must be > 0")
+
+
+@dataclass(frozen=True)
+class DetokenizerConfig(CommonConfig):
+    model_dir: str = ""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.model_dir), "model_dir is required")

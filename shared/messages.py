@@ -1,0 +1,304 @@
+"""Every message that crosses a service boundary, grouped by the stream that carries it.
+
+Wire format: a msgpack array ``[SCHEMA_VERSION, tag, field_1, field_2, ...]`` with the
+fields in declaration order; a nested struct is the array of its own fields. No pickle,
+no tensors. ``encode`` and ``decode`` are the only ways in and out, and ``decode``
+rejects a message from another schema version or of an unknown type.
+
+Streams (names in shared/streams.py):
+    router inbox       GenerateReq, AbortReq, WorkerStatus
+    worker[g] inbox    AdmitReqs, AbortReqs
+    detokenizer[k]     DetokRegister, TokenBatch
+    front[f]           TextBatch
+    heartbeat keys     Heartbeat
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgpack
+
+SCHEMA_VERSION = 1
+
+# finish reasons shared by every stage; "" means still running
+FINISH_STOP = "stop"  # EOS, a stop token or a stop string
+FINISH_LENGTH = "length"  # max_new_tokens or the context limit
+FINISH_ABORT = "abort"  # the client went away or asked to stop
+FINISH_ERROR = "error"  # the pipeline failed the request; TokenItem.error says why
+FINISH_REASONS = ("", FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR)
+
+
+class WireError(ValueError):
+    """A message that cannot be decoded: wrong version, unknown type or wrong shape."""
+
+
+# ---------------------------------------------------------------- nested structs
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request generation options, as the worker applies them."""
+
+    max_new_tokens: int = 16
+    min_new_tokens: int = 0
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: the whole vocabulary
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int = 0  # the front always assigns one, so sampling is reproducible per request
+    logprobs: bool = False  # report the chosen token's logprob
+    top_logprobs: int = 0  # also report this many most likely alternatives
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature < 1e-5 or self.top_k == 1
+
+
+@dataclass(frozen=True, slots=True)
+class RunningReq:
+    """One request as a worker holds it, for the router's token accounting."""
+
+    rid: str
+    held_tokens: int  # KV tokens the request owns now (prompt + output so far)
+    remaining_tokens: int  # at most this many more output tokens
+    paused: bool = False  # preempted: holds no KV now, resumes by recomputation
+
+
+@dataclass(frozen=True, slots=True)
+class TokenItem:
+    """New tokens of one request in one worker step (or its end)."""
+
+    rid: str
+    token_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)  # one per token when asked for
+    top_logprobs: list[list[list[float]]] = field(default_factory=list)  # per token: [[id, logprob], ...]
+    finish_reason: str = ""
+    error: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0  # total output tokens so far, this step's included
+
+
+@dataclass(frozen=True, slots=True)
+class TextItem:
+    """New text of one request, as its front end hands it to the client."""
+
+    rid: str
+    text: str  # the delta since the last TextItem of this request
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[list[float]]] = field(default_factory=list)
+    token_texts: list[str] = field(default_factory=list)  # each new token decoded on its own
+    finish_reason: str = ""
+    error: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
+# ---------------------------------------------------------------- router inbox
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateReq:
+    TAG: ClassVar[str] = "gen"
+    rid: str
+    front: str  # the front end waiting for the text
+    detok: str  # the detokenizer shard that holds the request's decode state
+    input_ids: list[int]
+    params: SamplingParams
+    arrival: float  # unix time the front accepted it
+    deadline: float  # unix time after which it is failed wherever it is
+
+
+@dataclass(frozen=True, slots=True)
+class AbortReq:
+    TAG: ClassVar[str] = "abort"
+    rid: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """A worker group's state; sent periodically, doubling as its heartbeat."""
+
+    TAG: ClassVar[str] = "wstat"
+    group: str
+    instance: str  # changes on every restart of the group
+    capacity_tokens: int
+    free_tokens: int
+    max_running: int
+    admit_seq: int  # the last AdmitReqs.seq this instance has taken in
+    running: list[RunningReq]
+    waiting: list[str]  # admitted, not yet started
+    time: float
+
+
+# ---------------------------------------------------------------- worker inbox
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitReqs:
+    TAG: ClassVar[str] = "admit"
+    instance: str  # only this incarnation of the group may take them
+    seq: int
+    reqs: list[GenerateReq]
+
+
+@dataclass(frozen=True, slots=True)
+class AbortReqs:
+    TAG: ClassVar[str] = "aborts"
+    rids: list[str]
+    reason: str
+
+
+# ---------------------------------------------------------------- detokenizer inbox
+
+
+@dataclass(frozen=True, slots=True)
+class DetokRegister:
+    TAG: ClassVar[str] = "dreg"
+    rid: str
+    front: str
+    prompt_tokens: int
+    stop: list[str]
+    skip_special_tokens: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBatch:
+    TAG: ClassVar[str] = "tokens"
+    source: str  # "worker:<group>" or "router"
+    items: list[TokenItem]
+
+
+# ---------------------------------------------------------------- front-end inbox
+
+
+@dataclass(frozen=True, slots=True)
+class TextBatch:
+    TAG: ClassVar[str] = "text"
+    items: list[TextItem]
+
+
+# ---------------------------------------------------------------- heartbeat keys
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    TAG: ClassVar[str] = "hb"
+    service: str
+    replica: str
+    pid: int
+    started: float
+    time: float
+    info: dict[str, float] = field(default_factory=dict)
+
+
+MESSAGE_TYPES: tuple[type, ...] = (
+    GenerateReq,
+    AbortReq,
+    WorkerStatus,
+    AdmitReqs,
+    AbortReqs,
+    DetokRegister,
+    TokenBatch,
+    TextBatch,
+    Heartbeat,
+)
+NESTED_TYPES: tuple[type, ...] = (SamplingParams, RunningReq, TokenItem, TextItem)
+
+
+# ---------------------------------------------------------------- codec
+
+
+def _converters(tp: Any) -> tuple[Any, Any]:
+    """(to_wire, from_wire) for one annotated field type; None means pass through."""
+    if dataclasses.is_dataclass(tp):
+        return _struct_to_wire, lambda v, tp=tp: _struct_from_wire(tp, v)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(inner) == 1:
+            enc, dec = _converters(inner[0])
+            if enc is None:
+                return None, None
+            return (lambda v: None if v is None else enc(v)), (lambda v: None if v is None else dec(v))
+        return None, None
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        enc, dec = _converters(item)
+        if enc is None:
+            return None, None
+        return (lambda v: [enc(x) for x in v]), (lambda v: [dec(x) for x in v])
+    return None, None
+
+
+_FIELDS: dict[type, list[tuple[str, Any, Any]]] = {}
+
+
+def _fields(cls: type) -> list[tuple[str, Any, Any]]:
+    spec = _FIELDS.get(cls)
+    if spec is None:
+        hints = typing.get_type_hints(cls)
+        spec = [(f.name, *_converters(hints[f.name])) for f in dataclasses.fields(cls)]
+        _FIELDS[cls] = spec
+    return spec
+
+
+def _struct_to_wire(obj: Any) -> list[Any]:
+    out = []
+    for name, enc, _ in _fields(type(obj)):
+        value = getattr(obj, name)
+        out.append(value if enc is None else enc(value))
+    return out
+
+
+def _struct_from_wire(cls: type, values: Any) -> Any:
+    spec = _fields(cls)
+    if not isinstance(values, list) or len(values) != len(spec):
+        raise WireError(f"{cls.__name__}: expected {len(spec)} fields, got {values!r:.200}")
+    kwargs = {}
+    for (name, _, dec), value in zip(spec, values, strict=True):
+        kwargs[name] = value if dec is None else dec(value)
+    return cls(**kwargs)
+
+
+_BY_TAG: dict[str, type] = {cls.TAG: cls for cls in MESSAGE_TYPES}
+assert len(_BY_TAG) == len(MESSAGE_TYPES), "message tags must be unique"
+
+
+def encode(msg: Any) -> bytes:
+    """Serialise one top-level message."""
+    cls = type(msg)
+    if _BY_TAG.get(getattr(cls, "TAG", None)) is not cls:
+        raise WireError(f"{cls.__name__} is not a wire message type")
+    return msgpack.packb([SCHEMA_VERSION, cls.TAG, *_struct_to_wire(msg)], use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    """Parse one top-level message, checking version, type and shape."""
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated types
+        raise WireError(f"not msgpack: {e}") from e
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise WireError(f"not a message envelope: {raw!r:.200}")
+    version, tag = raw[0], raw[1]
+    if version != SCHEMA_VERSION:
+        raise WireError(f"schema version {version!r}, this build speaks {SCHEMA_VERSION}")
+    cls = _BY_TAG.get(tag)
+    if cls is None:
+        raise WireError(f"unknown message type {tag!r}")
+    try:
+        return _struct_from_wire(cls, raw[2:])
+    except (TypeError, ValueError) as e:
+        raise WireError(f"{cls.__name__}: {e}") from e

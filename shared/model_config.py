@@ -1,0 +1,133 @@
+"""What a Hugging Face model directory's config.json says, for the Llama family.
+
+Parsed without torch so the front end and the worker agree on the context length and
+the end-of-sequence ids. Both spellings of rotary scaling are read: the classic
+``rope_theta`` + ``rope_scaling`` and transformers 5's ``rope_parameters``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# architectures -> family name used by the worker's model code
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class ModelConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    family: str  # llama | mistral | qwen2
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    torch_dtype: str  # as config.json names it: bfloat16, float16, float32
+    rope_scaling: dict[str, Any] = field(default_factory=dict)  # {} when none
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ModelConfigError(
+                f"num_attention_heads {self.num_heads} is not a multiple of num_key_value_heads {self.num_kv_heads}"
+            )
+        rope_type = self.rope_scaling.get("rope_type", "default")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ModelConfigError(f"rope scaling type {rope_type!r} is not supported ({SUPPORTED_ROPE_TYPES})")
+
+    @property
+    def context_length(self) -> int:
+        return self.max_position_embeddings
+
+    @classmethod
+    def from_dir(cls, model_dir: str) -> ModelConfig:
+        path = os.path.join(model_dir, "config.json")
+        try:
+            with open(path) as f:
+                raw = json.load(f)
+        except FileNotFoundError as e:
+            raise ModelConfigError(f"{path} not found: is {model_dir!r} a Hugging Face model directory?") from e
+        gen_path = os.path.join(model_dir, "generation_config.json")
+        gen = {}
+        if os.path.exists(gen_path):
+            with open(gen_path) as f:
+                gen = json.load(f)
+        return cls.from_dict(raw, gen)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
+        archs = raw.get("architectures") or []
+        family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if family is None:
+            family = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}.get(raw.get("model_type", ""))
+        if family is None:
+            raise ModelConfigError(
+                f"architecture {archs or raw.get('model_type')!r} is not supported; "
+                f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        heads = int(raw["num_attention_heads"])
+        hidden = int(raw["hidden_size"])
+        rope_params = dict(raw.get("rope_parameters") or {})
+        rope_scaling = dict(raw.get("rope_scaling") or {})
+        theta = raw.get("rope_theta", rope_params.pop("rope_theta", 10000.0))
+        rope_params.pop("rope_theta", None)
+        scaling = rope_scaling or rope_params
+        if "type" in scaling and "rope_type" not in scaling:
+            scaling["rope_type"] = scaling.pop("type")
+        if scaling.get("rope_type", "default") == "default":
+            scaling = {}
+        max_pos = int(raw.get("max_position_embeddings", 2048))
+        window = raw.get("sliding_window")
+        if window and (family == "mistral" or raw.get("use_sliding_window")) and int(window) < max_pos:
+            log.warning("sliding window %s < context %s: serving contexts up to the window only", window, max_pos)
+            max_pos = int(window)
+        eos = _ids((generation or {}).get("eos_token_id")) or _ids(raw.get("eos_token_id"))
+        return cls(
+            family=family,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
+            torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+            rope_scaling=scaling,
+            eos_token_ids=eos,
+            bos_token_id=raw.get("bos_token_id"),
+        )
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)

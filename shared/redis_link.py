@@ -1,0 +1,100 @@
+"""A service's connection to Redis that survives Redis going away.
+
+Every Redis call in LightStream goes through ``RedisLink.call``: on a connection error it
+waits with exponential backoff and tries again until Redis answers or the service is
+stopping, so a Redis restart costs a pause, not a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, OSError)
+
+
+class Stopping(Exception):
+    """Raised out of a retry loop when the service is shutting down."""
+
+
+class RedisLink:
+    def __init__(
+        self,
+        url: str,
+        stop: threading.Event | None = None,
+        max_backoff_s: float = 2.0,
+        socket_timeout_s: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.stop = stop or threading.Event()
+        self.max_backoff_s = max_backoff_s
+        self.client = redis.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=2.0,
+            socket_keepalive=True,
+            retry_on_timeout=False,
+            decode_responses=False,
+        )
+        self._outage_since: float | None = None
+        self._lock = threading.Lock()
+
+    def call(self, fn: Callable[[redis.Redis], T], on_reconnect: Callable[[], None] | None = None) -> T:
+        """Run ``fn(client)``, retrying through connection errors with backoff."""
+        delay = 0.05
+        while True:
+            try:
+                result = fn(self.client)
+            except _TRANSIENT as e:
+                self._note_outage(e)
+                if self.stop.wait(delay):
+                    raise Stopping() from e
+                delay = min(delay * 2, self.max_backoff_s)
+                if on_reconnect is not None:
+                    with contextlib.suppress(_TRANSIENT):
+                        on_reconnect()
+                continue
+            self._note_recovery()
+            return result
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except _TRANSIENT:
+            return False
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _note_outage(self, err: BaseException) -> None:
+        with self._lock:
+            if self._outage_since is None:
+                self._outage_since = time.monotonic()
+                log.warning("redis unreachable at %s (%s); retrying with backoff", self.url, err)
+
+    def _note_recovery(self) -> None:
+        if self._outage_since is None:
+            return
+        with self._lock:
+            if self._outage_since is not None:
+                log.warning("redis back after %.1fs", time.monotonic() - self._outage_since)
+                self._outage_since = None
+
+
+def is_nogroup(err: Exception) -> bool:
+    return isinstance(err, redis.ResponseError) and "NOGROUP" in str(err)
+
+
+def maybe(value: Any) -> Any:
+    """Decode Redis bytes to str, leaving other values alone."""
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,168 @@
+"""Redis stream helpers: the only code in LightStream that touches streams.
+
+Writers append with ``XADD ... MAXLEN ~ N`` so no stream grows without bound. Readers
+consume through a consumer group and acknowledge an entry only after its side effect
+is done; a reader also claims the pending entries of a consumer that died (idle past
+``claim_idle_ms``), so a restarted service picks up where its predecessor stopped. A
+group that vanished (Redis restarted without persistence) is created again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from shared.messages import WireError, decode, encode
+from shared.redis_link import RedisLink, is_nogroup, maybe
+
+log = logging.getLogger(__name__)
+
+FIELD = b"m"  # every entry holds one msgpack message under this field
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    stream: str
+    entry_id: bytes
+    msg: Any  # a decoded message from shared.messages
+
+
+class StreamWriter:
+    def __init__(self, link: RedisLink, maxlen: int = 100_000) -> None:
+        self.link = link
+        self.maxlen = maxlen
+
+    def send(self, stream: str, msg: Any) -> None:
+        data = encode(msg)
+        self.link.call(lambda r: r.xadd(stream, {FIELD: data}, maxlen=self.maxlen, approximate=True))
+
+    def send_many(self, items: Iterable[tuple[str, Any]]) -> None:
+        """Append several messages in one round trip, each to its own stream, in order."""
+        encoded = [(stream, encode(msg)) for stream, msg in items]
+        if not encoded:
+            return
+
+        def run(r: redis.Redis) -> None:
+            pipe = r.pipeline(transaction=False)
+            for stream, data in encoded:
+                pipe.xadd(stream, {FIELD: data}, maxlen=self.maxlen, approximate=True)
+            pipe.execute()
+
+        self.link.call(run)
+
+
+class StreamReader:
+    """One consumer of one stream through a consumer group."""
+
+    def __init__(
+        self,
+        link: RedisLink,
+        stream: str,
+        group: str,
+        consumer: str,
+        claim_idle_ms: int = 5_000,
+        claim_every_s: float = 1.0,
+    ) -> None:
+        self.link = link
+        self.stream = stream
+        self.group = group
+        self.consumer = consumer
+        self.claim_idle_ms = claim_idle_ms
+        self.claim_every_s = claim_every_s
+        self._next_claim = 0.0
+        self.ensure_group()
+
+    def ensure_group(self) -> None:
+        """Create the group (and stream) if missing; reading starts at the stream's beginning
+        so that nothing sent before the first reader existed is lost."""
+
+        def run(r: redis.Redis) -> None:
+            try:
+                r.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            except redis.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+
+        self.link.call(run)
+
+    def read(self, count: int = 256, block_ms: int | None = None) -> list[Entry]:
+        """Entries claimed from dead consumers first, then new ones; waits up to block_ms
+        (None: do not wait) when there is nothing."""
+        claimed = self._claim_due()
+        if claimed:
+            return claimed
+
+        def run(r: redis.Redis) -> Any:
+            return r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+
+        resp = self._call_group(run)
+        out: list[Entry] = []
+        for _stream, entries in resp or []:
+            out.extend(self._decode_entries(entries))
+        return out
+
+    def ack(self, entries: Iterable[Entry]) -> None:
+        ids = [e.entry_id for e in entries]
+        if ids:
+            self._call_group(lambda r: r.xack(self.stream, self.group, *ids))
+
+    def pending_count(self) -> int:
+        info = self._call_group(lambda r: r.xpending(self.stream, self.group))
+        return int(info["pending"]) if info else 0
+
+    def _claim_due(self) -> list[Entry]:
+        now = time.monotonic()
+        if now < self._next_claim:
+            return []
+        self._next_claim = now + self.claim_every_s
+
+        def run(r: redis.Redis) -> Any:
+            return r.xautoclaim(self.stream, self.group, self.consumer, min_idle_time=self.claim_idle_ms, count=256)
+
+        resp = self._call_group(run)
+        entries = resp[1] if resp else []
+        claimed = self._decode_entries(entries)
+        if claimed:
+            log.warning("claimed %d pending entries of a dead consumer on %s", len(claimed), self.stream)
+        self._forget_idle_consumers()
+        return claimed
+
+    def _forget_idle_consumers(self, idle_ms: int = 60_000) -> None:
+        """Drop consumers that left nothing pending, so inspection shows live ones only."""
+        consumers = self._call_group(lambda r: r.xinfo_consumers(self.stream, self.group))
+        for c in consumers or []:
+            name = maybe(c.get("name"))
+            if name != self.consumer and int(c.get("pending", 0)) == 0 and int(c.get("idle", 0)) > idle_ms:
+                self._call_group(lambda r, n=name: r.xgroup_delconsumer(self.stream, self.group, n))
+
+    def _decode_entries(self, entries: Any) -> list[Entry]:
+        out: list[Entry] = []
+        bad: list[bytes] = []
+        for entry_id, fields in entries:
+            if fields is None:  # deleted by MAXLEN trimming while pending
+                bad.append(entry_id)
+                continue
+            try:
+                out.append(Entry(self.stream, entry_id, decode(fields[FIELD])))
+            except (WireError, KeyError) as e:
+                log.error("dropping undecodable entry %s on %s: %s", maybe(entry_id), self.stream, e)
+                bad.append(entry_id)
+        if bad:
+            self._call_group(lambda r: r.xack(self.stream, self.group, *bad))
+        return out
+
+    def _call_group(self, fn: Any) -> Any:
+        """Run a group command, recreating the group once if Redis lost it."""
+        try:
+            return self.link.call(fn)
+        except redis.ResponseError as e:
+            if not is_nogroup(e):
+                raise
+            log.warning("consumer group %s on %s is gone (redis restarted?); recreating", self.group, self.stream)
+            self.ensure_group()
+            return self.link.call(fn)

@@ -1,0 +1,53 @@
+"""Every Redis key and stream name, in one place.
+
+A deployment can share one Redis between several LightStream stacks by giving each a
+different namespace (``--namespace``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StreamNames:
+    namespace: str = "ls"
+
+    @property
+    def router(self) -> str:
+        """GenerateReq, AbortReq and WorkerStatus, read by the router."""
+        return f"{self.namespace}:router"
+
+    def worker(self, group: str) -> str:
+        """AdmitReqs and AbortReqs for one worker group."""
+        return f"{self.namespace}:worker:{group}"
+
+    def detok(self, shard: str) -> str:
+        """DetokRegister and TokenBatch for one detokenizer shard."""
+        return f"{self.namespace}:detok:{shard}"
+
+    def front(self, front_id: str) -> str:
+        """TextBatch for one front end (tokenizer replica)."""
+        return f"{self.namespace}:front:{front_id}"
+
+    def heartbeat(self, service: str, replica: str) -> str:
+        return f"{self.namespace}:hb:{service}:{replica}"
+
+    def heartbeat_pattern(self, service: str) -> str:
+        return f"{self.namespace}:hb:{service}:*"
+
+    def stream_pattern(self) -> str:
+        return f"{self.namespace}:*"
+
+
+# consumer group names, one per consuming service
+GROUP_ROUTER = "router"
+GROUP_WORKER = "worker"
+GROUP_DETOK = "detokenizer"
+GROUP_FRONT = "front"
+
+# service names as they appear in heartbeats and logs
+SERVICE_TOKENIZER = "tokenizer"
+SERVICE_ROUTER = "router"
+SERVICE_WORKER = "worker"
+SERVICE_DETOK = "detokenizer"

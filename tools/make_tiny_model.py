@@ -1,0 +1,206 @@
+"""Write a tiny Hugging Face-format model directory: random weights from a seed and a
+byte-level BPE tokenizer trained here on tools/data/corpus.txt.
+
+    python tools/make_tiny_model.py --out DIR [--seed N] [--arch llama|qwen2]
+        [--hidden 64] [--layers 2] [--heads 4] [--kv-heads 2] [--intermediate 128]
+        [--vocab 1000] [--max-positions 1024] [--dtype float32]
+
+The output layer is scaled up so the next-token distribution is peaked: greedy choices
+then do not hinge on the order of floating-point sums, which lets tests compare token
+for token with Hugging Face transformers. The end-of-sequence row is scaled further so
+greedy generations end on EOS now and then. Same arguments, same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
+
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+ARCHS = {
+    # specials in id order; bos (or None), eos, the extra end-of-turn token
+    "llama": {"specials": ["<s>", "</s>", "<|im_start|>", "<|im_end|>"], "bos": "<s>", "eos": "</s>"},
+    "qwen2": {"specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "bos": None, "eos": "<|endoftext|>"},
+}
+
+
+def train_tokenizer(vocab_size: int, specials: list[str], bos: str | None) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    with open(CORPUS, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    tok.train_from_iterator(lines, trainer)
+    if bos is not None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+        )
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
+def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(args.seed)
+    head_dim = args.hidden // args.heads
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * std
+
+    def linear(out_f: int, in_f: int) -> torch.Tensor:
+        return normal(out_f, in_f, std=in_f**-0.5)
+
+    def norm() -> torch.Tensor:
+        return 1.0 + normal(args.hidden, std=0.1)
+
+    w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(vocab, args.hidden, std=1.0)}
+    for i in range(args.layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm()
+        w[p + "self_attn.q_proj.weight"] = linear(args.heads * head_dim, args.hidden)
+        w[p + "self_attn.k_proj.weight"] = linear(args.kv_heads * head_dim, args.hidden)
+        w[p + "self_attn.v_proj.weight"] = linear(args.kv_heads * head_dim, args.hidden)
+        w[p + "self_attn.o_proj.weight"] = linear(args.hidden, args.heads * head_dim)
+        if args.arch == "qwen2":
+            w[p + "self_attn.q_proj.bias"] = normal(args.heads * head_dim, std=0.1)
+            w[p + "self_attn.k_proj.bias"] = normal(args.kv_heads * head_dim, std=0.1)
+            w[p + "self_attn.v_proj.bias"] = normal(args.kv_heads * head_dim, std=0.1)
+        w[p + "post_attention_layernorm.weight"] = norm()
+        w[p + "mlp.gate_proj.weight"] = linear(args.intermediate, args.hidden)
+        w[p + "mlp.up_proj.weight"] = linear(args.intermediate, args.hidden)
+        w[p + "mlp.down_proj.weight"] = linear(args.hidden, args.intermediate)
+    # with tied embeddings a positive final norm makes each token its own best successor
+    # (logit = |embedding|^2); random signs break that self-attraction
+    w["model.norm.weight"] = normal(args.hidden, std=1.0) if args.arch == "qwen2" else norm()
+    # peaked logits: each logit has a standard deviation of about args.logit_scale
+    head = normal(vocab, args.hidden, std=args.logit_scale * args.hidden**-0.5)
+    head[eos_id] *= args.eos_boost
+    if args.arch == "qwen2":  # tied: the output layer is the embedding
+        w["model.embed_tokens.weight"] = head
+    else:
+        w["lm_head.weight"] = head
+    dtype = getattr(torch, args.dtype)
+    return {k: v.to(dtype).contiguous() for k, v in w.items()}
+
+
+def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_id: int) -> dict:
+    head_dim = args.hidden // args.heads
+    cfg = {
+        "architectures": ["Qwen2ForCausalLM" if args.arch == "qwen2" else "LlamaForCausalLM"],
+        "model_type": args.arch,
+        "vocab_size": vocab,
+        "hidden_size": args.hidden,
+        "intermediate_size": args.intermediate,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.heads,
+        "num_key_value_heads": args.kv_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": args.max_positions,
+        "rms_norm_eps": 1e-6 if args.arch == "qwen2" else 1e-5,
+        "rope_theta": 10000.0 if args.arch == "qwen2" else 500000.0,
+        "tie_word_embeddings": args.arch == "qwen2",
+        "attention_bias": False,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": args.dtype,
+        "use_cache": True,
+    }
+    if args.arch == "llama":
+        # Llama 3.1's scaling, shrunk to the tiny context, so that path is exercised too
+        cfg["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": max(16, args.max_positions // 8),
+        }
+    else:
+        cfg["use_sliding_window"] = False
+        cfg["sliding_window"] = None
+    return cfg
+
+
+def tokenizer_config(arch: dict, max_positions: int) -> dict:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": arch["bos"],
+        "eos_token": arch["eos"],
+        "pad_token": arch["eos"],
+        "unk_token": None,
+        "model_max_length": max_positions,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": ("{{ bos_token }}" if arch["bos"] else "") + CHATML,
+    }
+
+
+def write(out: str, args: argparse.Namespace) -> None:
+    arch = ARCHS[args.arch]
+    tok = train_tokenizer(args.vocab, arch["specials"], arch["bos"])
+    vocab = tok.get_vocab_size()
+    bos_id = tok.token_to_id(arch["bos"]) if arch["bos"] else None
+    eos_id = tok.token_to_id(arch["eos"])
+    end_of_turn = tok.token_to_id("<|im_end|>")
+    os.makedirs(out, exist_ok=True)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    files = {
+        "config.json": model_config(args, vocab, bos_id, eos_id),
+        "generation_config.json": {"bos_token_id": bos_id, "eos_token_id": [eos_id, end_of_turn]},
+        "tokenizer_config.json": tokenizer_config(arch, args.max_positions),
+        "special_tokens_map.json": {"bos_token": arch["bos"], "eos_token": arch["eos"], "pad_token": arch["eos"]},
+    }
+    for name, content in files.items():
+        with open(os.path.join(out, name), "w") as f:
+            json.dump({k: v for k, v in content.items() if v is not None or name == "config.json"}, f, indent=2)
+    save_file(random_weights(args, vocab, eos_id), os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="directory to write")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arch", choices=sorted(ARCHS), default="llama")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=1000, help="BPE vocabulary size to train (an upper bound)")
+    ap.add_argument("--max-positions", type=int, default=1024)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    ap.add_argument("--logit-scale", type=float, default=4.0, help="standard deviation of the logits")
+    ap.add_argument("--eos-boost", type=float, default=1.8, help="extra scale of the EOS row of the output layer")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        raise SystemExit("--hidden must divide by --heads, and --heads by --kv-heads")
+    write(args.out, args)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
