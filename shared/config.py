@@ -38,7 +38,7 @@ class TokenizerConfig(CommonConfig):
     max_req_total_len: int = 0  # prompt + output tokens; 0: the model's context length
     max_body_bytes: int = 4 * 1024 * 1024
     request_timeout_s: float = 600.0  # no request outlives this, queued or running
-    pipeline_dead_after_s: float = 5.0  # fail in-flight requests when no worker or detokenizer beats
+    pipeline_dead_after_s: float = 3.0  # a service whose heartbeat is older than this is dead
     tokenizer_threads: int = 2
 
     def __post_init__(self) -> None:
@@ -54,7 +54,7 @@ class RouterConfig(CommonConfig):
     router_token_ratio: float = 0.0  # below this KV usage a pool is 'not busy': guess output lengths
     router_max_new_token_len: int = 1024  # the guess for a request's output when not busy
     running_max_req_size: int = 1000  # most requests admitted to one worker group at once
-    batch_max_tokens: int = 0  # most prompt tokens admitted to a group and not yet started; 0: a tenth of its pool
+    batch_max_tokens: int = 0  # most prompt tokens placed on a group and not started yet; 0: no limit
     worker_dead_after_s: float = 3.0  # a group with no status for this long is dead
     max_waiting: int = 10_000  # waiting-queue bound; past it the router rejects
     status_log_every_s: float = 10.0

@@ -69,6 +69,8 @@ class RunningReq:
     """One request as a worker holds it, for the router's token accounting."""
 
     rid: str
+    detok: str  # its detokenizer shard, so a router that restarted can still fail it
+    prompt_tokens: int
     held_tokens: int  # KV tokens the request owns now (prompt + output so far)
     remaining_tokens: int  # at most this many more output tokens
     paused: bool = False  # preempted: holds no KV now, resumes by recomputation
@@ -97,7 +99,6 @@ class TextItem:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[list[float]]] = field(default_factory=list)
-    token_texts: list[str] = field(default_factory=list)  # each new token decoded on its own
     finish_reason: str = ""
     error: str = ""
     prompt_tokens: int = 0
@@ -137,8 +138,7 @@ class WorkerStatus:
     free_tokens: int
     max_running: int
     admit_seq: int  # the last AdmitReqs.seq this instance has taken in
-    running: list[RunningReq]
-    waiting: list[str]  # admitted, not yet started
+    running: list[RunningReq]  # every request it holds: running, waiting to start, or paused
     time: float
 
 
@@ -170,7 +170,8 @@ class DetokRegister:
     front: str
     prompt_tokens: int
     stop: list[str]
-    skip_special_tokens: bool = True
+    skip_special_tokens: bool
+    deadline: float  # unix time; the session is dropped after it if still open
 
 
 @dataclass(frozen=True, slots=True)

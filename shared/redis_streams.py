@@ -19,6 +19,7 @@ import redis
 
 from shared.messages import WireError, decode, encode
 from shared.redis_link import RedisLink, is_nogroup, maybe
+from shared.streams import consumer_lease
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,7 @@ FIELD = b"m"  # every entry holds one msgpack message under this field
 @dataclass(frozen=True, slots=True)
 class Entry:
     stream: str
+    group: str
     entry_id: bytes
     msg: Any  # a decoded message from shared.messages
 
@@ -41,19 +43,33 @@ class StreamWriter:
         data = encode(msg)
         self.link.call(lambda r: r.xadd(stream, {FIELD: data}, maxlen=self.maxlen, approximate=True))
 
-    def send_many(self, items: Iterable[tuple[str, Any]]) -> None:
-        """Append several messages in one round trip, each to its own stream, in order."""
+    def send_many(self, items: Iterable[tuple[str, Any]], acks: Iterable[Entry] = ()) -> None:
+        """Append several messages in one round trip, each to its own stream, in order.
+
+        Entries in ``acks`` are acknowledged in the same MULTI/EXEC transaction, so a
+        consumer that dies mid-way has either done both (sent and acknowledged) or
+        neither, and its successor neither loses nor repeats the work."""
         encoded = [(stream, encode(msg)) for stream, msg in items]
-        if not encoded:
+        ack_list = list(acks)
+        if not encoded and not ack_list:
             return
 
         def run(r: redis.Redis) -> None:
-            pipe = r.pipeline(transaction=False)
+            pipe = r.pipeline(transaction=bool(ack_list) and bool(encoded))
             for stream, data in encoded:
                 pipe.xadd(stream, {FIELD: data}, maxlen=self.maxlen, approximate=True)
+            for (stream, group), ids in _by_group(ack_list).items():
+                pipe.xack(stream, group, *ids)
             pipe.execute()
 
         self.link.call(run)
+
+
+def _by_group(entries: list[Entry]) -> dict[tuple[str, str], list[bytes]]:
+    out: dict[tuple[str, str], list[bytes]] = {}
+    for e in entries:
+        out.setdefault((e.stream, e.group), []).append(e.entry_id)
+    return out
 
 
 class StreamReader:
@@ -65,7 +81,7 @@ class StreamReader:
         stream: str,
         group: str,
         consumer: str,
-        claim_idle_ms: int = 5_000,
+        claim_idle_ms: int = 5_000,  # a consumer that has not read for this long is dead (its lease expires)
         claim_every_s: float = 1.0,
     ) -> None:
         self.link = link
@@ -74,6 +90,7 @@ class StreamReader:
         self.consumer = consumer
         self.claim_idle_ms = claim_idle_ms
         self.claim_every_s = claim_every_s
+        self.lease = consumer_lease(stream, group, consumer)
         self._next_claim = 0.0
         self.ensure_group()
 
@@ -98,7 +115,10 @@ class StreamReader:
             return claimed
 
         def run(r: redis.Redis) -> Any:
-            return r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+            pipe = r.pipeline(transaction=False)
+            pipe.set(self.lease, b"1", px=self.claim_idle_ms)  # "still alive", in the same round trip
+            pipe.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+            return pipe.execute()[1]
 
         resp = self._call_group(run)
         out: list[Entry] = []
@@ -116,29 +136,36 @@ class StreamReader:
         return int(info["pending"]) if info else 0
 
     def _claim_due(self) -> list[Entry]:
+        """Take over what consumers that stopped reading left pending, then forget them."""
         now = time.monotonic()
         if now < self._next_claim:
             return []
         self._next_claim = now + self.claim_every_s
-
-        def run(r: redis.Redis) -> Any:
-            return r.xautoclaim(self.stream, self.group, self.consumer, min_idle_time=self.claim_idle_ms, count=256)
-
-        resp = self._call_group(run)
-        entries = resp[1] if resp else []
-        claimed = self._decode_entries(entries)
+        consumers = self._call_group(lambda r: r.xinfo_consumers(self.stream, self.group)) or []
+        claimed: list[Entry] = []
+        for c in consumers:
+            name = maybe(c.get("name"))
+            if name == self.consumer or self._alive(name):
+                continue
+            if int(c.get("pending", 0)):
+                claimed.extend(self._claim_from(name))
+            self._call_group(lambda r, n=name: r.xgroup_delconsumer(self.stream, self.group, n))
         if claimed:
             log.warning("claimed %d pending entries of a dead consumer on %s", len(claimed), self.stream)
-        self._forget_idle_consumers()
         return claimed
 
-    def _forget_idle_consumers(self, idle_ms: int = 60_000) -> None:
-        """Drop consumers that left nothing pending, so inspection shows live ones only."""
-        consumers = self._call_group(lambda r: r.xinfo_consumers(self.stream, self.group))
-        for c in consumers or []:
-            name = maybe(c.get("name"))
-            if name != self.consumer and int(c.get("pending", 0)) == 0 and int(c.get("idle", 0)) > idle_ms:
-                self._call_group(lambda r, n=name: r.xgroup_delconsumer(self.stream, self.group, n))
+    def _alive(self, consumer: str) -> bool:
+        return bool(self.link.call(lambda r: r.exists(consumer_lease(self.stream, self.group, consumer))))
+
+    def _claim_from(self, consumer: str) -> list[Entry]:
+        def run(r: redis.Redis) -> Any:
+            pending = r.xpending_range(self.stream, self.group, min="-", max="+", count=10_000, consumername=consumer)
+            ids = [p["message_id"] for p in pending]
+            if not ids:
+                return []
+            return r.xclaim(self.stream, self.group, self.consumer, min_idle_time=0, message_ids=ids)
+
+        return self._decode_entries(self._call_group(run) or [])
 
     def _decode_entries(self, entries: Any) -> list[Entry]:
         out: list[Entry] = []
@@ -148,7 +175,7 @@ class StreamReader:
                 bad.append(entry_id)
                 continue
             try:
-                out.append(Entry(self.stream, entry_id, decode(fields[FIELD])))
+                out.append(Entry(self.stream, self.group, entry_id, decode(fields[FIELD])))
             except (WireError, KeyError) as e:
                 log.error("dropping undecodable entry %s on %s: %s", maybe(entry_id), self.stream, e)
                 bad.append(entry_id)

@@ -40,6 +40,12 @@ class StreamNames:
         return f"{self.namespace}:*"
 
 
+def consumer_lease(stream: str, group: str, consumer: str) -> str:
+    """A key each stream reader refreshes on every read; when it expires, the reader is dead
+    and another consumer of the group may claim what it left pending."""
+    return f"{stream}:lease:{group}:{consumer}"
+
+
 # consumer group names, one per consuming service
 GROUP_ROUTER = "router"
 GROUP_WORKER = "worker"

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class StepOutput:
     items: list[tuple[str, TokenItem]]  # (detokenizer shard, item)
     num_tokens: int  # tokens the model ran this step
-    freed: bool  # some request ended and gave its KV back
+    changed: bool  # a request ended (its KV is free) or produced its first token
 
 
 class Engine:
@@ -72,7 +72,8 @@ class Engine:
         got_token = {id(r) for r in sampled}
         items += [(r.detok, self._item(r, with_token=False)) for r in finished if id(r) not in got_token]
         num_tokens = sum(n for _, n in plan.extends) + len(plan.decodes)
-        return StepOutput(items, num_tokens, freed=bool(finished))
+        first_tokens = any(r.output_len == 1 for r in sampled)
+        return StepOutput(items, num_tokens, changed=bool(finished) or first_tokens)
 
     @staticmethod
     def _item(req: Req, with_token: bool) -> TokenItem:
@@ -94,6 +95,8 @@ class Engine:
         return [
             RunningReq(
                 rid=r.rid,
+                detok=r.detok,
+                prompt_tokens=r.prompt_len,
                 held_tokens=len(r.tokens),
                 remaining_tokens=r.remaining,
                 paused=id(r) in waiting and r.output_len > 0,

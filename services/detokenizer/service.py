@@ -1,0 +1,80 @@
+"""The detokenizer service loop: receive, decode, publish.
+
+It reads its shard's stream (registrations from front ends, token batches from
+workers and the router), keeps one DetokSession per request, and sends one TextBatch
+per step to each front end with requests in it. A stop-string hit also sends an abort
+to the router, so the worker frees the request's KV at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from services.detokenizer.incremental import Decoder
+from services.detokenizer.session import DetokSession
+from shared.messages import AbortReq, DetokRegister, TextBatch, TextItem, TokenBatch
+from shared.redis_link import RedisLink
+from shared.redis_streams import Entry, StreamReader, StreamWriter
+from shared.streams import GROUP_DETOK, StreamNames
+
+log = logging.getLogger(__name__)
+
+
+class DetokenizerService:
+    def __init__(self, link: RedisLink, names: StreamNames, shard: str, decoder: Decoder, maxlen: int) -> None:
+        self.link = link
+        self.names = names
+        self.shard = shard
+        self.decoder = decoder
+        self.reader = StreamReader(link, names.detok(shard), GROUP_DETOK, consumer=shard)
+        self.writer = StreamWriter(link, maxlen)
+        self.sessions: dict[str, DetokSession] = {}
+        self.deadlines: dict[str, float] = {}
+        self._next_gc = 0.0
+
+    def run(self) -> None:
+        log.info("detokenizer shard %s reading %s", self.shard, self.names.detok(self.shard))
+        while not self.link.stop.is_set():
+            entries = self.reader.read(count=512, block_ms=500)
+            self.handle(entries)
+            self._collect_expired()
+
+    def handle(self, entries: list[Entry]) -> None:
+        texts: dict[str, list[TextItem]] = {}
+        aborts: list[str] = []
+        for entry in entries:
+            msg = entry.msg
+            if isinstance(msg, DetokRegister):
+                self.sessions[msg.rid] = DetokSession(msg, self.decoder)
+                self.deadlines[msg.rid] = msg.deadline
+            elif isinstance(msg, TokenBatch):
+                for item in msg.items:
+                    session = self.sessions.get(item.rid)
+                    if session is None:
+                        continue  # ended already (stop string hit; its abort is in flight)
+                    text, ended = session.apply(item)
+                    texts.setdefault(session.front, []).append(text)
+                    if ended:
+                        self._close(item.rid)
+                        if not item.finish_reason:  # ended here, not in the worker
+                            aborts.append(item.rid)
+            else:
+                log.error("unexpected %s on the detokenizer stream", type(msg).__name__)
+        out = [(self.names.front(front), TextBatch(items)) for front, items in texts.items()]
+        out += [(self.names.router, AbortReq(rid, "ended by the detokenizer")) for rid in aborts]
+        self.writer.send_many(out, acks=entries)
+
+    def _close(self, rid: str) -> None:
+        self.sessions.pop(rid, None)
+        self.deadlines.pop(rid, None)
+
+    def _collect_expired(self) -> None:
+        """Drop sessions past their deadline whose end never came (their front end has given up)."""
+        now = time.time()
+        if now < self._next_gc:
+            return
+        self._next_gc = now + 5.0
+        for rid in [rid for rid, d in self.deadlines.items() if d and d + 30.0 < now]:
+            log.warning("dropping a session past its deadline", extra={"rid": rid})
+            self._close(rid)

@@ -1,0 +1,62 @@
+"""One request's detokenization: token items in, text items out, stop strings applied."""
+
+from __future__ import annotations
+
+from services.detokenizer.incremental import Decoder, IncrementalDecoder
+from services.detokenizer.stops import StopMatcher
+from shared.messages import FINISH_ERROR, FINISH_STOP, DetokRegister, TextItem, TokenItem
+
+
+class DetokSession:
+    __slots__ = ("decoder", "front", "output_tokens", "prompt_tokens", "rid", "stops")
+
+    def __init__(self, reg: DetokRegister, decoder: Decoder) -> None:
+        self.rid = reg.rid
+        self.front = reg.front
+        self.prompt_tokens = reg.prompt_tokens
+        self.decoder = IncrementalDecoder(decoder, reg.skip_special_tokens)
+        self.stops = StopMatcher(reg.stop)
+        self.output_tokens = 0
+
+    def apply(self, item: TokenItem) -> tuple[TextItem, bool]:
+        """-> (the text item for the front end, whether this request has ended)."""
+        expected = self.output_tokens + len(item.token_ids)
+        if item.token_ids and item.output_tokens != expected:
+            # a worker restarted the request after its output had begun: sending the new
+            # tokens would repeat text the client already has
+            return self._end(FINISH_ERROR, "the request was restarted after its output began"), True
+        self.output_tokens = expected
+        text, hit = self.stops.feed(self.decoder.push(item.token_ids))
+        if hit:
+            return self._text(item, text, FINISH_STOP), True
+        if item.finish_reason:
+            tail, hit = self.stops.feed(self.decoder.flush())
+            text += tail
+            if hit:
+                return self._text(item, text, FINISH_STOP), True
+            text += self.stops.flush()
+            return self._text(item, text, item.finish_reason, item.error), True
+        return self._text(item, text, ""), False
+
+    def _text(self, item: TokenItem, text: str, finish: str, error: str = "") -> TextItem:
+        return TextItem(
+            rid=self.rid,
+            text=text,
+            token_ids=item.token_ids,
+            logprobs=item.logprobs,
+            top_logprobs=item.top_logprobs,
+            finish_reason=finish,
+            error=error,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+        )
+
+    def _end(self, finish: str, error: str) -> TextItem:
+        return TextItem(
+            rid=self.rid,
+            text="",
+            finish_reason=finish,
+            error=error,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+        )

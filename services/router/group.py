@@ -1,0 +1,100 @@
+"""What the router knows of one worker group: its last status and what it admitted there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.router.admission import Load, estimated_remaining, peak_tokens
+from shared.messages import GenerateReq, RunningReq, WorkerStatus
+
+
+@dataclass
+class Placed:
+    req: GenerateReq | None  # None when learnt from a status only (the router restarted)
+    seq: int  # the AdmitReqs that carried it; 0 when learnt from a status
+    detok: str
+    prompt_tokens: int
+    max_new_tokens: int
+    ignore_eos: bool
+    held: int = 0
+    remaining: int = 0
+    output_tokens: int = 0
+    reported: bool = False  # the group's status has listed it
+
+
+@dataclass
+class GroupState:
+    name: str
+    instance: str
+    capacity: int
+    max_running: int
+    free_tokens: int
+    last_seen: float
+    next_seq: int  # AdmitReqs.seq for the next admission to this instance
+    acked_seq: int = 0  # the last seq this instance reported taking in
+    placed: dict[str, Placed] = field(default_factory=dict)
+
+    @classmethod
+    def from_status(cls, st: WorkerStatus, now: float) -> GroupState:
+        g = cls(st.group, st.instance, st.capacity_tokens, st.max_running, st.free_tokens, now, st.admit_seq + 1)
+        g.apply(st, now)
+        return g
+
+    def apply(self, st: WorkerStatus, now: float) -> list[str]:
+        """Take a status in; -> rids that the group no longer holds (they ended)."""
+        self.last_seen = now
+        self.capacity = st.capacity_tokens
+        self.max_running = st.max_running
+        self.free_tokens = st.free_tokens
+        self.acked_seq = max(self.acked_seq, st.admit_seq)
+        listed: dict[str, RunningReq] = {r.rid: r for r in st.running}
+        gone = [rid for rid, p in self.placed.items() if rid not in listed and p.seq <= self.acked_seq]
+        for rid in gone:
+            del self.placed[rid]
+        for rid, r in listed.items():
+            p = self.placed.get(rid)
+            if p is None:  # learnt from the status: the router restarted since it was admitted
+                out = r.held_tokens - r.prompt_tokens
+                p = Placed(None, 0, r.detok, r.prompt_tokens, r.remaining_tokens + out, False)
+                self.placed[rid] = p
+            p.held = r.held_tokens
+            p.output_tokens = r.held_tokens - r.prompt_tokens
+            p.remaining = r.remaining_tokens
+            p.reported = True
+        return gone
+
+    def place(self, req: GenerateReq) -> None:
+        p = req.params
+        self.placed[req.rid] = Placed(
+            req,
+            self.next_seq,
+            req.detok,
+            len(req.input_ids),
+            p.max_new_tokens,
+            p.ignore_eos,
+            held=len(req.input_ids),
+            remaining=p.max_new_tokens,
+        )
+
+    @property
+    def used_fraction(self) -> float:
+        return 1.0 - self.free_tokens / self.capacity if self.capacity else 1.0
+
+    def loads(self, busy: bool, guess_len: int) -> list[Load]:
+        return [
+            Load(p.held, estimated_remaining(p.max_new_tokens, p.output_tokens, busy or p.ignore_eos, guess_len))
+            for p in self.placed.values()
+        ]
+
+    def peak_with(self, req: GenerateReq | None, busy: bool, guess_len: int) -> int:
+        loads = self.loads(busy, guess_len)
+        if req is not None:
+            p = req.params
+            loads.append(
+                Load(len(req.input_ids), estimated_remaining(p.max_new_tokens, 0, busy or p.ignore_eos, guess_len))
+            )
+        return peak_tokens(loads)
+
+    def backlog_tokens(self) -> int:
+        """Prompt tokens placed here that have produced no output yet."""
+        return sum(p.prompt_tokens for p in self.placed.values() if p.output_tokens == 0)

@@ -1,0 +1,52 @@
+"""python -m services.tokenizer: the HTTP front end (validation, tokenization, replies)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import uvicorn
+
+from services.tokenizer.app import create_app
+from services.tokenizer.generation import FrontContext
+from services.tokenizer.pipeline import Pipeline
+from services.tokenizer.tokenization import Tokenization
+from shared.cli import parse_config
+from shared.config import TokenizerConfig
+from shared.heartbeat import HeartbeatPublisher
+from shared.log import setup_logging
+from shared.model_config import ModelConfig
+from shared.redis_link import RedisLink
+from shared.streams import SERVICE_TOKENIZER, StreamNames
+
+log = logging.getLogger("services.tokenizer")
+
+
+def main() -> None:
+    cfg = parse_config(TokenizerConfig, None, os.environ)
+    setup_logging(SERVICE_TOKENIZER, cfg.replica, cfg.log_level)
+    model = ModelConfig.from_dir(cfg.model_dir)
+    max_total_len = min(cfg.max_req_total_len or model.context_length, model.context_length)
+    link = RedisLink(cfg.redis_url)
+    names = StreamNames(cfg.namespace)
+    pipeline = Pipeline(link, names, cfg.replica, cfg.stream_maxlen, cfg.pipeline_dead_after_s)
+    ctx = FrontContext(
+        cfg=cfg,
+        pipeline=pipeline,
+        tok=Tokenization(cfg.model_dir, cfg.tokenizer_threads),
+        max_total_len=max_total_len,
+        model_name=cfg.model_name or os.path.basename(os.path.normpath(cfg.model_dir)),
+    )
+    beat = HeartbeatPublisher(
+        link, names, SERVICE_TOKENIZER, cfg.replica, info=lambda: {"in_flight": len(pipeline.pending)}
+    )
+    beat.start()
+    log.info("serving %s on %s:%d (max request length %d tokens)", ctx.model_name, cfg.host, cfg.port, max_total_len)
+    try:
+        uvicorn.run(create_app(ctx), host=cfg.host, port=cfg.port, log_level=cfg.log_level.lower(), log_config=None)
+    finally:
+        beat.stop()
+
+
+if __name__ == "__main__":
+    main()

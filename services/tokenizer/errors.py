@@ -1,0 +1,47 @@
+"""Errors the front end answers with: a status code and a message that says what is wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+def describe_validation(errors: list[dict[str, Any]]) -> str:
+    """Pydantic's error list -> one sentence per problem, each naming the parameter."""
+    parts = []
+    for err in errors:
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        where = ".".join(loc) or "body"
+        kind = err.get("type", "")
+        if kind == "json_invalid":
+            ctx = err.get("ctx", {}).get("error", "")
+            parts.append(f"the request body is not valid JSON ({ctx})" if ctx else "the request body is not valid JSON")
+        elif kind == "extra_forbidden":
+            parts.append(f"{where}: unknown parameter")
+        elif kind == "missing":
+            parts.append(f"{where}: required")
+        else:
+            msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+            got = err.get("input")
+            shown = "" if isinstance(got, dict | list) else f", got {got!r}"
+            parts.append(f"{where}: {msg}{shown}")
+    return "; ".join(parts)
+
+
+async def validation_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
+    return JSONResponse({"error": describe_validation(list(exc.errors())), "error_type": "validation"}, status_code=400)
+
+
+async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
+    return JSONResponse({"error": exc.message, "error_type": exc.kind}, status_code=exc.status)

@@ -1,0 +1,100 @@
+"""LightLLM's request body and its parameters, validated before anything is queued.
+
+Every bound follows LightLLM's SamplingParams (../shared/REFERENCE.md); an unknown key
+is an error, and each message names the parameter it is about.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from shared.messages import SamplingParams
+
+GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (as in LightLLM)
+
+
+class GenerateParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    do_sample: bool = False
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    presence_penalty: float = Field(0.0, ge=0.0)
+    frequency_penalty: float = Field(0.0, ge=0.0)
+    repetition_penalty: float = Field(1.0, ge=1.0)
+    ignore_eos: bool = False
+    max_new_tokens: int = Field(16, ge=1)
+    min_new_tokens: int = Field(0, ge=0)
+    stop_sequences: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    return_details: bool = False
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    best_of: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, le=1)
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError("must be -1 (the whole vocabulary) or >= 1")
+        return v
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if any(s == "" for s in stops):
+            raise ValueError("must not contain an empty string")
+        if len(stops) > 16:
+            raise ValueError("at most 16 stop sequences")
+        return v
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> GenerateParameters:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens ({self.min_new_tokens}) must not exceed max_new_tokens ({self.max_new_tokens})"
+            )
+        return self
+
+    def stops(self) -> list[str]:
+        v = self.stop_sequences
+        return [v] if isinstance(v, str) else list(v or [])
+
+    def sampling(self, seed: int) -> SamplingParams:
+        greedy = not self.do_sample or self.temperature < GREEDY_TEMPERATURE
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            min_new_tokens=self.min_new_tokens,
+            do_sample=not greedy,
+            temperature=1.0 if greedy else self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=list(self.stop_token_ids or []),
+            seed=self.seed if self.seed is not None else seed,
+            logprobs=self.return_details,
+        )
+
+
+class GenerateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    inputs: str
+    parameters: GenerateParameters = Field(default_factory=GenerateParameters)
+    multimodal_params: dict[str, Any] | None = None
+    stream: bool = False  # read by TGI's POST / only
+
+    @field_validator("multimodal_params")
+    @classmethod
+    def _no_images(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v and v.get("images"):
+            raise ValueError("images are not supported: the served model is text-only")
+        return v

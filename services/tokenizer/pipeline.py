@@ -1,0 +1,207 @@
+"""The front end's side of the pipeline: submit requests, receive their text, watch health.
+
+Submitting registers the request with a detokenizer shard and then sends it to the
+router (in that order, in one round trip, so the shard knows it before any token can
+arrive). A reader thread takes TextBatch messages from this front end's stream and hands
+each item to the asyncio queue of the request waiting for it. A watchdog thread fails
+in-flight requests when no worker group or their detokenizer shard is alive any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+
+from shared.heartbeat import live_replicas
+from shared.messages import (
+    FINISH_ERROR,
+    AbortReq,
+    DetokRegister,
+    GenerateReq,
+    Heartbeat,
+    SamplingParams,
+    TextBatch,
+    TextItem,
+)
+from shared.redis_link import RedisLink, Stopping
+from shared.redis_streams import StreamReader, StreamWriter
+from shared.streams import GROUP_FRONT, SERVICE_DETOK, SERVICE_ROUTER, SERVICE_WORKER, StreamNames
+
+log = logging.getLogger(__name__)
+
+
+class Unavailable(Exception):
+    """The pipeline cannot take a request now (no worker, detokenizer or router alive)."""
+
+
+@dataclass
+class PendingRequest:
+    rid: str
+    detok: str
+    detok_started: float  # the shard's start time, to notice a restart
+    prompt_tokens: int
+    queue: asyncio.Queue[TextItem] = field(default_factory=asyncio.Queue)
+    finished: bool = False
+
+
+@dataclass
+class Liveness:
+    workers: dict[str, Heartbeat] = field(default_factory=dict)
+    detoks: dict[str, Heartbeat] = field(default_factory=dict)
+    routers: dict[str, Heartbeat] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.workers and self.detoks and self.routers)
+
+
+class Pipeline:
+    def __init__(self, link: RedisLink, names: StreamNames, front_id: str, maxlen: int, dead_after_s: float) -> None:
+        self.link = link
+        self.names = names
+        self.front_id = front_id
+        self.dead_after_s = dead_after_s
+        self.writer = StreamWriter(link, maxlen)
+        self.reader = StreamReader(link, names.front(front_id), GROUP_FRONT, consumer=front_id)
+        self.pending: dict[str, PendingRequest] = {}
+        self.live = Liveness()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._io = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="redis-io")
+        self._threads = [
+            threading.Thread(target=self._read_replies, name="replies", daemon=True),
+            threading.Thread(target=self._watch, name="watchdog", daemon=True),
+        ]
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._refresh_liveness()
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self.link.stop.set()
+        self._io.shutdown(wait=False, cancel_futures=True)
+
+    # ---------------------------------------------------------------- requests
+
+    async def submit(
+        self,
+        rid: str,
+        input_ids: list[int],
+        params: SamplingParams,
+        stop: list[str],
+        skip_special_tokens: bool,
+        deadline: float,
+    ) -> PendingRequest:
+        if not self.live.workers:
+            raise Unavailable("no worker is alive")
+        if not self.live.routers:
+            raise Unavailable("the router is not alive")
+        shard = self._pick_detok(rid)
+        pending = PendingRequest(rid, shard.replica, shard.started, len(input_ids))
+        self.pending[rid] = pending
+        register = DetokRegister(rid, self.front_id, len(input_ids), stop, skip_special_tokens, deadline)
+        gen = GenerateReq(rid, self.front_id, shard.replica, input_ids, params, time.time(), deadline)
+        items = [(self.names.detok(shard.replica), register), (self.names.router, gen)]
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._io, self.writer.send_many, items)
+        except BaseException:
+            self.pending.pop(rid, None)
+            raise
+        return pending
+
+    def abort(self, rid: str, reason: str) -> None:
+        """The client went away: stop the request wherever it is. Does not wait (it may be
+        called from a cancelled task), the abort is sent from the I/O pool."""
+        pending = self.pending.pop(rid, None)
+        if pending is None or pending.finished:
+            return
+        log.info("aborting: %s", reason, extra={"rid": rid})
+        self._io.submit(self.writer.send, self.names.router, AbortReq(rid, reason))
+
+    def done(self, rid: str) -> None:
+        pending = self.pending.pop(rid, None)
+        if pending is not None:
+            pending.finished = True
+
+    def _pick_detok(self, rid: str) -> Heartbeat:
+        shards = sorted(self.live.detoks)
+        if not shards:
+            raise Unavailable("no detokenizer is alive")
+        return self.live.detoks[shards[zlib.crc32(rid.encode()) % len(shards)]]
+
+    # ---------------------------------------------------------------- threads
+
+    def _read_replies(self) -> None:
+        while not self.link.stop.is_set():
+            try:
+                entries = self.reader.read(count=256, block_ms=500)
+            except Stopping:
+                return
+            except Exception:
+                log.exception("reading replies failed; retrying")
+                self.link.stop.wait(0.5)
+                continue
+            deliveries: list[tuple[PendingRequest, TextItem]] = []
+            for entry in entries:
+                if isinstance(entry.msg, TextBatch):
+                    for item in entry.msg.items:
+                        pending = self.pending.get(item.rid)
+                        if pending is not None:
+                            deliveries.append((pending, item))
+            if deliveries:
+                self._deliver(deliveries)
+            if entries:
+                self.reader.ack(entries)
+
+    def _deliver(self, deliveries: list[tuple[PendingRequest, TextItem]]) -> None:
+        def put_all() -> None:
+            for pending, item in deliveries:
+                pending.queue.put_nowait(item)
+
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(put_all)
+
+    def _watch(self) -> None:
+        while not self.link.stop.wait(1.0):
+            try:
+                self._refresh_liveness()
+                self._fail_orphans()
+            except Stopping:
+                return
+            except Exception:
+                log.exception("health check failed")
+
+    def _refresh_liveness(self) -> None:
+        def fresh(service: str) -> dict[str, Heartbeat]:
+            now = time.time()
+            beats = live_replicas(self.link, self.names, service)
+            return {name: hb for name, hb in beats.items() if now - hb.time <= self.dead_after_s}
+
+        self.live = Liveness(workers=fresh(SERVICE_WORKER), detoks=fresh(SERVICE_DETOK), routers=fresh(SERVICE_ROUTER))
+
+    def _fail_orphans(self) -> None:
+        """End requests that nothing alive will ever answer."""
+        live = self.live
+        failures = []
+        for p in list(self.pending.values()):
+            shard = live.detoks.get(p.detok)
+            if not live.workers:
+                why = "no worker is alive"
+            elif shard is None or shard.started != p.detok_started:
+                why = f"detokenizer {p.detok} died"
+            else:
+                continue
+            failures.append(
+                (p, TextItem(p.rid, "", finish_reason=FINISH_ERROR, error=why, prompt_tokens=p.prompt_tokens))
+            )
+        if failures:
+            log.error("failing %d in-flight requests: %s", len(failures), failures[0][1].error)
+            self._deliver(failures)

@@ -1,0 +1,87 @@
+"""Redis I/O off the step loop: a thread that reads the inbox and one that sends and acks.
+
+The step loop only touches in-process queues, so a slow or absent Redis never stalls
+a GPU step; the outbox keeps the order in which messages were handed to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any
+
+from shared.redis_link import Stopping
+from shared.redis_streams import Entry, StreamReader, StreamWriter
+
+log = logging.getLogger(__name__)
+
+
+class Inbox:
+    def __init__(self, reader: StreamReader, stop: threading.Event) -> None:
+        self.reader = reader
+        self.stop = stop
+        self.queue: queue.Queue[Entry] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="inbox", daemon=True)
+
+    def start(self) -> Inbox:
+        self._thread.start()
+        return self
+
+    def drain(self, wait_s: float = 0.0) -> list[Entry]:
+        """Everything received so far; waits up to wait_s for the first entry when empty."""
+        out: list[Entry] = []
+        try:
+            out.append(self.queue.get(timeout=wait_s) if wait_s > 0 else self.queue.get_nowait())
+        except queue.Empty:
+            return out
+        while True:
+            try:
+                out.append(self.queue.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                for entry in self.reader.read(count=256, block_ms=500):
+                    self.queue.put(entry)
+            except Stopping:
+                return
+            except Exception:
+                log.exception("inbox read failed; retrying")
+                self.stop.wait(0.5)
+
+
+class Outbox:
+    def __init__(self, writer: StreamWriter, stop: threading.Event) -> None:
+        self.writer = writer
+        self.stop = stop
+        self.queue: queue.Queue[tuple[list[tuple[str, Any]], list[Entry]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
+
+    def start(self) -> Outbox:
+        self._thread.start()
+        return self
+
+    def send(self, items: list[tuple[str, Any]], acks: list[Entry] | None = None) -> None:
+        if items or acks:
+            self.queue.put((items, acks or []))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued, then stop."""
+        self.queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            items, acks = job
+            try:
+                self.writer.send_many(items, acks=acks)
+            except Stopping:
+                return
+            except Exception:
+                log.exception("outbox send failed; %d messages lost", len(items))

@@ -1,0 +1,110 @@
+"""The worker service loop: receive, schedule and run a step, publish.
+
+Admitted requests and aborts arrive through the inbox thread; each step's tokens go to
+the detokenizer shards (one TokenBatch per shard per step) and the group's status to
+the router, through the outbox thread. A status goes out every status_interval_s and
+soon after any step that freed memory or started a request's output (the router must
+know which requests have output before it can safely re-queue them), and doubles as
+the group's heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from services.worker.engine import Engine
+from services.worker.io_threads import Inbox, Outbox
+from shared.messages import AbortReqs, AdmitReqs, TokenBatch, TokenItem, WorkerStatus
+from shared.redis_link import RedisLink
+from shared.redis_streams import Entry, StreamReader, StreamWriter
+from shared.streams import GROUP_WORKER, StreamNames
+
+log = logging.getLogger(__name__)
+
+CHANGE_STATUS_MIN_GAP_S = 0.02  # statuses caused by a change, at most this often
+
+
+class WorkerService:
+    def __init__(
+        self, engine: Engine, link: RedisLink, names: StreamNames, group: str, status_interval_s: float, maxlen: int
+    ) -> None:
+        self.engine = engine
+        self.link = link
+        self.names = names
+        self.group = group
+        self.instance = uuid.uuid4().hex[:12]
+        self.status_interval_s = status_interval_s
+        reader = StreamReader(link, names.worker(group), GROUP_WORKER, consumer=f"{group}-{self.instance}")
+        self.inbox = Inbox(reader, link.stop)
+        self.outbox = Outbox(StreamWriter(link, maxlen), link.stop)
+        self.admit_seq = 0
+        self._last_status = 0.0
+        self._changed = False
+
+    def run(self) -> None:
+        self.inbox.start()
+        self.outbox.start()
+        self.publish_status()
+        log.info("worker group %s (instance %s) serving", self.group, self.instance)
+        try:
+            while not self.link.stop.is_set():
+                busy = self.engine.has_work()
+                entries = self.inbox.drain(wait_s=0.0 if busy else self.status_interval_s / 2)
+                self._take(entries)
+                if self.engine.has_work():
+                    out = self.engine.step()
+                    self._publish_tokens(out.items)
+                    self._changed |= out.changed
+                self._maybe_status()
+        finally:
+            self._publish_tokens(self.engine.fail_all("the worker is shutting down"))
+            self.outbox.close()
+
+    def _take(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            msg = entry.msg
+            if isinstance(msg, AdmitReqs):
+                if msg.instance != self.instance:
+                    log.warning("ignoring %d admissions addressed to instance %s", len(msg.reqs), msg.instance)
+                    continue
+                for req in msg.reqs:
+                    self.engine.add(req)
+                self.admit_seq = max(self.admit_seq, msg.seq)
+            elif isinstance(msg, AbortReqs):
+                for rid in msg.rids:
+                    self.engine.abort(rid)
+            else:
+                log.error("unexpected %s on the worker stream", type(msg).__name__)
+        # the side effect (the engine holds them) is done: acknowledge
+        self.outbox.send([], acks=entries)
+
+    def _publish_tokens(self, items: list[tuple[str, TokenItem]]) -> None:
+        by_shard: dict[str, list[TokenItem]] = {}
+        for shard, item in items:
+            by_shard.setdefault(shard, []).append(item)
+        source = f"worker:{self.group}"
+        self.outbox.send([(self.names.detok(s), TokenBatch(source, its)) for s, its in by_shard.items()])
+
+    def _maybe_status(self) -> None:
+        now = time.monotonic()
+        since = now - self._last_status
+        if since >= self.status_interval_s or (self._changed and since >= CHANGE_STATUS_MIN_GAP_S):
+            self.publish_status()
+
+    def publish_status(self) -> None:
+        kv = self.engine.kv
+        status = WorkerStatus(
+            group=self.group,
+            instance=self.instance,
+            capacity_tokens=kv.capacity,
+            free_tokens=kv.free_tokens,
+            max_running=self.engine.scheduler.limits.max_running,
+            admit_seq=self.admit_seq,
+            running=self.engine.running_reqs(),
+            time=time.time(),
+        )
+        self.outbox.send([(self.names.router, status)])
+        self._last_status = time.monotonic()
+        self._changed = False

@@ -1,0 +1,146 @@
+"""Run LightStream's services as local processes: redis-server (optional), detokenizer,
+router, worker group(s) and front end. Used by tools/run_local.py and the tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Service:
+    name: str  # unique in the stack: tokenizer, router, worker-0, detokenizer-0, ...
+    module: str  # services.<x>
+    args: list[str]
+    proc: subprocess.Popen | None = None
+
+
+@dataclass
+class StackOptions:
+    model_dir: str
+    redis_url: str
+    port: int
+    workers: int = 1
+    detokenizers: int = 1
+    namespace: str = "ls"
+    log_dir: str = ""
+    tokenizer_args: list[str] = field(default_factory=list)
+    router_args: list[str] = field(default_factory=list)
+    worker_args: list[str] = field(default_factory=list)
+    detokenizer_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Stack:
+    def __init__(self, opts: StackOptions) -> None:
+        self.opts = opts
+        common = ["--redis-url", opts.redis_url, "--namespace", opts.namespace]
+        self.services: dict[str, Service] = {}
+        for k in range(opts.detokenizers):
+            self._add(
+                f"detokenizer-{k}",
+                "services.detokenizer",
+                [*common, "--model-dir", opts.model_dir, "--replica", f"detok-{k}", *opts.detokenizer_args],
+            )
+        self._add("router", "services.router", [*common, "--replica", "router-0", *opts.router_args])
+        for g in range(opts.workers):
+            self._add(
+                f"worker-{g}",
+                "services.worker",
+                [
+                    *common,
+                    "--model-dir",
+                    opts.model_dir,
+                    "--group",
+                    str(g),
+                    "--replica",
+                    f"worker-{g}",
+                    *opts.worker_args,
+                ],
+            )
+        self._add(
+            "tokenizer",
+            "services.tokenizer",
+            [
+                *common,
+                "--model-dir",
+                opts.model_dir,
+                "--port",
+                str(opts.port),
+                "--host",
+                "127.0.0.1",
+                "--replica",
+                "front-0",
+                *opts.tokenizer_args,
+            ],
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.opts.port}"
+
+    def _add(self, name: str, module: str, args: list[str]) -> None:
+        self.services[name] = Service(name, module, args)
+
+    def start(self) -> Stack:
+        for name in self.services:
+            self.start_service(name)
+        return self
+
+    def start_service(self, name: str) -> None:
+        svc = self.services[name]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.opts.env}
+        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        out = None
+        if self.opts.log_dir:
+            os.makedirs(self.opts.log_dir, exist_ok=True)
+            out = open(os.path.join(self.opts.log_dir, f"{name}.log"), "ab")  # noqa: SIM115 (lives with the process)
+        svc.proc = subprocess.Popen(
+            [sys.executable, "-m", svc.module, *svc.args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+        )
+
+    def kill_service(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.services[name].proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+            proc.wait(15)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Until /health says ready; fails early if a service exits."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            for svc in self.services.values():
+                if svc.proc is not None and svc.proc.poll() is not None:
+                    raise RuntimeError(f"{svc.name} exited with {svc.proc.returncode} while starting")
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"LightStream at {self.url} not ready within {timeout_s}s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        procs = [s.proc for s in self.services.values() if s.proc is not None and s.proc.poll() is None]
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        end = time.monotonic() + timeout_s
+        for p in procs:
+            try:
+                p.wait(max(end - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
