@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny models built here, a real redis-server, Hugging Face references."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from tools import make_tiny_model  # noqa: E402
+from tools.redis_server import RedisServer  # noqa: E402
+
+ARCHS = ("llama", "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """arch -> model directory, each made once per test session."""
+    out = {}
+    for arch in ARCHS:
+        path = str(tmp_path_factory.mktemp(f"tiny-{arch}"))
+        make_tiny_model.main(["--out", path, "--arch", arch, "--seed", "0"])
+        out[arch] = path
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_models: dict[str, str]) -> str:
+    return tiny_models["llama"]
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(tiny_models: dict[str, str]) -> str:
+    return tiny_models["qwen2"]
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """A clean database for each test."""
+    import redis
+
+    redis.Redis.from_url(redis_server.url).flushall()
+    return redis_server.url

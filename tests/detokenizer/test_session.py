@@ -1,0 +1,51 @@
+"""A request's detokenization session: text, stop strings and finish reasons."""
+
+from __future__ import annotations
+
+from services.detokenizer.session import DetokSession
+from shared.messages import DetokRegister, TokenItem
+
+
+class _Bytes:
+    """A toy decoder: token id = one character (ids < 256) -> easy to reason about."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return "".join(chr(i) for i in ids if not (skip_special_tokens and i == 0))
+
+
+def _session(stop: list[str]) -> DetokSession:
+    return DetokSession(DetokRegister("r", "front", 5, stop, True, 0.0), _Bytes())
+
+
+def _item(text: str, n_before: int, finish: str = "") -> TokenItem:
+    ids = [ord(c) for c in text]
+    return TokenItem("r", ids, prompt_tokens=5, output_tokens=n_before + len(ids), finish_reason=finish)
+
+
+def test_text_flows_and_the_worker_finish_is_passed_on() -> None:
+    s = _session([])
+    out, ended = s.apply(_item("ab", 0))
+    assert (out.text, ended, out.finish_reason) == ("ab", False, "")
+    out, ended = s.apply(_item("c", 2, "length"))
+    assert (out.text, ended, out.finish_reason, out.output_tokens, out.prompt_tokens) == ("c", True, "length", 3, 5)
+
+
+def test_stop_string_ends_the_request_and_cuts_the_text() -> None:
+    s = _session(["xy"])
+    assert s.apply(_item("abx", 0))[0].text == "ab"
+    out, ended = s.apply(_item("yz", 3))
+    assert (out.text, ended, out.finish_reason) == ("", True, "stop")
+
+
+def test_held_text_is_released_when_the_worker_ends_the_request() -> None:
+    s = _session(["xy"])
+    assert s.apply(_item("abx", 0))[0].text == "ab"
+    out, ended = s.apply(_item("", 3, "length"))
+    assert (out.text, ended, out.finish_reason) == ("x", True, "length")
+
+
+def test_a_restarted_request_is_failed_not_repeated() -> None:
+    s = _session([])
+    s.apply(_item("ab", 0))
+    out, ended = s.apply(_item("a", 0))  # output count went back to 1: a worker started it again
+    assert ended and out.finish_reason == "error" and "restarted" in out.error

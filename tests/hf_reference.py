@@ -1,0 +1,39 @@
+"""Hugging Face transformers as the reference: greedy continuations of prompts."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def _load(model_dir: str):
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    transformers.logging.set_verbosity_error()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    return AutoTokenizer.from_pretrained(model_dir), model
+
+
+def tokenizer(model_dir: str):
+    return _load(model_dir)[0]
+
+
+def greedy(model_dir: str, prompt_ids: list[int], max_new_tokens: int, eos: bool = True) -> list[int]:
+    """HF's greedy continuation (ends at the model's EOS tokens unless eos=False)."""
+    _, model = _load(model_dir)
+    ids = torch.tensor([prompt_ids])
+    kwargs = {} if eos else {"eos_token_id": None}
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=model.config.vocab_size - 1,
+            **kwargs,
+        )
+    return out[0, len(prompt_ids) :].tolist()

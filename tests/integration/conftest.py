@@ -1,0 +1,44 @@
+"""A running LightStream stack (real processes on a real redis-server) for integration tests."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tools.redis_server import RedisServer, free_port
+from tools.stack import Stack, StackOptions
+
+
+def start_stack(model_dir: str, redis: RedisServer, log_dir: str, **kw) -> Stack:
+    opts = StackOptions(
+        model_dir=model_dir,
+        redis_url=redis.url,
+        port=free_port(),
+        namespace="t" + uuid.uuid4().hex[:8],
+        log_dir=log_dir,
+        **kw,
+    )
+    stack = Stack(opts).start()
+    try:
+        stack.wait_ready(timeout_s=120)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def stack(
+    request: pytest.FixtureRequest,
+    tiny_models: dict[str, str],
+    redis_server: RedisServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Stack]:
+    """One stack per tiny model, shared by a test module."""
+    log_dir = str(tmp_path_factory.mktemp(f"logs-{request.param}"))
+    s = start_stack(tiny_models[request.param], redis_server, log_dir)
+    s.model_dir = tiny_models[request.param]  # type: ignore[attr-defined]
+    yield s
+    s.stop()

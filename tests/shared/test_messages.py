@@ -1,0 +1,88 @@
+"""Every wire type survives encode/decode unchanged; bad envelopes are refused."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from shared import messages as m
+
+SP = m.SamplingParams(
+    max_new_tokens=7,
+    min_new_tokens=2,
+    do_sample=True,
+    temperature=0.7,
+    top_p=0.9,
+    top_k=40,
+    presence_penalty=0.5,
+    frequency_penalty=0.25,
+    repetition_penalty=1.1,
+    ignore_eos=True,
+    stop_token_ids=[5, 9],
+    seed=123,
+    logprobs=True,
+    top_logprobs=3,
+)
+GEN = m.GenerateReq("r1", "front-0", "detok-0", [1, 2, 3], SP, 1700000000.5, 1700000600.0)
+
+EXAMPLES = [
+    GEN,
+    m.AbortReq("r1", "client disconnected"),
+    m.WorkerStatus(
+        group="0",
+        instance="abc",
+        capacity_tokens=4096,
+        free_tokens=1000,
+        max_running=64,
+        admit_seq=12,
+        running=[m.RunningReq("r1", "detok-0", 3, 10, 6, False), m.RunningReq("r2", "detok-1", 4, 4, 16, True)],
+        time=1.5,
+    ),
+    m.AdmitReqs("abc", 13, [GEN, GEN]),
+    m.AbortReqs(["r1", "r2"], "aborted"),
+    m.DetokRegister("r1", "front-0", 3, ["\n\n", "Ünïcode ✓"], False, 1700000600.0),
+    m.TokenBatch(
+        "worker:0",
+        [
+            m.TokenItem("r1", [42], [-0.5], [[[42.0, -0.5], [7.0, -1.5]]], "", "", 3, 1),
+            m.TokenItem("r2", [], finish_reason=m.FINISH_ERROR, error="worker group 0 died", prompt_tokens=4),
+        ],
+    ),
+    m.TextBatch([m.TextItem("r1", "héllo 世界", [42, 43], [-0.1, -0.2], [], m.FINISH_STOP, "", 3, 2)]),
+    m.Heartbeat("worker", "0", 1234, 1.0, 2.0, {"free_tokens": 10.0}),
+]
+
+
+def test_every_type_has_an_example() -> None:
+    assert {type(x) for x in EXAMPLES} == set(m.MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda x: type(x).__name__)
+def test_round_trip(msg: object) -> None:
+    data = m.encode(msg)
+    assert isinstance(data, bytes)
+    assert m.decode(data) == msg
+
+
+def test_other_schema_version_is_refused() -> None:
+    raw = msgpack.unpackb(m.encode(EXAMPLES[1]))
+    raw[0] = m.SCHEMA_VERSION + 1
+    with pytest.raises(m.WireError, match="schema version"):
+        m.decode(msgpack.packb(raw))
+
+
+def test_unknown_type_and_bad_shapes_are_refused() -> None:
+    with pytest.raises(m.WireError, match="unknown message type"):
+        m.decode(msgpack.packb([m.SCHEMA_VERSION, "nope", 1]))
+    with pytest.raises(m.WireError, match="expected 2 fields"):
+        m.decode(msgpack.packb([m.SCHEMA_VERSION, "abort", "only-one-field"]))
+    with pytest.raises(m.WireError, match="not msgpack"):
+        m.decode(b"\xc1")
+    with pytest.raises(m.WireError, match="not a wire message"):
+        m.encode(SP)
+
+
+def test_sampling_greedy_flag() -> None:
+    assert m.SamplingParams().greedy
+    assert not m.SamplingParams(do_sample=True, temperature=0.8).greedy
+    assert m.SamplingParams(do_sample=True, top_k=1).greedy

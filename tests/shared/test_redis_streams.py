@@ -1,0 +1,118 @@
+"""The stream helpers against a real redis-server."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+
+from shared.messages import AbortReq
+from shared.redis_link import RedisLink
+from shared.redis_streams import FIELD, StreamReader, StreamWriter
+from tools.redis_server import RedisServer
+
+
+def test_send_read_ack(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    reader = StreamReader(link, "s", "g", "c1")
+    reader.ensure_group()  # idempotent
+    writer = StreamWriter(link)
+    writer.send("s", AbortReq("a", "x"))
+    writer.send_many([("s", AbortReq("b", "y")), ("s", AbortReq("c", "z"))])
+    got = reader.read(block_ms=100)
+    assert [e.msg.rid for e in got] == ["a", "b", "c"]
+    assert reader.pending_count() == 3
+    reader.ack(got)
+    assert reader.pending_count() == 0
+    assert reader.read(block_ms=50) == []
+
+
+def test_messages_sent_before_the_group_exists_are_read(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    StreamWriter(link).send("early", AbortReq("first", ""))
+    reader = StreamReader(link, "early", "g", "c")
+    assert [e.msg.rid for e in reader.read(block_ms=100)] == ["first"]
+
+
+def test_dead_consumers_pending_entries_are_claimed(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    writer = StreamWriter(link)
+    dead = StreamReader(link, "s", "g", "dead", claim_idle_ms=300)
+    for rid in "abc":
+        writer.send("s", AbortReq(rid, ""))
+    taken = dead.read(block_ms=100)
+    assert len(taken) == 3  # read, never acknowledged: the consumer "dies" here
+    heir = StreamReader(link, "s", "g", "heir", claim_idle_ms=300, claim_every_s=0.0)
+    assert heir.read(block_ms=50) == []  # too early: the dead one may still be alive
+    time.sleep(0.4)
+    claimed = heir.read(block_ms=50)
+    assert sorted(e.msg.rid for e in claimed) == ["a", "b", "c"]
+    heir.ack(claimed)
+    assert heir.pending_count() == 0
+    names = [c["name"] for c in redis.Redis.from_url(redis_url).xinfo_consumers("s", "g")]
+    assert b"dead" not in names and "dead" not in names
+
+
+def test_a_live_consumer_is_not_robbed(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    writer = StreamWriter(link)
+    a = StreamReader(link, "s", "g", "a", claim_idle_ms=300, claim_every_s=0.0)
+    b = StreamReader(link, "s", "g", "b", claim_idle_ms=300, claim_every_s=0.0)
+    writer.send("s", AbortReq("x", ""))
+    held = a.read(block_ms=50)
+    assert len(held) == 1
+    for _ in range(5):  # a keeps reading (alive) while its entry stays pending
+        time.sleep(0.1)
+        a.read(block_ms=10)
+        assert b.read(block_ms=10) == []
+
+
+def test_send_many_acks_in_the_same_transaction(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    writer = StreamWriter(link)
+    inbox = StreamReader(link, "in", "g", "c")
+    writer.send("in", AbortReq("x", ""))
+    entries = inbox.read(block_ms=50)
+    writer.send_many([("out", AbortReq("y", ""))], acks=entries)
+    assert inbox.pending_count() == 0
+    assert redis.Redis.from_url(redis_url).xlen("out") == 1
+
+
+def test_streams_are_capped(redis_url: str) -> None:
+    writer = StreamWriter(RedisLink(redis_url), maxlen=100)
+    writer.send_many([("capped", AbortReq(str(i), "")) for i in range(2000)])
+    assert redis.Redis.from_url(redis_url).xlen("capped") < 400  # MAXLEN ~ trims by whole nodes
+
+
+def test_undecodable_entries_are_dropped(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    reader = StreamReader(link, "s", "g", "c")
+    link.client.xadd("s", {FIELD: b"\xc1garbage"})
+    StreamWriter(link).send("s", AbortReq("ok", ""))
+    got = reader.read(block_ms=100)
+    assert [e.msg.rid for e in got] == ["ok"]
+    reader.ack(got)
+    assert reader.pending_count() == 0
+
+
+def test_survives_redis_restart() -> None:
+    first = RedisServer().start()
+    second = RedisServer(port=first.port)
+    try:
+        link = RedisLink(first.url, max_backoff_s=0.2)
+        reader = StreamReader(link, "s", "g", "c")
+        writer = StreamWriter(link)
+        writer.send("s", AbortReq("before", ""))
+        assert [e.msg.rid for e in reader.read(block_ms=100)] == ["before"]
+        first.stop()
+        # the same port comes back after a while, empty: the stream and its group are gone
+        t = threading.Timer(0.5, second.start)
+        t.start()
+        writer.send("s", AbortReq("after", ""))  # retries with backoff until redis answers
+        t.join()
+        got = reader.read(block_ms=200)  # NOGROUP -> the group is made again, from the start
+        assert [e.msg.rid for e in got] == ["after"]
+    finally:
+        first.stop()
+        second.stop()

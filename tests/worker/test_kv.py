@@ -1,0 +1,63 @@
+"""Token allocator, request table and the KV manager's verbs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.worker.kv_cache import KVCache, KVLayout, quantize_int8
+from services.worker.kv_manager import KVManager
+from services.worker.req_table import ReqTable
+from services.worker.request import Req
+from services.worker.token_allocator import TokenAllocator
+from tests.worker.engine_driver import request
+
+
+def test_allocator_hands_out_each_slot_once() -> None:
+    alloc = TokenAllocator(10, "cpu")
+    a = alloc.allocate(4)
+    b = alloc.allocate(6)
+    assert sorted(torch.cat([a, b]).tolist()) == list(range(10))
+    assert not alloc.can_allocate(1)
+    with pytest.raises(MemoryError):
+        alloc.allocate(1)
+    alloc.free(a)
+    c = alloc.allocate(4)
+    assert sorted(c.tolist()) == sorted(a.tolist())
+    alloc.free(b)
+    alloc.free(c)
+    with pytest.raises(RuntimeError):
+        alloc.free(c)  # a double free would overfill the pool
+
+
+def test_kv_manager_allocates_rows_and_releases_everything() -> None:
+    kv = KVManager(TokenAllocator(16, "cpu"), ReqTable(2, 32, "cpu", dummy_slot=16))
+    r1, r2 = Req(request("1", [1, 2, 3]), 1), Req(request("2", [4]), 2)
+    s1 = kv.allocate(r1, 3)
+    s2 = kv.allocate(r1, 2)
+    assert r1.row is not None and r1.alloc_len == 5
+    assert kv.table.slots(r1.row, 5).tolist() == s1.tolist() + s2.tolist()
+    kv.allocate(r2, 1)
+    assert not kv.can_allocate(1, new_rows=1)  # two rows, both taken
+    assert kv.free_tokens == 10
+    kv.release(r1)
+    kv.release(r2)
+    assert kv.free_tokens == 16 and kv.table.num_free_rows == 2 and r1.row is None
+
+
+def test_int8_layout_holds_about_twice_the_tokens() -> None:
+    bf16 = KVLayout(32, 8, 128, torch.bfloat16, quantized=False)
+    int8 = KVLayout(32, 8, 128, torch.bfloat16, quantized=True)
+    assert bf16.bytes_per_token / int8.bytes_per_token >= 1.9
+
+
+def test_int8_quantization_round_trips_closely() -> None:
+    x = torch.randn(64, 4, 32)
+    q, scale = quantize_int8(x)
+    assert q.dtype == torch.int8 and scale.shape == (64, 4)
+    cache = KVCache(KVLayout(1, 4, 32, torch.float32, quantized=True), 64, "cpu")
+    slots = torch.arange(64)
+    cache.k[0][slots], cache.k_scale[0][slots] = q, scale
+    cache.v[0][slots], cache.v_scale[0][slots] = q, scale
+    k, _ = cache.dequantized(0, slots)
+    assert float((k - x).abs().max()) <= float(scale.max()) / 2 + 1e-6
