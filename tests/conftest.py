@@ -6,6 +6,12 @@ import os
 import sys
 
 import pytest
+import torch
+
+# Triton kernels run under the interpreter where there is no GPU; this must be set before
+# any kernel module is imported, whichever test module pytest collects first
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:

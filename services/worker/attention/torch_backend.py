@@ -21,12 +21,17 @@ class TorchAttention(AttentionBackend):
             prefix = batch.extend_prefix_lens_host[i]
             n = batch.extend_lens_host[i]
             start = int(batch.extend_starts[i])
-            row = int(batch.extend_rows[i])
-            out[start : start + n] = self._attend(layer, q[start : start + n], batch.req_table[row], prefix + n, prefix)
+            table_row = batch.req_table[int(batch.extend_rows[i])]
+            # the prefix comes from the pool, this step's tokens as computed (never re-read quantized)
+            pk, pv = self.cache.dequantized(layer, table_row[:prefix].long())
+            kk = torch.cat([pk, k[start : start + n].to(pk.dtype)])
+            vv = torch.cat([pv, v[start : start + n].to(pv.dtype)])
+            out[start : start + n] = self._attend(q[start : start + n], kk, vv, prefix)
         for j in range(batch.num_decodes):
-            row = int(batch.decode_rows[j])
             length = int(batch.decode_seq_lens[j])
-            out[e + j : e + j + 1] = self._attend(layer, q[e + j : e + j + 1], batch.req_table[row], length, length - 1)
+            table_row = batch.req_table[int(batch.decode_rows[j])]
+            kk, vv = self.cache.dequantized(layer, table_row[:length].long())
+            out[e + j : e + j + 1] = self._attend(q[e + j : e + j + 1], kk, vv, length - 1)
         return out
 
     def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
@@ -44,12 +49,9 @@ class TorchAttention(AttentionBackend):
             cache.k[layer][idx] = k.to(cache.k[layer].dtype)
             cache.v[layer][idx] = v.to(cache.v[layer].dtype)
 
-    def _attend(
-        self, layer: int, q: torch.Tensor, table_row: torch.Tensor, length: int, first_pos: int
-    ) -> torch.Tensor:
-        """q: [n, Hq, D] at positions first_pos.. of a request whose context is length tokens."""
-        slots = table_row[:length].long()
-        k, v = self.cache.dequantized(layer, slots)  # [length, Hkv, D]
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first_pos: int) -> torch.Tensor:
+        """q: [n, Hq, D] at positions first_pos.. over k, v: [length, Hkv, D] (causal)."""
+        length = k.shape[0]
         group = self.num_heads // k.shape[1]
         k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, length, D]
         v = v.repeat_interleave(group, dim=1).transpose(0, 1)

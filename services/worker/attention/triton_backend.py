@@ -1,0 +1,83 @@
+"""Attention on Triton kernels: the CUDA path.
+
+A step stores its new K/V in the pool, runs extend attention over the packed extend
+segments (prefix read from the pool, new tokens from this step's k/v) and split-K decode
+attention over the decoding requests, each into its slice of one output tensor.
+
+CUDA graphs: the decode path reads no device value on the host and allocates nothing once
+the split scratch has reached its largest size (give ``max_decode_batch`` to size it up
+front, or run the largest batch once before capture). ``num_splits`` is picked on the host
+from ``batch.decode_max_len``, so a captured graph must be replayed only for batches that
+pick the same split count (capture with a fixed context bound, see ``choose_num_splits``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.worker.attention.base import AttentionBackend
+from services.worker.forward_batch import ForwardBatch
+from services.worker.kernels.decode_attention import choose_num_splits, decode_attention, decode_config
+from services.worker.kernels.extend_attention import extend_attention
+from services.worker.kernels.kv_store import store_kv
+from services.worker.kernels.kv_store_int8 import store_kv_int8
+from services.worker.kv_cache import KVCache
+
+
+class TritonAttention(AttentionBackend):
+    def __init__(self, cache: KVCache, num_heads: int, head_dim: int, max_decode_batch: int = 0) -> None:
+        super().__init__(cache, num_heads, head_dim)
+        device = cache.k[0].device
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        self.block_n = decode_config(head_dim, cache.layout.dtype, device.type == "cuda")["BLOCK_N"]
+        # split-K scratch, flat so any (batch, splits) views it; grows, never shrinks
+        self._mid_o = torch.empty(0, dtype=torch.float32, device=device)
+        self._mid_lse = torch.empty(0, dtype=torch.float32, device=device)
+        if max_decode_batch > 0:
+            worst = max(b * self._num_splits(b, 1 << 30) for b in range(1, max_decode_batch + 1))
+            self._reserve(worst)
+
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        cache = self.cache
+        k_pool, v_pool = cache.k[layer], cache.v[layer]
+        k_scale = v_scale = None
+        if cache.layout.quantized:
+            assert cache.k_scale is not None and cache.v_scale is not None
+            k_scale, v_scale = cache.k_scale[layer], cache.v_scale[layer]
+            store_kv_int8(k, v, k_pool, v_pool, k_scale, v_scale, batch.out_slots)
+        else:
+            store_kv(k, v, k_pool, v_pool, batch.out_slots)
+
+        out = torch.empty_like(q)  # [T, Hq, D]
+        e = batch.num_extend_tokens
+        if batch.num_extends > 0:
+            extend_attention(
+                q[:e], k[:e], v[:e], k_pool, v_pool, batch.req_table, batch.extend_rows, batch.extend_starts,
+                batch.extend_lens, batch.extend_prefix_lens, batch.extend_max_len, self.scale, out=out[:e],
+                k_scale=k_scale, v_scale=v_scale,
+            )  # fmt: skip
+        bd = batch.num_decodes
+        if bd > 0:
+            splits = self._num_splits(bd, batch.decode_max_len)
+            self._reserve(bd * splits)
+            hq, d = self.num_heads, self.head_dim
+            mid_o = self._mid_o[: bd * hq * splits * d].view(bd, hq, splits, d)
+            mid_lse = self._mid_lse[: bd * hq * splits].view(bd, hq, splits)
+            decode_attention(
+                q[e:], k_pool, v_pool, batch.req_table, batch.decode_rows, batch.decode_seq_lens, self.scale, splits,
+                out=out[e:], k_scale=k_scale, v_scale=v_scale, mid_o=mid_o, mid_lse=mid_lse,
+            )  # fmt: skip
+        return out
+
+    def _num_splits(self, batch: int, max_len: int) -> int:
+        return choose_num_splits(batch, self.cache.layout.kv_heads, max_len, self.num_sms, self.block_n)
+
+    def _reserve(self, batch_splits: int) -> None:
+        """Make the scratch hold batch_splits (request, split) pairs."""
+        need = batch_splits * self.num_heads
+        if self._mid_lse.numel() < need:
+            device = self._mid_lse.device
+            self._mid_o = torch.empty(need * self.head_dim, dtype=torch.float32, device=device)
+            self._mid_lse = torch.empty(need, dtype=torch.float32, device=device)

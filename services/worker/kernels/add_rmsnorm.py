@@ -1,0 +1,76 @@
+"""Fused residual add and RMSNorm: residual += x (in place), then RMSNorm of the new residual.
+
+One program per token row reads x and residual once and writes the residual and the
+normalised output, instead of the three passes of the unfused version. The sum is rounded
+to the residual's dtype before it is normalised, as ``TorchOps.add_rmsnorm`` (an in-place
+``add_``) does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from services.worker.kernels.rmsnorm import row_launch_params
+
+
+@triton.jit
+def _add_rmsnorm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    x_row_stride,
+    res_row_stride,
+    out_row_stride,
+    hidden,
+    eps,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < hidden
+    x = tl.load(x_ptr + row * x_row_stride + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
+    r = tl.load(res_ptr + row * res_row_stride + offs, mask=mask, other=0.0).to(tl.float32)
+    s = (x + r).to(res_ptr.dtype.element_ty)
+    tl.store(res_ptr + row * res_row_stride + offs, s, mask=mask)
+    s = s.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(s * s, axis=0) / hidden + eps)
+    normed = (s * rstd).to(res_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * out_row_stride + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rmsnorm_(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x, residual: [T, H], weight: [H]. Updates residual in place; returns [T, H] normalised."""
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"add_rmsnorm: x must be [T, H] with a contiguous last dim, got {tuple(x.shape)}")
+    t, h = x.shape
+    if residual.shape != (t, h) or residual.stride(-1) != 1:
+        raise ValueError(f"add_rmsnorm: residual must be [{t}, {h}] with a contiguous last dim")
+    if weight.shape != (h,) or not weight.is_contiguous():
+        raise ValueError(f"add_rmsnorm: weight must be contiguous [{h}], got {tuple(weight.shape)}")
+    if out is None:
+        out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, residual.dtype), device=x.device)
+    elif out.shape != (t, h) or out.stride(-1) != 1:
+        raise ValueError(f"add_rmsnorm: out must be [{t}, {h}] with a contiguous last dim, got {tuple(out.shape)}")
+    if t == 0:
+        return out
+    block, num_warps = row_launch_params(h)
+    _add_rmsnorm_kernel[(t,)](
+        x,
+        residual,
+        weight,
+        out,
+        x.stride(0),
+        residual.stride(0),
+        out.stride(0),
+        h,
+        eps,
+        BLOCK=block,
+        num_warps=num_warps,
+    )
+    return out

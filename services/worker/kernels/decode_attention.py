@@ -1,0 +1,203 @@
+"""Decode attention over the token KV pool: flash-decoding with split-K.
+
+Each decoding request has one query token. Stage 1 runs a program per (request, KV head,
+split): the program takes every query head that shares the KV head (the GQA group, padded
+to 16 rows so tl.dot applies) and one contiguous slice of the request's context, gathers
+the K/V rows through req_table[row, pos] -> slot in BLOCK_N tiles, and writes the slice's
+normalised partial output and its log-sum-exp (base 2) to float32 scratch. Reading each
+KV row once per group, not once per query head, is what makes GQA decode bandwidth-bound
+instead of load-issue-bound. Stage 2 combines the splits of each (request, query head).
+
+Nothing here reads device data on the host and the grid depends only on Python ints, so
+both launches can be captured in a CUDA graph. Splits past the end of a shorter request
+exit at once; the reduce recomputes the same split boundaries and ignores them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from services.worker.kernels.extend_attention import check_pool, dot, online_softmax_step
+
+LOG2E = 1.4426950408889634
+MAX_SPLITS = 32
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
+                         q_b_stride, q_h_stride, k_slot_stride, k_h_stride, v_slot_stride, v_h_stride,
+                         ks_slot_stride, ks_h_stride, vs_slot_stride, vs_h_stride, table_stride,
+                         o_b_stride, o_h_stride, o_s_stride, lse_b_stride, lse_h_stride, qk_scale, num_splits,
+                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                         QUANT: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    begin = split * split_len
+    if begin >= seq_len:
+        return
+    end = tl.minimum(begin + split_len, seq_len)
+    row = tl.load(rows_ptr + b).to(tl.int64)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kvh * GROUP + offs_g
+    gmask = offs_g < GROUP
+    dmask = offs_d < HEAD_DIM
+    q_ptrs = q_ptr + b.to(tl.int64) * q_b_stride + heads[:, None] * q_h_stride + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=gmask[:, None] & dmask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
+
+    # a finite floor instead of -inf keeps exp2(m_old - m_new) at 0, never NaN
+    m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for start in range(begin, end, BLOCK_N):
+        pos = start + offs_n
+        nmask = pos < end
+        slots = tl.load(table_ptr + row * table_stride + pos, mask=nmask, other=0).to(tl.int64)  # [BLOCK_N]
+        kv_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + slots[:, None] * k_slot_stride + kvh * k_h_stride + offs_d[None, :], mask=kv_mask, other=0)
+        v = tl.load(v_ptr + slots[:, None] * v_slot_stride + kvh * v_h_stride + offs_d[None, :], mask=kv_mask, other=0)
+        if QUANT:
+            k_s = tl.load(ks_ptr + slots * ks_slot_stride + kvh * ks_h_stride, mask=nmask, other=0.0)
+            v_s = tl.load(vs_ptr + slots * vs_slot_stride + kvh * vs_h_stride, mask=nmask, other=0.0)
+            qk = dot(q, tl.trans(k.to(q.dtype)), IEEE) * k_s[None, :]  # [BLOCK_G, BLOCK_N]
+        else:
+            v_s = None
+            qk = dot(q, tl.trans(k), IEEE)
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
+
+    o_ptrs = mid_o_ptr + b.to(tl.int64) * o_b_stride + heads[:, None] * o_h_stride + split * o_s_stride
+    tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=gmask[:, None] & dmask[None, :])
+    lse_ptrs = mid_lse_ptr + b.to(tl.int64) * lse_b_stride + heads * lse_h_stride + split
+    tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=gmask)
+
+
+@triton.jit
+def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, lens_ptr, out_ptr, o_b_stride, o_h_stride, o_s_stride,
+                          lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, num_splits, HEAD_DIM: tl.constexpr,
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_N: tl.constexpr):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    seq_len = tl.load(lens_ptr + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    # the splits stage 1 ran: the same boundaries, recomputed
+    valid = (offs_s < num_splits) & (offs_s * split_len < seq_len)
+    lse = tl.load(mid_lse_ptr + b * lse_b_stride + h * lse_h_stride + offs_s, mask=valid, other=float("-inf"))
+    o_ptrs = mid_o_ptr + b * o_b_stride + h * o_h_stride + offs_s[:, None] * o_s_stride + offs_d[None, :]
+    o = tl.load(o_ptrs, mask=valid[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+    w = tl.where(valid, tl.exp2(lse - tl.max(lse, axis=0)), 0.0)  # [BLOCK_S]
+    total = tl.sum(w, axis=0)
+    # an empty request (a padded graph row) gets zeros, not NaN
+    result = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
+    out_ptrs = out_ptr + b * out_b_stride + h * out_h_stride + offs_d
+    tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def decode_config(head_dim: int, dtype: torch.dtype, is_cuda: bool) -> dict[str, int]:
+    """BLOCK_N / num_warps / num_stages of stage 1; small tiles in the interpreter keep tests fast."""
+    if not is_cuda:
+        return {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    if dtype == torch.float32 or head_dim > 128:
+        return {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+
+
+def choose_num_splits(batch: int, kv_heads: int, max_len: int, num_sms: int = 132, block_n: int = 64) -> int:
+    """Splits per request so that stage 1 has about four programs per SM, each split covering
+    at least 2 * block_n tokens (shorter splits cost more in the reduce than they save)."""
+    programs = max(1, batch * kv_heads)
+    want = triton.cdiv(4 * num_sms, programs)
+    return max(1, min(want, max_len // (2 * block_n), MAX_SPLITS))
+
+
+def decode_scratch(
+    batch: int, num_heads: int, head_dim: int, num_splits: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial outputs [B, Hq, splits, D], log-sum-exps [B, Hq, splits]), float32."""
+    mid_o = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=device)
+    mid_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=device)
+    return mid_o, mid_lse
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_table: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    out: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    mid_o: torch.Tensor | None = None,
+    mid_lse: torch.Tensor | None = None,
+    **config: int,
+) -> torch.Tensor:
+    """q: [B, Hq, D] one token per request; pools: [C, Hkv, D]; rows, seq_lens: [B] int32, seq_lens
+    counting the new token (already stored). k_scale, v_scale [C, Hkv] float32 mark an int8 pool.
+    mid_o / mid_lse: scratch from decode_scratch (allocated when None). config overrides
+    BLOCK_N / num_warps / num_stages. Returns out [B, Hq, D]."""
+    if q.dim() != 3 or q.stride(-1) != 1:
+        raise ValueError(f"decode_attention: q must be [B, Hq, D] with a contiguous last dim, got {tuple(q.shape)}")
+    bsz, hq, d = q.shape
+    hkv = check_pool("decode_attention", q, k_pool, v_pool, k_scale, v_scale)
+    for name, x in (("rows", rows), ("seq_lens", seq_lens)):
+        if x.shape != (bsz,) or x.dtype != torch.int32:
+            raise ValueError(f"decode_attention: {name} must be [{bsz}] int32, got {tuple(x.shape)} {x.dtype}")
+    if req_table.dim() != 2 or req_table.dtype != torch.int32 or req_table.stride(-1) != 1:
+        raise ValueError("decode_attention: req_table must be a 2-d int32 tensor with a contiguous last dim")
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"decode_attention: num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"decode_attention: out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
+    if mid_o is None or mid_lse is None:
+        mid_o, mid_lse = decode_scratch(bsz, hq, d, num_splits, q.device)
+    if mid_o.shape != (bsz, hq, num_splits, d) or mid_lse.shape != (bsz, hq, num_splits):
+        raise ValueError(
+            f"decode_attention: scratch must be [{bsz}, {hq}, {num_splits}, {d}] and [{bsz}, {hq}, {num_splits}]"
+        )
+    if (
+        mid_o.dtype != torch.float32
+        or mid_lse.dtype != torch.float32
+        or mid_o.stride(-1) != 1
+        or mid_lse.stride(-1) != 1
+    ):
+        raise ValueError("decode_attention: scratch must be float32 with a contiguous last dim")
+    if bsz == 0:
+        return out
+    cfg = decode_config(d, q.dtype, q.is_cuda) | config
+    quant = k_scale is not None
+    ks = k_scale if quant else mid_lse  # any float32 tensor: the kernel does not read it
+    vs = v_scale if quant else mid_lse
+    group = hq // hkv
+    block_d = max(16, triton.next_power_of_2(d))
+    _decode_split_kernel[(bsz, hkv, num_splits)](
+        q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, mid_o, mid_lse,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
+        ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), req_table.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1), scale * LOG2E,
+        num_splits, GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], QUANT=quant, IEEE=q.dtype == torch.float32,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    _decode_reduce_kernel[(bsz, hq)](
+        mid_o, mid_lse, seq_lens, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), num_splits, HEAD_DIM=d,
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], num_warps=4,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,98 @@
+"""Quantize this step's K and V to int8 and write them into the token KV pool.
+
+Each token's K and V are stored per head as int8 with a float32 scale absmax / 127,
+matching ``kv_cache.quantize_int8``: the divisions are IEEE-rounded (div_rn) and the
+rounding is half-to-even like torch.round, so the stored values are bit-identical to
+the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from services.worker.kernels.kv_store import check_kv_store_args
+
+
+@triton.jit
+def _quantize_store(x_ptr, row_stride, head_stride, pool_ptr, pool_slot_stride, pool_head_stride, scale_ptr,
+                    scale_slot_stride, scale_head_stride, token, slot, num_heads, HEAD_DIM: tl.constexpr,
+                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    hmask = offs_h < num_heads
+    mask = hmask[:, None] & (offs_d < HEAD_DIM)[None, :]  # [BLOCK_H, BLOCK_D]
+    x = tl.load(x_ptr + token * row_stride + offs_h[:, None] * head_stride + offs_d[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    absmax = tl.max(tl.abs(x), axis=1)  # [BLOCK_H]
+    scale = tl.math.div_rn(tl.maximum(absmax, 1e-8), 127.0)
+    y = tl.math.div_rn(x, scale[:, None])
+    # round half to even, exactly: |y| <= 127, so y - floor(y) is exact in float32
+    low = tl.floor(y)
+    frac = y - low
+    low_is_odd = (low - 2.0 * tl.floor(low * 0.5)) != 0.0
+    rounded = tl.where((frac > 0.5) | ((frac == 0.5) & low_is_odd), low + 1.0, low)
+    q = tl.minimum(tl.maximum(rounded, -127.0), 127.0).to(tl.int8)
+    tl.store(pool_ptr + slot * pool_slot_stride + offs_h[:, None] * pool_head_stride + offs_d[None, :], q, mask=mask)
+    tl.store(scale_ptr + slot * scale_slot_stride + offs_h * scale_head_stride, scale, mask=hmask)
+
+
+@triton.jit
+def _store_kv_int8_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, slots_ptr, k_row_stride, k_head_stride,
+                          v_row_stride, v_head_stride, kp_slot_stride, kp_head_stride, vp_slot_stride, vp_head_stride,
+                          ks_slot_stride, ks_head_stride, vs_slot_stride, vs_head_stride, num_heads,
+                          HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slots_ptr + token).to(tl.int64)
+    _quantize_store(k_ptr, k_row_stride, k_head_stride, kp_ptr, kp_slot_stride, kp_head_stride, ks_ptr,
+                    ks_slot_stride, ks_head_stride, token, slot, num_heads, HEAD_DIM, BLOCK_H, BLOCK_D)  # fmt: skip
+    _quantize_store(v_ptr, v_row_stride, v_head_stride, vp_ptr, vp_slot_stride, vp_head_stride, vs_ptr,
+                    vs_slot_stride, vs_head_stride, token, slot, num_heads, HEAD_DIM, BLOCK_H, BLOCK_D)  # fmt: skip
+
+
+def store_kv_int8(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """k, v: [T, Hkv, D]; pools: [C, Hkv, D] int8; scales: [C, Hkv] float32; slots: [T]."""
+    check_kv_store_args("store_kv_int8", k, v, k_pool, v_pool, slots)
+    if k_pool.dtype != torch.int8 or v_pool.dtype != torch.int8:
+        raise ValueError(f"store_kv_int8: pools must be int8, got {k_pool.dtype} {v_pool.dtype}")
+    for s in (k_scale, v_scale):
+        if s.shape != k_pool.shape[:2] or s.dtype != torch.float32:
+            raise ValueError(f"store_kv_int8: scales must be {tuple(k_pool.shape[:2])} float32, got {tuple(s.shape)}")
+    t, h, d = k.shape
+    if t == 0:
+        return
+    _store_kv_int8_kernel[(t,)](
+        k,
+        v,
+        k_pool,
+        v_pool,
+        k_scale,
+        v_scale,
+        slots,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        k_scale.stride(0),
+        k_scale.stride(1),
+        v_scale.stride(0),
+        v_scale.stride(1),
+        h,
+        HEAD_DIM=d,
+        BLOCK_H=triton.next_power_of_2(h),
+        BLOCK_D=triton.next_power_of_2(d),
+        num_warps=4,
+    )

@@ -1,0 +1,49 @@
+"""RMSNorm as one Triton kernel: weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype).
+
+One program per token row: a row (hidden size up to 8192) fits in registers, so x is read
+once. The arithmetic follows ``TorchOps.rmsnorm`` (Hugging Face): float32 statistics, the
+normalised row rounded to the activation dtype before the weight multiply.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, hidden, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < hidden
+    x = tl.load(x_ptr + row * x_row_stride + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    normed = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * out_row_stride + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def row_launch_params(hidden: int) -> tuple[int, int]:
+    """(BLOCK, num_warps) for a kernel that keeps one row of `hidden` elements in registers."""
+    block = triton.next_power_of_2(hidden)
+    num_warps = 4 if block <= 1024 else 8 if block <= 4096 else 16
+    return block, num_warps
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [T, H], weight: [H] -> [T, H] in the promoted dtype of weight and x."""
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"rmsnorm: x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} {x.stride()}")
+    t, h = x.shape
+    if weight.shape != (h,) or not weight.is_contiguous():
+        raise ValueError(f"rmsnorm: weight must be contiguous [{h}], got {tuple(weight.shape)}")
+    if out is None:
+        out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    elif out.shape != (t, h) or out.stride(-1) != 1:
+        raise ValueError(f"rmsnorm: out must be [{t}, {h}] with a contiguous last dim, got {tuple(out.shape)}")
+    if t == 0:
+        return out
+    block, num_warps = row_launch_params(h)
+    _rmsnorm_kernel[(t,)](x, weight, out, x.stride(0), out.stride(0), h, eps, BLOCK=block, num_warps=num_warps)
+    return out

@@ -1,0 +1,99 @@
+"""Rotary position embedding (rotate-half / NeoX layout), in place on q and k.
+
+q and k are usually strided views into the packed qkv projection, so the kernel takes
+row and head strides and writes back through them: no copy of q or k is made. One program
+rotates every q and k head of one token, reading that token's cos/sin row once. The
+arithmetic follows ``TorchOps.rotary_``: cos and sin rounded to the activation dtype,
+products in float32, result rounded once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotate_heads(x_ptr, row_stride, head_stride, token, num_heads, cos, sin, HALF: tl.constexpr,
+                  BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+    """Rotate all heads of one token of x in place; cos, sin: [BLOCK_HALF] float32."""
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    mask = (offs_h < num_heads)[:, None] & (offs_d < HALF)[None, :]
+    ptrs = x_ptr + token * row_stride + offs_h[:, None] * head_stride + offs_d[None, :]  # [BLOCK_H, BLOCK_HALF]
+    dtype = x_ptr.dtype.element_ty
+    c = cos.to(dtype).to(tl.float32)[None, :]
+    s = sin.to(dtype).to(tl.float32)[None, :]
+    x1 = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptrs + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptrs, (x1 * c - x2 * s).to(dtype), mask=mask)
+    tl.store(ptrs + HALF, (x2 * c + x1 * s).to(dtype), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr,
+    k_ptr,
+    pos_ptr,
+    cs_ptr,
+    q_row_stride,
+    q_head_stride,
+    k_row_stride,
+    k_head_stride,
+    cs_row_stride,
+    num_q_heads,
+    num_k_heads,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    dmask = offs_d < HALF
+    cos = tl.load(cs_ptr + pos * cs_row_stride + offs_d, mask=dmask, other=0.0)  # [BLOCK_HALF] float32
+    sin = tl.load(cs_ptr + pos * cs_row_stride + HALF + offs_d, mask=dmask, other=0.0)
+    _rotate_heads(q_ptr, q_row_stride, q_head_stride, token, num_q_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HQ)
+    _rotate_heads(k_ptr, k_row_stride, k_head_stride, token, num_k_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HK)
+
+
+def rotary_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place; positions [T] int; cos_sin [max_pos, D] float32."""
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"rotary: q [T, Hq, D] and k [T, Hkv, D] expected, got {tuple(q.shape)} {tuple(k.shape)}")
+    if q.stride(-1) != 1 or k.stride(-1) != 1:
+        raise ValueError("rotary: q and k need a contiguous last dim")
+    if q.dtype != k.dtype:
+        raise ValueError(f"rotary: q and k dtypes differ ({q.dtype}, {k.dtype})")
+    t, hq, d = q.shape
+    if d % 2 or cos_sin.dim() != 2 or cos_sin.shape[1] != d or cos_sin.stride(-1) != 1:
+        raise ValueError(
+            f"rotary: cos_sin must be [max_pos, {d}] with a contiguous last dim, got {tuple(cos_sin.shape)}"
+        )
+    if cos_sin.dtype != torch.float32:
+        raise ValueError(f"rotary: cos_sin must be float32, got {cos_sin.dtype}")
+    if positions.shape != (t,) or positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"rotary: positions must be [{t}] int32/int64, got {tuple(positions.shape)} {positions.dtype}")
+    if t == 0:
+        return
+    half = d // 2
+    _rotary_kernel[(t,)](
+        q,
+        k,
+        positions,
+        cos_sin,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        cos_sin.stride(0),
+        hq,
+        k.shape[1],
+        HALF=half,
+        BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_HQ=triton.next_power_of_2(hq),
+        BLOCK_HK=triton.next_power_of_2(k.shape[1]),
+        num_warps=4,
+    )

@@ -1,0 +1,41 @@
+"""SiLU-and-multiply of the fused gate|up projection: [T, 2I] -> silu(gate) * up, [T, I].
+
+Rounding follows ``TorchOps.silu_mul`` in a low-precision dtype: silu is computed in
+float32 and rounded to the activation dtype, then the product is rounded again.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, x_row_stride, out_row_stride, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < inter
+    gate = tl.load(x_ptr + row * x_row_stride + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
+    up = tl.load(x_ptr + row * x_row_stride + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * out_row_stride + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gate_up: [T, 2I] (gate | up) -> [T, I]."""
+    if gate_up.dim() != 2 or gate_up.stride(-1) != 1 or gate_up.shape[1] % 2:
+        raise ValueError(f"silu_mul: gate_up must be [T, 2I] with a contiguous last dim, got {tuple(gate_up.shape)}")
+    t, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    if out is None:
+        out = torch.empty((t, inter), dtype=gate_up.dtype, device=gate_up.device)
+    elif out.shape != (t, inter) or out.stride(-1) != 1 or out.dtype != gate_up.dtype:
+        raise ValueError(f"silu_mul: out must be [{t}, {inter}] {gate_up.dtype} with a contiguous last dim")
+    if t == 0:
+        return out
+    block = min(BLOCK, triton.next_power_of_2(inter))
+    grid = (t, triton.cdiv(inter, block))
+    _silu_mul_kernel[grid](gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
+    return out

@@ -1,0 +1,26 @@
+"""``LayerOps`` on Triton kernels: the CUDA path of the elementwise and normalisation steps."""
+
+from __future__ import annotations
+
+import torch
+
+from services.worker.kernels.add_rmsnorm import add_rmsnorm_
+from services.worker.kernels.rmsnorm import rmsnorm
+from services.worker.kernels.rotary import rotary_
+from services.worker.kernels.silu_mul import silu_mul
+
+
+class TritonOps:
+    """One fused kernel per step; same arithmetic as ``services.worker.ops.TorchOps``."""
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return rmsnorm(x, weight, eps)
+
+    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return add_rmsnorm_(x, residual, weight, eps)
+
+    def rotary_(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
+        rotary_(q, k, positions, cos_sin)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return silu_mul(gate_up)

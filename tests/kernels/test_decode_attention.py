@@ -1,0 +1,79 @@
+"""decode_attention (split-K flash-decoding over the token pool) against float32 attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.worker.kernels.decode_attention import choose_num_splits, decode_attention, decode_scratch
+
+
+def _check(lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, quantized: bool, num_splits: int,
+           device: torch.device, pooled, reference, tol, **config: int) -> None:  # fmt: skip
+    req = pooled(lens, hkv, d, dtype, quantized, device)
+    bsz = len(lens)
+    q = torch.randn(bsz, hq + 2 * hkv, d, device=device).to(dtype)[:, :hq]  # a strided view, as from qkv
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = torch.full((bsz, hq, d), float("nan"), dtype=dtype, device=device)
+    # poisoned scratch: splits the reduce should ignore hold NaN
+    mid_o, mid_lse = decode_scratch(bsz, hq, d, num_splits, device)
+    mid_o.fill_(float("nan"))
+    mid_lse.fill_(float("nan"))
+    scale = d**-0.5
+    decode_attention(q, req.k_pool, req.v_pool, req.req_table, req.rows, seq_lens, scale, num_splits, out=out,
+                     k_scale=req.k_scale, v_scale=req.v_scale, mid_o=mid_o, mid_lse=mid_lse, **config)  # fmt: skip
+    for b, n in enumerate(lens):
+        ref = reference(q[b : b + 1], req.keys[b], req.values[b], n - 1, scale)[0]
+        torch.testing.assert_close(out[b], ref.to(dtype), **tol(dtype))
+
+
+# lengths around the CPU tile (16): a single token, a partial tile, several tiles
+LENS = [1, 17, 70, 33, 5]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 2, 32), (4, 1, 16), (2, 2, 24), (2, 1, 64), (2, 1, 128)])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_small(hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int, device, pooled, reference,
+                      tol) -> None:  # fmt: skip
+    _check(LENS, hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_small_int8(dtype: torch.dtype, device, pooled, reference, tol) -> None:
+    _check(LENS, 4, 2, 32, dtype, True, 3, device, pooled, reference, tol)
+
+
+def test_decode_more_splits_than_tiles(device, pooled, reference, tol) -> None:
+    # 8 splits of a 70-token context: only 5 have a 16-token tile, the rest exit early
+    _check(LENS, 4, 2, 32, torch.float32, False, 8, device, pooled, reference, tol)
+
+
+@pytest.mark.parametrize("group", [16, 32])
+def test_decode_large_group(group: int, device, pooled, reference, tol) -> None:
+    _check([9, 40], group, 1, 16, torch.float32, False, 2, device, pooled, reference, tol)
+
+
+def test_choose_num_splits() -> None:
+    assert choose_num_splits(64, 8, 2048) == 2  # 512 programs: two splits fill 132 SMs four deep
+    assert choose_num_splits(1, 8, 2048) == 16  # few requests: split, but keep 128+ tokens a split
+    assert choose_num_splits(1, 8, 100) == 1
+    assert choose_num_splits(512, 8, 4096) == 1
+    assert 1 <= choose_num_splits(1, 1, 1 << 20) <= 32
+
+
+def test_decode_rejects_bad_group(device) -> None:
+    q = torch.randn(2, 3, 16, device=device)
+    pool = torch.zeros(8, 2, 16, device=device)
+    ints = torch.zeros(2, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="multiple"):
+        decode_attention(q, pool, pool, torch.zeros(3, 8, dtype=torch.int32, device=device), ints, ints, 1.0, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("quantized", [False, True])
+def test_decode_llama3_8b(quantized: bool, pooled, reference, tol) -> None:
+    lens = [2048] * 60 + [1, 100, 1000, 2047]
+    splits = choose_num_splits(len(lens), 8, 2048, torch.cuda.get_device_properties(0).multi_processor_count)
+    _check(lens, 32, 8, 128, torch.bfloat16, quantized, splits, torch.device("cuda"), pooled, reference, tol)
