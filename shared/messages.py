@@ -32,6 +32,13 @@ FINISH_ABORT = "abort"  # the client went away or asked to stop
 FINISH_ERROR = "error"  # the pipeline failed the request; TokenItem.error says why
 FINISH_REASONS = ("", FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR)
 
+# what kind of error ended a request (finish_reason "error"), so a front end can pick the status
+ERR_FAILED = "failed"  # the pipeline failed it (a worker died, ...): 500
+ERR_OVERLOADED = "overloaded"  # the queue is full: 503 with Retry-After
+ERR_TOO_LARGE = "too_large"  # no worker group could ever hold it: 400
+ERR_DEADLINE = "deadline"  # it outlived its deadline: 504
+ERROR_KINDS = ("", ERR_FAILED, ERR_OVERLOADED, ERR_TOO_LARGE, ERR_DEADLINE)
+
 
 class WireError(ValueError):
     """A message that cannot be decoded: wrong version, unknown type or wrong shape."""
@@ -86,6 +93,7 @@ class TokenItem:
     top_logprobs: list[list[list[float]]] = field(default_factory=list)  # per token: [[id, logprob], ...]
     finish_reason: str = ""
     error: str = ""
+    error_kind: str = ""  # one of ERROR_KINDS when finish_reason is "error"
     prompt_tokens: int = 0
     output_tokens: int = 0  # total output tokens so far, this step's included
 
@@ -101,6 +109,7 @@ class TextItem:
     top_logprobs: list[list[list[float]]] = field(default_factory=list)
     finish_reason: str = ""
     error: str = ""
+    error_kind: str = ""
     prompt_tokens: int = 0
     output_tokens: int = 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.detokenizer.incremental import Decoder, IncrementalDecoder
 from services.detokenizer.stops import StopMatcher
-from shared.messages import FINISH_ERROR, FINISH_STOP, DetokRegister, TextItem, TokenItem
+from shared.messages import ERR_FAILED, FINISH_ERROR, FINISH_STOP, DetokRegister, TextItem, TokenItem
 
 
 class DetokSession:
@@ -24,7 +24,7 @@ class DetokSession:
         if item.token_ids and item.output_tokens != expected:
             # a worker restarted the request after its output had begun: sending the new
             # tokens would repeat text the client already has
-            return self._end(FINISH_ERROR, "the request was restarted after its output began"), True
+            return self._end(FINISH_ERROR, "the request was restarted after its output began", ERR_FAILED), True
         self.output_tokens = expected
         text, hit = self.stops.feed(self.decoder.push(item.token_ids))
         if hit:
@@ -35,10 +35,10 @@ class DetokSession:
             if hit:
                 return self._text(item, text, FINISH_STOP), True
             text += self.stops.flush()
-            return self._text(item, text, item.finish_reason, item.error), True
+            return self._text(item, text, item.finish_reason, item.error, item.error_kind), True
         return self._text(item, text, ""), False
 
-    def _text(self, item: TokenItem, text: str, finish: str, error: str = "") -> TextItem:
+    def _text(self, item: TokenItem, text: str, finish: str, error: str = "", kind: str = "") -> TextItem:
         return TextItem(
             rid=self.rid,
             text=text,
@@ -47,16 +47,18 @@ class DetokSession:
             top_logprobs=item.top_logprobs,
             finish_reason=finish,
             error=error,
+            error_kind=kind,
             prompt_tokens=self.prompt_tokens,
             output_tokens=self.output_tokens,
         )
 
-    def _end(self, finish: str, error: str) -> TextItem:
+    def _end(self, finish: str, error: str, kind: str) -> TextItem:
         return TextItem(
             rid=self.rid,
             text="",
             finish_reason=finish,
             error=error,
+            error_kind=kind,
             prompt_tokens=self.prompt_tokens,
             output_tokens=self.output_tokens,
         )

@@ -13,7 +13,17 @@ from dataclasses import dataclass, field
 
 from services.router.group import GroupState
 from shared.config import RouterConfig
-from shared.messages import FINISH_ABORT, FINISH_ERROR, GenerateReq, TokenItem, WorkerStatus
+from shared.messages import (
+    ERR_DEADLINE,
+    ERR_FAILED,
+    ERR_OVERLOADED,
+    ERR_TOO_LARGE,
+    FINISH_ABORT,
+    FINISH_ERROR,
+    GenerateReq,
+    TokenItem,
+    WorkerStatus,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +36,10 @@ class Actions:
     ended: dict[str, list[TokenItem]] = field(default_factory=dict)  # detok shard -> final items
     released: list[str] = field(default_factory=list)  # rids that left the waiting queue
 
-    def end(self, detok: str, rid: str, prompt_tokens: int, reason: str, error: str = "") -> None:
-        item = TokenItem(rid=rid, token_ids=[], finish_reason=reason, error=error, prompt_tokens=prompt_tokens)
+    def end(self, detok: str, rid: str, prompt_tokens: int, reason: str, error: str = "", kind: str = "") -> None:
+        item = TokenItem(
+            rid=rid, token_ids=[], finish_reason=reason, error=error, error_kind=kind, prompt_tokens=prompt_tokens
+        )
         self.ended.setdefault(detok, []).append(item)
 
     @property
@@ -59,10 +71,10 @@ class RouterCore:
             act.released.append(req.rid)  # a duplicate delivery: the first copy is in hand
             return
         if len(self.waiting) >= self.cfg.max_waiting:
-            self._reject(req, f"overloaded: {len(self.waiting)} requests are waiting", act)
+            self._reject(req, f"overloaded: {len(self.waiting)} requests are waiting", act, ERR_OVERLOADED)
             return
         if req.deadline and req.deadline < now_unix:
-            self._reject(req, "deadline exceeded before the request was queued", act)
+            self._reject(req, "deadline exceeded before the request was queued", act, ERR_DEADLINE)
             return
         self.waiting.append(req)
 
@@ -126,11 +138,11 @@ class RouterCore:
                     best, best_room = g, room
             if best is None:
                 biggest = max(g.capacity for g in self.groups.values())
-                if len(req.input_ids) + 1 > biggest:
+                alone = len(req.input_ids) + req.params.max_new_tokens
+                if alone > biggest:  # it could block the head of the queue for ever
                     self.waiting.popleft()
-                    self._reject(
-                        req, f"the prompt needs {len(req.input_ids)} KV tokens; the largest pool has {biggest}", act
-                    )
+                    why = f"prompt plus max_new_tokens is {alone} KV tokens; the largest worker pool holds {biggest}"
+                    self._reject(req, why, act, ERR_TOO_LARGE)
                     continue
                 return  # the head waits for memory; keeping order keeps it fair
             self.waiting.popleft()
@@ -156,7 +168,7 @@ class RouterCore:
             if p.req is not None and p.output_tokens == 0:
                 requeue.append(p.req)
             else:
-                act.end(p.detok, rid, p.prompt_tokens, FINISH_ERROR, f"{why} while the request was running")
+                act.end(p.detok, rid, p.prompt_tokens, FINISH_ERROR, f"{why} while the request was running", ERR_FAILED)
                 self.stats.failed += 1
         for req in sorted(requeue, key=lambda r: r.arrival, reverse=True):
             self.waiting.appendleft(req)
@@ -168,11 +180,11 @@ class RouterCore:
         late = [r for r in self.waiting if r.deadline and r.deadline < now_unix]
         for req in late:
             self.waiting.remove(req)
-            self._reject(req, "deadline exceeded while queued", act)
+            self._reject(req, "deadline exceeded while queued", act, ERR_DEADLINE)
 
-    def _reject(self, req: GenerateReq, why: str, act: Actions) -> None:
+    def _reject(self, req: GenerateReq, why: str, act: Actions, kind: str) -> None:
         log.warning("rejected: %s", why, extra={"rid": req.rid})
-        act.end(req.detok, req.rid, len(req.input_ids), FINISH_ERROR, why)
+        act.end(req.detok, req.rid, len(req.input_ids), FINISH_ERROR, why, kind)
         act.released.append(req.rid)
         self.stats.rejected += 1
 

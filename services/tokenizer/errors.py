@@ -8,13 +8,29 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from shared.messages import ERR_DEADLINE, ERR_FAILED, ERR_OVERLOADED, ERR_TOO_LARGE
+
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request") -> None:
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request", headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
+        self.headers = headers or {}
+
+
+# the HTTP status for each way the pipeline can fail a request (shared.messages.ERROR_KINDS)
+_STATUS = {ERR_OVERLOADED: 503, ERR_TOO_LARGE: 400, ERR_DEADLINE: 504, ERR_FAILED: 500}
+
+
+def pipeline_error(error: str, kind: str) -> APIError:
+    """The error to answer with for a request the pipeline ended with finish_reason "error"."""
+    status = _STATUS.get(kind, 500)
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return APIError(status, f"generation failed: {error}", kind or ERR_FAILED, headers)
 
 
 def describe_validation(errors: list[dict[str, Any]]) -> str:
@@ -44,4 +60,4 @@ async def validation_handler(_: Request, exc: RequestValidationError) -> JSONRes
 
 
 async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse({"error": exc.message, "error_type": exc.kind}, status_code=exc.status)
+    return JSONResponse({"error": exc.message, "error_type": exc.kind}, status_code=exc.status, headers=exc.headers)

@@ -23,7 +23,7 @@ from services.tokenizer.responses import Collected
 from services.tokenizer.tokenization import Tokenization
 from shared.config import TokenizerConfig
 from shared.log import request_id
-from shared.messages import FINISH_ERROR, SamplingParams, TextItem
+from shared.messages import ERR_DEADLINE, FINISH_ERROR, SamplingParams, TextItem
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ async def submit(
     try:
         pending = await ctx.pipeline.submit(rid, prompt_ids, params, stops, skip_special_tokens, deadline)
     except Unavailable as e:
-        raise APIError(503, f"the service cannot take requests now: {e}", "unavailable") from e
+        raise APIError(503, f"the service cannot take requests now: {e}", "unavailable", {"Retry-After": "1"}) from e
     log.info("submitted: prompt_tokens=%d max_new_tokens=%d", len(prompt_ids), params.max_new_tokens)
     return pending
 
@@ -84,6 +84,7 @@ async def items(ctx: FrontContext, pending: PendingRequest) -> AsyncIterator[Tex
                     "",
                     finish_reason=FINISH_ERROR,
                     error="deadline exceeded",
+                    error_kind=ERR_DEADLINE,
                     prompt_tokens=pending.prompt_tokens,
                 )
                 return

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from services.tokenizer.errors import APIError
+from services.tokenizer.errors import pipeline_error
 from services.tokenizer.generation import FrontContext, collect, items, new_seed, submit
 from services.tokenizer.params import GenerateBody
 from services.tokenizer.pipeline import PendingRequest
@@ -28,7 +28,7 @@ def lightllm_router(ctx: FrontContext) -> APIRouter:
         pending = await start(body)
         got = await collect(ctx, pending, request)
         if got.finish_reason == FINISH_ERROR:
-            raise APIError(500, f"generation failed: {got.error}", "generation_error")
+            raise pipeline_error(got.error, got.error_kind)
         return JSONResponse(generate_response(got, body.parameters.return_details, ctx.tok))
 
     @router.post("/generate_stream")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from shared.heartbeat import live_replicas
 from shared.messages import (
+    ERR_FAILED,
     FINISH_ERROR,
     AbortReq,
     DetokRegister,
@@ -200,7 +201,17 @@ class Pipeline:
             else:
                 continue
             failures.append(
-                (p, TextItem(p.rid, "", finish_reason=FINISH_ERROR, error=why, prompt_tokens=p.prompt_tokens))
+                (
+                    p,
+                    TextItem(
+                        p.rid,
+                        "",
+                        finish_reason=FINISH_ERROR,
+                        error=why,
+                        error_kind=ERR_FAILED,
+                        prompt_tokens=p.prompt_tokens,
+                    ),
+                )
             )
         if failures:
             log.error("failing %d in-flight requests: %s", len(failures), failures[0][1].error)

@@ -18,6 +18,7 @@ class Collected:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = ""
     error: str = ""
+    error_kind: str = ""
     prompt_tokens: int = 0
     output_tokens: int = 0
 
@@ -30,6 +31,7 @@ class Collected:
         if item.finish_reason:
             self.finish_reason = item.finish_reason
             self.error = item.error
+            self.error_kind = item.error_kind
 
 
 def generate_response(c: Collected, details: bool, tok: Tokenization) -> dict:
@@ -52,7 +54,14 @@ def stream_events(item: TextItem, details: bool, tok: Tokenization) -> list[byte
     """One server-sent event per token of the item (LightLLM sends one per token)."""
     finished = bool(item.finish_reason)
     if item.finish_reason == FINISH_ERROR:
-        body = {"token": None, "generated_text": None, "finished": True, "finish_reason": "error", "error": item.error}
+        body = {
+            "token": None,
+            "generated_text": None,
+            "finished": True,
+            "finish_reason": "error",
+            "error": item.error,
+            "error_type": item.error_kind,
+        }
         return [_sse(body)]
     events = []
     n = len(item.token_ids)

@@ -18,7 +18,7 @@ from services.worker.models.llama import LlamaModel
 from services.worker.request import Req
 from services.worker.sampler import Sampler
 from services.worker.scheduler import Scheduler
-from shared.messages import FINISH_ABORT, FINISH_ERROR, GenerateReq, RunningReq, TokenItem
+from shared.messages import ERR_FAILED, FINISH_ABORT, FINISH_ERROR, GenerateReq, RunningReq, TokenItem
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ class Engine:
             top_logprobs=req.step_top_logprobs if with_token else [],
             finish_reason=req.finish_reason,
             error=req.error,
+            error_kind=req.error_kind,
             prompt_tokens=req.prompt_len,
             output_tokens=req.output_len,
         )
@@ -108,5 +109,6 @@ class Engine:
         """End every request with an explicit error (the worker is going away)."""
         for req in self.scheduler.all_requests():
             req.error = why
+            req.error_kind = ERR_FAILED
             self.scheduler.abort(req.rid, FINISH_ERROR)
         return [(r.detok, self._item(r, with_token=False)) for r in self.scheduler.take_finished()]

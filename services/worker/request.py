@@ -12,6 +12,7 @@ class Req:
         "deadline",
         "detok",
         "error",
+        "error_kind",
         "finish_reason",
         "front",
         "kv_len",
@@ -38,6 +39,7 @@ class Req:
         self.row: int | None = None  # request-table row while it holds KV
         self.finish_reason = ""
         self.error = ""  # why it failed, when finish_reason is "error"
+        self.error_kind = ""
         self.step_logprobs: list[float] = []
         self.step_top_logprobs: list[list[list[float]]] = []
 

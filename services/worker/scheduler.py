@@ -18,7 +18,7 @@ import torch
 
 from services.worker.kv_manager import KVManager
 from services.worker.request import Req
-from shared.messages import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+from shared.messages import ERR_DEADLINE, ERR_TOO_LARGE, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class Scheduler:
         late = [r for r in self.all_requests() if r.deadline and r.deadline < now]
         for req in late:
             req.error = "deadline exceeded"
+            req.error_kind = ERR_DEADLINE
             self.abort(req.rid, FINISH_ERROR)
         return late
 
@@ -185,4 +186,5 @@ class Scheduler:
     def _fail(self, req: Req, why: str) -> None:
         log.error("failing request: %s", why, extra={"rid": req.rid})
         req.error = why
+        req.error_kind = ERR_TOO_LARGE
         self._finish(req, FINISH_ERROR)

@@ -44,11 +44,20 @@ EXAMPLES = [
     m.TokenBatch(
         "worker:0",
         [
-            m.TokenItem("r1", [42], [-0.5], [[[42.0, -0.5], [7.0, -1.5]]], "", "", 3, 1),
-            m.TokenItem("r2", [], finish_reason=m.FINISH_ERROR, error="worker group 0 died", prompt_tokens=4),
+            m.TokenItem("r1", [42], [-0.5], [[[42.0, -0.5], [7.0, -1.5]]], prompt_tokens=3, output_tokens=1),
+            m.TokenItem(
+                "r2",
+                [],
+                finish_reason=m.FINISH_ERROR,
+                error="worker group 0 died",
+                error_kind=m.ERR_FAILED,
+                prompt_tokens=4,
+            ),
         ],
     ),
-    m.TextBatch([m.TextItem("r1", "héllo 世界", [42, 43], [-0.1, -0.2], [], m.FINISH_STOP, "", 3, 2)]),
+    m.TextBatch(
+        [m.TextItem("r1", "héllo 世界", [42, 43], [-0.1, -0.2], [], m.FINISH_STOP, prompt_tokens=3, output_tokens=2)]
+    ),
     m.Heartbeat("worker", "0", 1234, 1.0, 2.0, {"free_tokens": 10.0}),
 ]
 
