@@ -82,7 +82,7 @@ class WorkerConfig(CommonConfig):
     running_max_req_size: int = 256
     max_req_total_len: int = 0  # 0: the model's context length
     status_interval_s: float = 0.5
-    seed: int = 0  # weights are loaded, not drawn; this seeds nothing but ties
+    cuda_graph_max_bs: int = 512  # decode batches up to this size replay CUDA graphs; 0: none
 
     def __post_init__(self) -> None:
         _check(bool(self.model_dir), "model_dir is required")
@@ -97,6 +97,7 @@ class WorkerConfig(CommonConfig):
         _check(self.batch_max_tokens >= 16, "batch_max_tokens must be >= 16")
         _check(self.running_max_req_size >= 1, "running_max_req_size must be >= 1")
         _check(self.status_interval_s > 0, "status_interval_s must be > 0")
+        _check(self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs must be >= 0")
 
 
 @dataclass(frozen=True)

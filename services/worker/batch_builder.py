@@ -1,14 +1,32 @@
-"""StepPlan -> ForwardBatch: lay the step's tokens out packed and move them to the device."""
+"""StepPlan -> ForwardBatch: lay the step's tokens out packed and move them to the device.
+
+A decoding request's last token may still be in flight (sampled by the step before,
+not yet copied to the host): its input id is then taken on the device from that step's
+sampled tokens, so building the next step never waits for the previous one.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from services.worker.forward_batch import ForwardBatch
-from services.worker.scheduler import StepPlan
+from services.worker.host_copy import to_device
+from services.worker.scheduler import PLACEHOLDER, StepPlan
 
 
-def build_batch(plan: StepPlan, req_table: torch.Tensor, device: torch.device) -> ForwardBatch:
+@dataclass
+class PreviousTokens:
+    """The sampled tokens of the step in flight, for inputs that are still placeholders."""
+
+    tokens: torch.Tensor  # [S] int64 on the device
+    index: dict[int, int]  # id(request) -> its row in tokens
+
+
+def build_batch(
+    plan: StepPlan, req_table: torch.Tensor, device: torch.device, prev: PreviousTokens | None = None
+) -> ForwardBatch:
     ids: list[int] = []
     pos: list[int] = []
     ext_rows, ext_starts, ext_lens, ext_prefix = [], [], [], []
@@ -25,9 +43,16 @@ def build_batch(plan: StepPlan, req_table: torch.Tensor, device: torch.device) -
             sample_index.append(start + n - 1)
     num_extend = len(ids)
     dec_rows, dec_lens = [], []
+    from_prev: list[tuple[int, int]] = []  # (packed position, row in prev.tokens)
     for req in plan.decodes:
         sample_index.append(len(ids))
-        ids.append(req.tokens[-1])
+        last = req.tokens[-1]
+        if last == PLACEHOLDER:
+            if prev is None or id(req) not in prev.index:
+                raise RuntimeError(f"request {req.rid}: input token in flight but no previous step holds it")
+            from_prev.append((len(ids), prev.index[id(req)]))
+            last = 0
+        ids.append(last)
         pos.append(req.kv_len)
         dec_rows.append(req.row)
         dec_lens.append(req.kv_len + 1)
@@ -36,13 +61,18 @@ def build_batch(plan: StepPlan, req_table: torch.Tensor, device: torch.device) -
         slots.append(plan.decode_slots)
 
     def i32(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32).to(device, non_blocking=True)
+        return to_device(values, torch.int32, device)
 
     def i64(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+        return to_device(values, torch.int64, device)
 
+    input_ids = i64(ids)
+    if from_prev:
+        assert prev is not None
+        where = to_device(from_prev, torch.int64, device)
+        input_ids[where[:, 0]] = prev.tokens[where[:, 1]]
     return ForwardBatch(
-        input_ids=i64(ids),
+        input_ids=input_ids,
         positions=i64(pos),
         out_slots=torch.cat(slots) if slots else i32([]),
         req_table=req_table,

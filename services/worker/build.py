@@ -7,9 +7,11 @@ import logging
 import torch
 
 from services.worker.attention.torch_backend import TorchAttention
+from services.worker.cuda_graphs import DecodeGraphs, buckets_up_to
 from services.worker.engine import Engine
 from services.worker.kv_cache import KVCache, KVLayout
 from services.worker.kv_manager import KVManager
+from services.worker.model_runner import ModelRunner
 from services.worker.models.llama import LlamaModel, ModelWeights
 from services.worker.models.loader import load_weights
 from services.worker.models.rope import cos_sin_table
@@ -17,6 +19,7 @@ from services.worker.ops import TorchOps
 from services.worker.parallel import TensorParallel
 from services.worker.req_table import ReqTable
 from services.worker.sampler import Sampler
+from services.worker.sampling_state import SamplingState
 from services.worker.scheduler import Scheduler, SchedulerLimits
 from services.worker.token_allocator import TokenAllocator
 from shared.config import WorkerConfig
@@ -93,13 +96,30 @@ def build_engine(
     )
     table = ReqTable(cfg.running_max_req_size, max_total_len, device, dummy_slot=cache.dummy_slot)
     kv = KVManager(TokenAllocator(capacity, device), table)
-    attn = TorchAttention(cache, model_cfg.num_heads // tp.size, model_cfg.head_dim)
     cos_sin = cos_sin_table(model_cfg.head_dim, model_cfg.rope_theta, model_cfg.rope_scaling, max_total_len, device)
-    model = LlamaModel(model_cfg, weights, TorchOps(), attn, cos_sin, tp)
+    heads = model_cfg.num_heads // tp.size
+    if device.type == "cuda":
+        # imported here: the kernels compile for the device they first see
+        from services.worker.attention.triton_backend import TritonAttention
+        from services.worker.kernels.triton_ops import TritonOps
+
+        attn = TritonAttention(cache, heads, model_cfg.head_dim, max_decode_batch=cfg.running_max_req_size)
+        model = LlamaModel(model_cfg, weights, TritonOps(), attn, cos_sin, tp)
+    else:
+        model = LlamaModel(
+            model_cfg, weights, TorchOps(), TorchAttention(cache, heads, model_cfg.head_dim), cos_sin, tp
+        )
+    graphs = None
+    if device.type == "cuda" and cfg.cuda_graph_max_bs > 0:
+        max_bs = min(cfg.cuda_graph_max_bs, cfg.running_max_req_size)
+        graphs = DecodeGraphs(
+            model, table.table, cache.dummy_slot, table.dummy_row, max_total_len, buckets_up_to(max_bs), device
+        )
     eos = frozenset(model_cfg.eos_token_ids)
     limits = SchedulerLimits(
         max_running=cfg.running_max_req_size,
         prefill_budget=cfg.batch_max_tokens,
         max_total_len=max_total_len,
     )
-    return Engine(model, kv, Scheduler(kv, limits, eos), Sampler(eos, model_cfg.vocab_size), device)
+    state = SamplingState(table.max_rows + 1, model_cfg.vocab_size, device)
+    return Engine(ModelRunner(model, graphs), kv, Scheduler(kv, limits, eos), Sampler(state, eos), device)

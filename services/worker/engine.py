@@ -1,7 +1,13 @@
-"""The engine: one step is schedule, build the batch, run the model, sample, commit.
+"""The engine: one step is schedule, launch (build batch, forward, sample), then collect.
 
-It knows nothing of Redis: the worker service feeds it admitted requests and aborts,
-and publishes what each step returns.
+Steps overlap: ``step()`` launches step N+1 before it collects step N, so the host
+plans and builds the next batch while the device still runs the current one, and
+the only wait is for a step whose successor is already queued. Sampled tokens come
+back in one copy per step, into pinned buffers, when the device gets there. On the
+CPU the same code runs with every launch finishing at once.
+
+The engine knows nothing of Redis: the worker service feeds it admitted requests and
+aborts, and publishes what each step returns.
 """
 
 from __future__ import annotations
@@ -12,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.batch_builder import build_batch
+from services.worker.batch_builder import PreviousTokens, build_batch
 from services.worker.kv_manager import KVManager
-from services.worker.models.llama import LlamaModel
+from services.worker.model_runner import ModelRunner
 from services.worker.request import Req
-from services.worker.sampler import Sampler
+from services.worker.sampler import Sampler, SampleResult
 from services.worker.scheduler import Scheduler
 from shared.messages import ERR_FAILED, FINISH_ABORT, FINISH_ERROR, GenerateReq, RunningReq, TokenItem
 
@@ -26,19 +32,34 @@ log = logging.getLogger(__name__)
 @dataclass
 class StepOutput:
     items: list[tuple[str, TokenItem]]  # (detokenizer shard, item)
-    num_tokens: int  # tokens the model ran this step
+    num_tokens: int  # tokens the model ran in the step launched now
     changed: bool  # a request ended (its KV is free) or produced its first token
+
+
+@dataclass
+class InFlight:
+    """A launched step whose tokens have not been read yet."""
+
+    sampled: list[Req]
+    positions: list[int]  # index of each request's placeholder in its tokens
+    result: SampleResult  # on the device
+    host: SampleResult  # the copy being made to the host
+    event: torch.cuda.Event | None
+
+    def previous_tokens(self) -> PreviousTokens:
+        return PreviousTokens(self.result.tokens, {id(r): i for i, r in enumerate(self.sampled)})
 
 
 class Engine:
     def __init__(
-        self, model: LlamaModel, kv: KVManager, scheduler: Scheduler, sampler: Sampler, device: torch.device
+        self, runner: ModelRunner, kv: KVManager, scheduler: Scheduler, sampler: Sampler, device: torch.device
     ) -> None:
-        self.model = model
+        self.runner = runner
         self.kv = kv
         self.scheduler = scheduler
         self.sampler = sampler
         self.device = device
+        self.inflight: InFlight | None = None
         self._admitted = 0
         self.steps = 0
 
@@ -52,42 +73,78 @@ class Engine:
         return self.scheduler.abort(rid, reason) is not None
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self.scheduler.finished)
+        return self.scheduler.has_work() or self.inflight is not None or bool(self.scheduler.finished)
 
     # ---------------------------------------------------------------- one step
 
     def step(self) -> StepOutput:
         self.scheduler.expire(time.time())
         plan = self.scheduler.schedule()
-        sampled: list[Req] = []
-        if not plan.empty:
-            batch = build_batch(plan, self.kv.table.table, self.device)
-            logits = self.model.forward(batch)  # [S, V]
-            sampled = plan.sampled()
-            out = self.sampler.sample(logits, sampled)
-            self.scheduler.commit(plan, out.tokens, out.logprobs, out.top_logprobs)
-            self.steps += 1
-        finished = self.scheduler.take_finished()
-        items = [(r.detok, self._item(r, with_token=True)) for r in sampled]
-        got_token = {id(r) for r in sampled}
-        items += [(r.detok, self._item(r, with_token=False)) for r in finished if id(r) not in got_token]
+        launched = None
         num_tokens = sum(n for _, n in plan.extends) + len(plan.decodes)
-        first_tokens = any(r.output_len == 1 for r in sampled)
-        return StepOutput(items, num_tokens, changed=bool(finished) or first_tokens)
+        if not plan.empty:
+            launched = self._launch(plan)
+        items: list[tuple[str, TokenItem]] = []
+        first_tokens = False
+        if self.inflight is not None:
+            items, first_tokens = self._collect(self.inflight)
+        self.inflight = launched
+        finished = self.scheduler.take_finished()
+        items += [(r.detok, _item(r, None, None, None)) for r in finished]
+        changed = first_tokens or bool(finished) or any(item.finish_reason for _, item in items)
+        return StepOutput(items, num_tokens, changed)
 
-    @staticmethod
-    def _item(req: Req, with_token: bool) -> TokenItem:
-        return TokenItem(
-            rid=req.rid,
-            token_ids=[req.tokens[-1]] if with_token else [],
-            logprobs=req.step_logprobs if with_token else [],
-            top_logprobs=req.step_top_logprobs if with_token else [],
-            finish_reason=req.finish_reason,
-            error=req.error,
-            error_kind=req.error_kind,
-            prompt_tokens=req.prompt_len,
-            output_tokens=req.output_len,
-        )
+    def _launch(self, plan) -> InFlight:
+        self.sampler.state.assign(plan.new_rows)
+        sampled = plan.sampled()
+        prev = self.inflight.previous_tokens() if self.inflight is not None else None
+        batch = build_batch(plan, self.kv.table.table, self.device, prev)
+        sample_batch = self.sampler.batch(sampled, self.device)
+        logits = self.runner.forward(batch)  # [S, V]
+        result = self.sampler.sample(logits, sample_batch)
+        host, event = self._copy_to_host(result)
+        positions = self.scheduler.launched(plan, sampled)
+        self.steps += 1
+        return InFlight(sampled, positions, result, host, event)
+
+    def _copy_to_host(self, r: SampleResult) -> tuple[SampleResult, torch.cuda.Event | None]:
+        if self.device.type != "cuda":
+            return r, None
+
+        def host(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            out.copy_(t, non_blocking=True)
+            return out
+
+        copied = SampleResult(host(r.tokens), host(r.logprobs), host(r.top_ids), host(r.top_values))
+        event = torch.cuda.Event()
+        event.record()
+        return copied, event
+
+    def _collect(self, f: InFlight) -> tuple[list[tuple[str, TokenItem]], bool]:
+        if f.event is not None:
+            f.event.synchronize()
+        tokens = f.host.tokens.tolist()
+        logprobs = f.host.logprobs.tolist() if f.host.logprobs is not None else None
+        top_ids = f.host.top_ids.tolist() if f.host.top_ids is not None else None
+        top_values = f.host.top_values.tolist() if f.host.top_values is not None else None
+        items = []
+        first = False
+        for i, (req, pos, tok) in enumerate(zip(f.sampled, f.positions, tokens, strict=True)):
+            if not self.scheduler.resolve(req, pos, tok):
+                continue  # it ended while this step was in flight
+            p = req.params
+            lp = [logprobs[i]] if logprobs is not None and (p.logprobs or p.top_logprobs) else []
+            top = None
+            if top_ids is not None and top_values is not None and p.top_logprobs:
+                k = p.top_logprobs
+                top = [[[float(t), v] for t, v in zip(top_ids[i][:k], top_values[i][:k], strict=True)]]
+            produced = pos - req.prompt_len + 1
+            first |= produced == 1
+            items.append((req.detok, _item(req, tok, lp, top, produced)))
+        return items, first
 
     # ---------------------------------------------------------------- state out
 
@@ -107,8 +164,31 @@ class Engine:
 
     def fail_all(self, why: str) -> list[tuple[str, TokenItem]]:
         """End every request with an explicit error (the worker is going away)."""
-        for req in self.scheduler.all_requests():
+        pending = list(self.scheduler.all_requests())
+        if self.inflight is not None:
+            pending += [r for r in self.inflight.sampled if r.closing and not r.finish_reason]
+            self.inflight = None
+        for req in pending:
             req.error = why
             req.error_kind = ERR_FAILED
-            self.scheduler.abort(req.rid, FINISH_ERROR)
-        return [(r.detok, self._item(r, with_token=False)) for r in self.scheduler.take_finished()]
+            if not self.scheduler.abort(req.rid, FINISH_ERROR):
+                req.finish_reason = FINISH_ERROR
+                self.scheduler.finished.append(req)
+        return [(r.detok, _item(r, None, None, None)) for r in self.scheduler.take_finished()]
+
+
+def _item(
+    req: Req, token: int | None, logprobs: list[float] | None, top: list | None, produced: int | None = None
+) -> TokenItem:
+    """The report of one request for one step: its new token (if any) and its end (if any)."""
+    return TokenItem(
+        rid=req.rid,
+        token_ids=[token] if token is not None else [],
+        logprobs=logprobs or [],
+        top_logprobs=top or [],
+        finish_reason=req.finish_reason,
+        error=req.error,
+        error_kind=req.error_kind,
+        prompt_tokens=req.prompt_len,
+        output_tokens=produced if produced is not None else req.output_len - req.unresolved,
+    )

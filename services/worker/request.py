@@ -9,6 +9,7 @@ class Req:
     __slots__ = (
         "admit_order",
         "alloc_len",
+        "closing",
         "deadline",
         "detok",
         "error",
@@ -20,9 +21,8 @@ class Req:
         "prompt_len",
         "rid",
         "row",
-        "step_logprobs",
-        "step_top_logprobs",
         "tokens",
+        "unresolved",
     )
 
     def __init__(self, msg: GenerateReq, admit_order: int) -> None:
@@ -40,8 +40,8 @@ class Req:
         self.finish_reason = ""
         self.error = ""  # why it failed, when finish_reason is "error"
         self.error_kind = ""
-        self.step_logprobs: list[float] = []
-        self.step_top_logprobs: list[list[list[float]]] = []
+        self.unresolved = 0  # placeholder tokens of steps still in flight
+        self.closing = False  # its last token is in flight; it is scheduled no more
 
     @property
     def output_len(self) -> int:

@@ -1,12 +1,12 @@
-"""Next-token choice for a whole batch at once, on the logits' device.
+"""Next-token choice for a whole batch at once, on the logits' device, with no host sync.
 
 Greedy rows take the argmax. Sampling rows apply temperature, top-k and top-p, then
 draw with the Gumbel-max trick from noise that is a hash of (request seed, output
 position, token id): a request's draw depends on its seed alone, never on which
 requests share its batch, so seeded requests are reproducible. Penalties (repetition
 over prompt and output; presence and frequency over the output, as in OpenAI's API)
-and min_new_tokens (end tokens banned until then) apply to both. Only the chosen
-tokens, and logprobs when asked for, cross to the host: one transfer per step.
+and min_new_tokens (end tokens banned until then) apply to both. Parameters come from
+SamplingState rows; the result stays on the device until the engine copies it out.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from services.worker.host_copy import to_device
 from services.worker.request import Req
+from services.worker.sampling_state import SamplingState, uses_penalty
 
 _MASK = {s: (1 << (64 - s)) - 1 for s in (27, 30, 31, 40)}
 
@@ -47,109 +49,102 @@ def hashed_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torc
 
 
 @dataclass
-class SampleOutput:
-    tokens: list[int]
-    logprobs: list[float] | None  # of each chosen token, under the model's distribution
-    top_logprobs: list[list[list[float]]] | None  # per row: [[token id, logprob], ...]
+class SampleBatch:
+    """What one step's sampling needs, built on the host from the requests' parameters."""
+
+    rows: torch.Tensor  # [S] int64, the requests' rows in SamplingState
+    all_greedy: bool
+    filtered: bool  # some row uses top-k or top-p
+    penalties: bool
+    bans: list[tuple[int, int]]  # (sample index, token id) banned this step (min_new_tokens)
+    top_logprobs: int  # the most any row asks for; 0: none
+    logprobs: bool  # some row wants its chosen token's logprob
+
+
+@dataclass
+class SampleResult:
+    tokens: torch.Tensor  # [S] int64 on the device
+    logprobs: torch.Tensor | None  # [S] float32
+    top_ids: torch.Tensor | None  # [S, k] int64
+    top_values: torch.Tensor | None  # [S, k] float32
 
 
 class Sampler:
-    def __init__(self, eos_ids: frozenset[int], vocab_size: int) -> None:
+    def __init__(self, state: SamplingState, eos_ids: frozenset[int]) -> None:
+        self.state = state
         self.eos_ids = sorted(eos_ids)
-        self.vocab = vocab_size
 
-    def sample(self, logits: torch.Tensor, reqs: list[Req]) -> SampleOutput:
-        """logits: [S, V] float32, one row per request in reqs."""
-        if not reqs:
-            return SampleOutput([], None, None)
-        device = logits.device
-        raw = logits
-        logits = self._penalised(logits, reqs)
+    def batch(self, reqs: list[Req], device: torch.device) -> SampleBatch:
+        """Host side: read the requests' parameters once, build the row index."""
         params = [r.params for r in reqs]
-        greedy = [p.greedy for p in params]
-        if all(greedy):
-            chosen = logits.argmax(dim=-1)
-        else:
-            chosen = self._draw(logits, reqs, greedy, device)
-        want_lp = any(p.logprobs or p.top_logprobs for p in params)
-        k = max(p.top_logprobs for p in params)
-        lp_chosen = top = None
-        if want_lp:
-            lp = torch.log_softmax(raw, dim=-1)
-            lp_chosen = lp.gather(1, chosen[:, None])[:, 0]
-            if k:
-                top = torch.topk(lp, k, dim=-1)
-        tokens = chosen.tolist()
-        logprobs = lp_chosen.tolist() if lp_chosen is not None else None
-        top_out = None
-        if top is not None:
-            ids, vals = top.indices.tolist(), top.values.tolist()
-            top_out = [
-                [[float(t), v] for t, v in zip(ids[i][: p.top_logprobs], vals[i][: p.top_logprobs], strict=True)]
-                for i, p in enumerate(params)
-            ]
-        return SampleOutput(tokens, logprobs, top_out)
-
-    def _penalised(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
-        rows = [
-            i
-            for i, r in enumerate(reqs)
-            if r.params.repetition_penalty != 1.0
-            or r.params.presence_penalty
-            or r.params.frequency_penalty
-            or r.output_len < r.params.min_new_tokens
-        ]
-        if not rows:
-            return logits
-        logits = logits.clone()
-        device = logits.device
-        for i in rows:
-            r, p = reqs[i], reqs[i].params
-            row = logits[i]
-            if p.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(r.tokens)), dtype=torch.int64, device=device)
-                vals = row[seen]
-                row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-            if (p.presence_penalty or p.frequency_penalty) and r.output_len:
-                out = torch.tensor(r.output_ids, dtype=torch.int64, device=device)
-                counts = torch.bincount(out, minlength=row.shape[0]).to(row.dtype)
-                row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
-            if r.output_len < p.min_new_tokens:
+        bans = []
+        for i, r in enumerate(reqs):
+            p = r.params
+            if r.output_len < p.min_new_tokens:  # outputs before this draw (pending ones included)
                 ends = [*p.stop_token_ids, *([] if p.ignore_eos else self.eos_ids)]
-                ends = [t for t in ends if 0 <= t < row.shape[0]]
-                if ends:
-                    row[torch.tensor(ends, dtype=torch.int64, device=device)] = float("-inf")
+                bans += [(i, t) for t in ends if 0 <= t < self.state.vocab]
+        vocab = self.state.vocab
+        return SampleBatch(
+            rows=to_device([r.row for r in reqs], torch.int64, device),
+            all_greedy=all(p.greedy for p in params),
+            filtered=any(not p.greedy and (0 < p.top_k < vocab or p.top_p < 1.0) for p in params),
+            penalties=any(uses_penalty(r) for r in reqs),
+            bans=bans,
+            top_logprobs=max((p.top_logprobs for p in params), default=0),
+            logprobs=any(p.logprobs or p.top_logprobs for p in params),
+        )
+
+    def sample(self, logits: torch.Tensor, b: SampleBatch) -> SampleResult:
+        """logits: [S, V] float32, one row per request of the batch, in order."""
+        raw = logits
+        st = self.state
+        rows = b.rows
+        if b.penalties or b.bans:
+            logits = self._penalised(logits, b)
+        if b.all_greedy:
+            tokens = logits.argmax(dim=-1)
+        else:
+            scaled = logits / st.temperature[rows][:, None]
+            if b.filtered:
+                scaled = _top_k_top_p(scaled, st.top_k[rows], st.top_p[rows])
+            noise = -torch.log(-torch.log(hashed_uniform(st.seed[rows], st.out_pos[rows], logits.shape[1])))
+            drawn = (torch.log_softmax(scaled, dim=-1) + noise).argmax(dim=-1)
+            tokens = torch.where(st.greedy[rows], logits.argmax(dim=-1), drawn)
+        st.record(rows, tokens, b.penalties)
+        lp = top_ids = top_values = None
+        if b.logprobs:
+            logsm = torch.log_softmax(raw, dim=-1)
+            lp = logsm.gather(1, tokens[:, None])[:, 0]
+            if b.top_logprobs:
+                top = torch.topk(logsm, b.top_logprobs, dim=-1)
+                top_ids, top_values = top.indices, top.values
+        return SampleResult(tokens, lp, top_ids, top_values)
+
+    def _penalised(self, logits: torch.Tensor, b: SampleBatch) -> torch.Tensor:
+        st = self.state
+        logits = logits.clone()
+        if b.penalties and st.counts is not None and st.seen is not None:
+            rows = b.rows
+            counts = st.counts[rows].to(logits.dtype)  # [S, V]
+            seen = st.seen[rows]
+            rep = st.repetition[rows][:, None]
+            penalised = torch.where(logits > 0, logits / rep, logits * rep)
+            logits = torch.where(seen, penalised, logits)
+            logits -= st.frequency[rows][:, None] * counts + st.presence[rows][:, None] * (counts > 0).to(logits.dtype)
+        if b.bans:
+            idx = to_device(b.bans, torch.int64, logits.device)
+            logits[idx[:, 0], idx[:, 1]] = float("-inf")
         return logits
 
-    def _draw(self, logits: torch.Tensor, reqs: list[Req], greedy: list[bool], device: torch.device) -> torch.Tensor:
-        params = [r.params for r in reqs]
-        vocab = logits.shape[1]
-        temp = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)], device=device)
-        scaled = logits / temp[:, None]
-        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-        top_p = [p.top_p for p in params]
-        if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
-            scaled = _top_k_top_p(scaled, top_k, top_p)
-        seeds = torch.tensor([p.seed for p in params], dtype=torch.int64, device=device)
-        steps = torch.tensor([r.output_len for r in reqs], dtype=torch.int64, device=device)
-        gumbel = -torch.log(-torch.log(hashed_uniform(seeds, steps, vocab)))
-        drawn = (torch.log_softmax(scaled, dim=-1) + gumbel).argmax(dim=-1)
-        greedy_t = torch.tensor(greedy, device=device)
-        return torch.where(greedy_t, logits.argmax(dim=-1), drawn)
 
-
-def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Mask (to -inf) all but each row's top_k tokens and its top_p nucleus."""
-    device = logits.device
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    vocab = logits.shape[1]
-    rank = torch.arange(vocab, device=device)[None, :]
-    k = torch.tensor(top_k, device=device)[:, None]
-    drop = rank >= k
+    rank = torch.arange(logits.shape[1], device=logits.device)[None, :]
+    drop = rank >= top_k[:, None]
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
-    p = torch.tensor(top_p, device=device, dtype=probs.dtype)[:, None]
-    drop |= before >= p
+    drop |= before >= top_p[:, None]
     drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)

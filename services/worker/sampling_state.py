@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from services.worker.host_copy import to_device
 from services.worker.request import Req
 
 
 class SamplingState:
-    def __init__(self, rows: int, vocab: int, device: torch.device | str) -> None:
+    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
         self.vocab = vocab
         self.device = device
         self.temperature = torch.ones(rows, device=device)  # [rows]
@@ -36,11 +37,11 @@ class SamplingState:
         if not reqs:
             return
         dev = self.device
-        rows = torch.tensor([r.row for r in reqs], dtype=torch.int64, device=dev)
+        rows = to_device([r.row for r in reqs], torch.int64, dev)
         ps = [r.params for r in reqs]
 
         def put(dst: torch.Tensor, values: list, dtype: torch.dtype) -> None:
-            dst.index_copy_(0, rows, torch.tensor(values, dtype=dtype).to(dev, non_blocking=True))
+            dst.index_copy_(0, rows, to_device(values, dtype, dev))
 
         put(self.temperature, [p.temperature for p in ps], torch.float32)
         put(self.top_p, [p.top_p for p in ps], torch.float32)
@@ -69,10 +70,10 @@ class SamplingState:
         self.seen[r.row].zero_()
         known = [t for t in r.tokens if 0 <= t < self.vocab]
         if known:
-            self.seen[r.row, torch.tensor(known, dtype=torch.int64, device=self.device)] = True
+            self.seen[r.row, to_device(known, torch.int64, self.device)] = True
         outputs = [t for t in r.output_ids if 0 <= t < self.vocab]
         if outputs:
-            ids = torch.tensor(outputs, dtype=torch.int64, device=self.device)
+            ids = to_device(outputs, torch.int64, self.device)
             self.counts[r.row].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
 
     def record(self, rows: torch.Tensor, tokens: torch.Tensor, penalties: bool) -> None:

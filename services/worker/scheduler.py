@@ -6,6 +6,14 @@ then new ones in arrival order. A long prompt is cut into chunks, so it never st
 the running decodes. When the pool cannot hold this step's decode tokens, the newest
 requests are paused: their KV is freed, their tokens kept, and they run again by
 recomputation (a re-prefill) as soon as memory allows; their clients see a delay only.
+
+Steps overlap: step N+1 is planned and launched before step N's tokens are known. At
+launch (``launched``) each sampled request gets a placeholder token and its KV progress
+moves on; a request that reaches its length stops being scheduled and gives its KV back
+at once (the device runs steps in order, so no later step can touch those slots before
+this one is done). When the tokens arrive (``resolve``) the placeholders are filled; a
+request that produced an end token is finished then, and whatever a later step in flight
+computes for it is discarded.
 """
 
 from __future__ import annotations
@@ -23,12 +31,16 @@ from shared.messages import ERR_DEADLINE, ERR_TOO_LARGE, FINISH_ABORT, FINISH_ER
 log = logging.getLogger(__name__)
 
 
+PLACEHOLDER = -1  # a token sampled by a step still in flight
+
+
 @dataclass
 class StepPlan:
     extends: list[tuple[Req, int]] = field(default_factory=list)  # (request, new tokens this step)
     decodes: list[Req] = field(default_factory=list)
     extend_slots: list[torch.Tensor] = field(default_factory=list)
     decode_slots: torch.Tensor | None = None
+    new_rows: list[Req] = field(default_factory=list)  # requests that took a row in this plan
 
     @property
     def empty(self) -> bool:
@@ -69,16 +81,13 @@ class Scheduler:
         return [*self.running, *self.waiting]
 
     def abort(self, rid: str, reason: str = FINISH_ABORT) -> Req | None:
-        for req in self.running:
-            if req.rid == rid:
-                self.running.remove(req)
-                self._finish(req, reason)
-                return req
-        for req in self.waiting:
-            if req.rid == rid:
-                self.waiting.remove(req)
-                self._finish(req, reason)
-                return req
+        """End a running or waiting request now; its tokens still in flight are discarded."""
+        for queue in (self.running, self.waiting):
+            for req in queue:
+                if req.rid == rid:
+                    queue.remove(req)
+                    self._finish(req, reason)
+                    return req
         return None
 
     def expire(self, now: float) -> list[Req]:
@@ -109,11 +118,12 @@ class Scheduler:
                 n = min(req.pending, budget)
                 if not self.kv.can_allocate(n + len(decodes)):
                     break
-                plan.extends.append((req, n))
-                plan.extend_slots.append(self.kv.allocate(req, n))
+                self._plan_extend(plan, req, n)
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.limits.max_running:
             req = self.waiting[0]
+            if req.unresolved:  # paused while a token of it was in flight: wait for the token
+                break
             n = min(req.pending, budget)
             # keep room for this step's decodes and the next step's
             if not self.kv.can_allocate(n + 2 * len(decodes) + 1, new_rows=1):
@@ -124,13 +134,18 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(req)
-            plan.extends.append((req, n))
-            plan.extend_slots.append(self.kv.allocate(req, n))
+            self._plan_extend(plan, req, n)
             budget -= n
         plan.decodes = decodes
         if decodes:
             plan.decode_slots = torch.cat([self.kv.allocate(r, 1) for r in decodes])
         return plan
+
+    def _plan_extend(self, plan: StepPlan, req: Req, n: int) -> None:
+        if req.row is None:
+            plan.new_rows.append(req)
+        plan.extends.append((req, n))
+        plan.extend_slots.append(self.kv.allocate(req, n))
 
     def _make_room_for(self, decodes: list[Req]) -> list[Req]:
         """Pause the newest requests until this step's decode tokens fit."""
@@ -150,35 +165,53 @@ class Scheduler:
             log.info("paused (KV pool full); resumes by recomputation", extra={"rid": victim.rid})
         return decodes
 
-    # ---------------------------------------------------------------- after the step
+    # ---------------------------------------------------------------- after launch, after the step
 
-    def commit(self, plan: StepPlan, tokens: list[int], logprobs: list[float] | None, top: list | None) -> None:
-        """Record the step's K and V as stored and append each sampled token."""
-        sampled = plan.sampled()
+    def launched(self, plan: StepPlan, sampled: list[Req]) -> list[int]:
+        """The step is on its way: advance KV progress, give each sampled request a placeholder
+        token; -> each placeholder's index in its request's tokens."""
         for req, n in plan.extends:
             req.kv_len += n
         for req in plan.decodes:
             req.kv_len += 1
-        for i, (req, tok) in enumerate(zip(sampled, tokens, strict=True)):
-            req.tokens.append(tok)
-            req.step_logprobs = [logprobs[i]] if logprobs is not None else []
-            req.step_top_logprobs = [top[i]] if top is not None else []
-            reason = self._finish_reason(req, tok)
-            if reason:
+        positions = []
+        for req in sampled:
+            positions.append(len(req.tokens))
+            req.tokens.append(PLACEHOLDER)
+            req.unresolved += 1
+            if req.output_len >= req.params.max_new_tokens or len(req.tokens) >= self.limits.max_total_len:
+                # its last token is in flight: schedule it no more, free its KV now
                 self.running.remove(req)
-                self._finish(req, reason)
+                self.kv.release(req)
+                req.closing = True
+        return positions
 
-    def _finish_reason(self, req: Req, tok: int) -> str:
+    def resolve(self, req: Req, pos: int, tok: int) -> bool:
+        """A token from a finished step; -> False when it is discarded (the request ended already)."""
+        if req.finish_reason:
+            return False
+        req.tokens[pos] = tok
+        req.unresolved -= 1
+        reason = ""
         p = req.params
-        if req.output_len >= p.min_new_tokens and (
-            (not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids
-        ):
-            return FINISH_STOP
-        if req.output_len >= p.max_new_tokens or len(req.tokens) >= self.limits.max_total_len:
-            return FINISH_LENGTH
-        return ""
+        produced = pos - req.prompt_len + 1
+        if produced >= p.min_new_tokens and ((not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids):
+            reason = FINISH_STOP
+        elif req.closing and req.unresolved == 0:
+            reason = FINISH_LENGTH
+        if reason:
+            del req.tokens[pos + 1 :]  # placeholders of steps launched after this one
+            req.unresolved = 0
+            if not req.closing:
+                for queue in (self.running, self.waiting):
+                    if req in queue:
+                        queue.remove(req)
+            req.finish_reason = reason
+            self.kv.release(req)
+        return True
 
     def _finish(self, req: Req, reason: str) -> None:
+        """End a request that has no token in flight to report its end with."""
         req.finish_reason = reason
         self.kv.release(req)
         self.finished.append(req)

@@ -5,14 +5,34 @@ from __future__ import annotations
 import torch
 
 from services.worker.request import Req
-from services.worker.sampler import Sampler, hashed_uniform
+from services.worker.sampler import Sampler, SampleResult, hashed_uniform
+from services.worker.sampling_state import SamplingState
 from tests.worker.engine_driver import request
 
 V = 50
+CPU = torch.device("cpu")
 
 
-def _req(rid: str = "r", tokens: list[int] | None = None, **params) -> Req:
-    return Req(request(rid, tokens or [1, 2, 3], **params), 0)
+class Bench:
+    """A sampler over a SamplingState whose rows are handed out like the request table does."""
+
+    def __init__(self, eos: frozenset[int] = frozenset()) -> None:
+        self.state = SamplingState(16, V, CPU)
+        self.sampler = Sampler(self.state, eos)
+        self.next_row = 0
+
+    def req(self, rid: str = "r", tokens: list[int] | None = None, **params) -> Req:
+        r = Req(request(rid, tokens or [1, 2, 3], **params), 0)
+        r.row = self.next_row
+        self.next_row += 1
+        self.state.assign([r])
+        return r
+
+    def sample(self, logits: torch.Tensor, reqs: list[Req]) -> SampleResult:
+        return self.sampler.sample(logits, self.sampler.batch(reqs, CPU))
+
+    def tokens(self, logits: torch.Tensor, reqs: list[Req]) -> list[int]:
+        return self.sample(logits, reqs).tokens.tolist()
 
 
 def test_hashed_uniform_is_deterministic_and_uniform() -> None:
@@ -28,78 +48,106 @@ def test_hashed_uniform_is_deterministic_and_uniform() -> None:
 
 
 def test_greedy_takes_the_argmax() -> None:
+    b = Bench()
     logits = torch.randn(3, V)
-    out = Sampler(frozenset(), V).sample(logits, [_req(str(i)) for i in range(3)])
-    assert out.tokens == logits.argmax(-1).tolist()
+    out = b.sample(logits, [b.req(str(i)) for i in range(3)])
+    assert out.tokens.tolist() == logits.argmax(-1).tolist()
     assert out.logprobs is None
 
 
 def test_seeded_draw_does_not_depend_on_the_batch() -> None:
     torch.manual_seed(0)
     logits = torch.randn(4, V)
-    sampler = Sampler(frozenset(), V)
-    alone = sampler.sample(logits[2:3], [_req("x", do_sample=True, temperature=1.0, seed=7)]).tokens
-    mixed = [_req("a", do_sample=True, seed=1), _req("b"), _req("x", do_sample=True, seed=7), _req("c", do_sample=True)]
-    together = sampler.sample(logits, mixed).tokens
-    assert together[2] == alone[0]
+    alone = Bench()
+    first = alone.tokens(logits[2:3], [alone.req("x", do_sample=True, seed=7)])
+    mixed = Bench()
+    reqs = [mixed.req("a", do_sample=True, seed=1), mixed.req("b"), mixed.req("x", do_sample=True, seed=7),
+            mixed.req("c", do_sample=True)]  # fmt: skip
+    together = mixed.tokens(logits, reqs)
+    assert together[2] == first[0]
     assert together[1] == int(logits[1].argmax())
+
+
+def test_output_position_moves_the_draw_on() -> None:
+    b = Bench()
+    r = b.req(do_sample=True, seed=3)
+    logits = torch.zeros(1, V)  # uniform: successive draws differ
+    draws = [b.tokens(logits, [r])[0] for _ in range(20)]
+    assert len(set(draws)) > 5
+    again = Bench()
+    r2 = again.req(do_sample=True, seed=3)
+    assert [again.tokens(logits, [r2])[0] for _ in range(20)] == draws
 
 
 def test_draws_follow_the_distribution() -> None:
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1] + [1e-9] * (V - 3)]))
-    sampler = Sampler(frozenset(), V)
     counts = [0, 0, 0]
     for seed in range(2000):
-        tok = sampler.sample(logits, [_req(do_sample=True, seed=seed)]).tokens[0]
-        counts[tok] += 1
+        b = Bench()
+        counts[b.tokens(logits, [b.req(do_sample=True, seed=seed)])[0]] += 1
     assert abs(counts[0] / 2000 - 0.7) < 0.04 and abs(counts[2] / 2000 - 0.1) < 0.03
 
 
 def test_top_k_and_top_p_restrict_the_choice() -> None:
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05] + [1e-9] * (V - 4)]))
-    sampler = Sampler(frozenset(), V)
-    seen_k = {sampler.sample(logits, [_req(do_sample=True, top_k=2, seed=s)]).tokens[0] for s in range(300)}
-    assert seen_k == {0, 1}
-    seen_p = {sampler.sample(logits, [_req(do_sample=True, top_p=0.75, seed=s)]).tokens[0] for s in range(300)}
-    assert seen_p == {0, 1}  # 0.5 + 0.3 covers 0.75
-    seen_p1 = {sampler.sample(logits, [_req(do_sample=True, top_p=0.4, seed=s)]).tokens[0] for s in range(100)}
-    assert seen_p1 == {0}
-    hot = {sampler.sample(logits, [_req(do_sample=True, temperature=1e-3, seed=s)]).tokens[0] for s in range(50)}
-    assert hot == {0}
+
+    def seen(n: int, **params) -> set[int]:
+        out = set()
+        for s in range(n):
+            b = Bench()
+            out.add(b.tokens(logits, [b.req(do_sample=True, seed=s, **params)])[0])
+        return out
+
+    assert seen(300, top_k=2) == {0, 1}
+    assert seen(300, top_p=0.75) == {0, 1}  # 0.5 + 0.3 covers 0.75
+    assert seen(100, top_p=0.4) == {0}
+    assert seen(50, temperature=1e-3) == {0}
 
 
 def test_penalties() -> None:
-    sampler = Sampler(frozenset(), V)
     logits = torch.zeros(1, V)
     logits[0, 5] = 2.0
     logits[0, 6] = 1.9
-    rep = _req(tokens=[5], repetition_penalty=1.5)  # 5 is in the prompt: 2.0 / 1.5 < 1.9
-    assert sampler.sample(logits, [rep]).tokens == [6]
-    freq = _req(tokens=[1], frequency_penalty=0.5)
-    freq.tokens.append(5)  # one output token: 5 -> 2.0 - 0.5
-    assert sampler.sample(logits, [freq]).tokens == [6]
-    pres = _req(tokens=[1], presence_penalty=0.05)
-    pres.tokens += [5, 5, 5]  # presence counts once: 2.0 - 0.05 > 1.9
-    assert sampler.sample(logits, [pres]).tokens == [5]
+    b = Bench()
+    assert b.tokens(logits, [b.req(tokens=[5], repetition_penalty=1.5)]) == [6]  # 5 in the prompt: 2.0 / 1.5
+    b = Bench()
+    freq = b.req(tokens=[1], frequency_penalty=0.5)
+    assert b.tokens(logits, [freq]) == [5]  # nothing produced yet
+    assert b.tokens(logits, [freq]) == [6]  # 5 was produced once: 2.0 - 0.5 < 1.9
+    b = Bench()
+    pres = b.req(tokens=[1], presence_penalty=0.05)
+    for _ in range(3):
+        assert b.tokens(logits, [pres]) == [5]  # presence counts once: 2.0 - 0.05 > 1.9
+
+
+def test_penalty_history_of_a_resumed_request() -> None:
+    """A request that takes a row again (resumed after a pause) brings its output counts along."""
+    logits = torch.zeros(1, V)
+    logits[0, 5] = 2.0
+    logits[0, 6] = 1.9
+    b = Bench()
+    r = Req(request("r", [1], frequency_penalty=0.5), 0)
+    r.tokens += [5]  # one output token so far
+    r.row = 3
+    b.state.assign([r])
+    assert b.tokens(logits, [r]) == [6]
 
 
 def test_min_new_tokens_bans_the_end_tokens() -> None:
-    sampler = Sampler(frozenset({5}), V)
     logits = torch.zeros(1, V)
     logits[0, 5] = 10.0
     logits[0, 7] = 9.0
-    assert sampler.sample(logits, [_req(min_new_tokens=2)]).tokens == [7]
-    assert sampler.sample(logits, [_req(min_new_tokens=0)]).tokens == [5]
+    b = Bench(eos=frozenset({5}))
+    assert b.tokens(logits, [b.req(min_new_tokens=2)]) == [7]
+    assert b.tokens(logits, [b.req(min_new_tokens=0)]) == [5]
     logits[0, 7] = 11.0
-    assert sampler.sample(logits, [_req(min_new_tokens=2, stop_token_ids=[7], ignore_eos=True)]).tokens == [5]
+    assert b.tokens(logits, [b.req(min_new_tokens=2, stop_token_ids=[7], ignore_eos=True)]) == [5]
 
 
 def test_logprobs_and_top_logprobs() -> None:
+    b = Bench()
     logits = torch.randn(2, V)
-    out = Sampler(frozenset(), V).sample(logits, [_req("a", logprobs=True, top_logprobs=3), _req("b", logprobs=True)])
+    out = b.sample(logits, [b.req("a", logprobs=True, top_logprobs=3), b.req("b", logprobs=True)])
     lp = torch.log_softmax(logits, -1)
-    for i in range(2):
-        assert abs(out.logprobs[i] - float(lp[i].max())) < 1e-5
-    assert out.top_logprobs is not None
-    assert [int(t) for t, _ in out.top_logprobs[0]] == lp[0].topk(3).indices.tolist()
-    assert out.top_logprobs[1] == []
+    assert torch.allclose(out.logprobs, lp.max(-1).values, atol=1e-5)
+    assert out.top_ids is not None and out.top_ids[0].tolist() == lp[0].topk(3).indices.tolist()

@@ -1,0 +1,114 @@
+"""Decode steps under CUDA graphs, one graph per batch-size bucket.
+
+A decode step of an 8B model is a few hundred small kernels; launched one by one they
+cost about as much host time as the step takes on the device. Each bucket's forward is
+captured once over static input buffers; a step copies its inputs into the buffers and
+replays the smallest bucket that holds it. Rows past the real batch are padding: they
+read and write only the pool's scratch slot through the table's scratch row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from services.worker.forward_batch import ForwardBatch
+from services.worker.models.llama import LlamaModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def buckets_up_to(max_bs: int) -> list[int]:
+    out = [b for b in DEFAULT_BUCKETS if b < max_bs]
+    return [*out, max_bs] if max_bs <= DEFAULT_BUCKETS[-1] else [*out]
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: LlamaModel,
+        req_table: torch.Tensor,
+        dummy_slot: int,
+        dummy_row: int,
+        max_context: int,
+        buckets: list[int],
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.req_table = req_table
+        self.dummy_slot = dummy_slot
+        self.dummy_row = dummy_row
+        self.max_context = max_context
+        self.buckets = sorted(buckets)
+        n = self.buckets[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.out_slots = torch.full((n,), dummy_slot, dtype=torch.int32, device=device)
+        self.rows = torch.full((n,), dummy_row, dtype=torch.int32, device=device)
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.sample_index = torch.arange(n, dtype=torch.int64, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self._capture_all(device)
+
+    def fits(self, batch_size: int) -> bool:
+        return 0 < batch_size <= self.buckets[-1]
+
+    def replay(self, batch: ForwardBatch) -> torch.Tensor:
+        n = batch.num_decodes
+        bs = next(b for b in self.buckets if b >= n)
+        self.input_ids[:n].copy_(batch.input_ids)
+        self.positions[:n].copy_(batch.positions)
+        self.out_slots[:n].copy_(batch.out_slots)
+        self.rows[:n].copy_(batch.decode_rows)
+        self.seq_lens[:n].copy_(batch.decode_seq_lens)
+        if bs > n:  # a larger step may have left real rows there
+            self.out_slots[n:bs].fill_(self.dummy_slot)
+            self.rows[n:bs].fill_(self.dummy_row)
+            self.seq_lens[n:bs].fill_(1)
+        self.graphs[bs].replay()
+        return self.logits[bs][:n]
+
+    def _batch(self, bs: int) -> ForwardBatch:
+        empty = torch.zeros(0, dtype=torch.int32, device=self.input_ids.device)
+        return ForwardBatch(
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            out_slots=self.out_slots[:bs],
+            req_table=self.req_table,
+            num_extend_tokens=0,
+            extend_rows=empty,
+            extend_starts=empty,
+            extend_lens=empty,
+            extend_prefix_lens=empty,
+            extend_max_len=0,
+            extend_lens_host=[],
+            extend_prefix_lens_host=[],
+            decode_rows=self.rows[:bs],
+            decode_seq_lens=self.seq_lens[:bs],
+            decode_max_len=self.max_context,  # fixes the split count of the captured kernels
+            sample_index=self.sample_index[:bs],
+        )
+
+    def _capture_all(self, device: torch.device) -> None:
+        t0 = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device)
+        for bs in reversed(self.buckets):  # largest first: the smaller ones reuse its memory
+            batch = self._batch(bs)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # compile kernels and settle allocations outside the graph
+                    self.model.forward(batch)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                self.logits[bs] = self.model.forward(batch)
+            self.graphs[bs] = graph
+        torch.cuda.synchronize(device)
+        log.info("captured %d decode graphs (batch %d..%d) in %.1fs", len(self.graphs), self.buckets[0],
+                 self.buckets[-1], time.perf_counter() - t0)  # fmt: skip
