@@ -51,12 +51,16 @@ class TokenizerConfig(CommonConfig):
 
 @dataclass(frozen=True)
 class RouterConfig(CommonConfig):
-    router_token_ratio: float = 0.0  # below this KV usage a pool is 'not busy': guess output lengths
+    # LightLLM's admission knobs: a pool whose KV usage is at or above router_token_ratio is
+    # 'busy' and every request is counted at its full max_new_tokens (0.0, the default: always);
+    # below it, a request without ignore_eos is counted at a guess of its output length
+    router_token_ratio: float = 0.0
     router_max_new_token_len: int = 1024  # the guess for a request's output when not busy
-    running_max_req_size: int = 1000  # most requests admitted to one worker group at once
-    batch_max_tokens: int = 0  # most prompt tokens placed on a group and not started yet; 0: no limit
+    running_max_req_size: int = 1000  # most requests placed on one worker group at once (also capped by the group's)
+    batch_max_tokens: int = 0  # most prefill tokens placed on a group and not started yet; 0: no limit
     worker_dead_after_s: float = 3.0  # a group with no status for this long is dead
-    max_waiting: int = 10_000  # waiting-queue bound; past it the router rejects
+    max_waiting: int = 10_000  # waiting-queue bound; past it requests are rejected ("overloaded", 503)
+    max_queue_time_s: float = 0.0  # a request still queued this long after arrival ends ("deadline"); 0: none
     status_log_every_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -66,6 +70,8 @@ class RouterConfig(CommonConfig):
         _check(self.batch_max_tokens >= 0, "batch_max_tokens must be >= 0")
         _check(self.worker_dead_after_s > 0, "worker_dead_after_s must be > 0")
         _check(self.max_waiting >= 1, "max_waiting must be >= 1")
+        _check(self.max_queue_time_s >= 0, "max_queue_time_s must be >= 0")
+        _check(self.status_log_every_s > 0, "status_log_every_s must be > 0")
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,15 @@ import logging
 import os
 import signal
 
+from prometheus_client import CollectorRegistry
+
+from services.router.metrics import RouterCollector
 from services.router.service import RouterService
 from shared.cli import parse_config
 from shared.config import RouterConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
+from shared.metrics import serve_metrics
 from shared.redis_link import RedisLink, Stopping
 from shared.streams import SERVICE_ROUTER, StreamNames
 
@@ -24,7 +28,12 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: link.stop.set())
     service = RouterService(cfg, link)
-    beat = HeartbeatPublisher(link, StreamNames(cfg.namespace), SERVICE_ROUTER, cfg.replica, info=service.core.figures)
+    registry = CollectorRegistry()
+    registry.register(RouterCollector(lambda: service.figures))
+    serve_metrics(cfg.metrics_port, registry)
+    # the heartbeat carries the queue figures, so front ends can refuse at once when it is full
+    names = StreamNames(cfg.namespace)
+    beat = HeartbeatPublisher(link, names, SERVICE_ROUTER, cfg.replica, info=lambda: service.figures.info())
     beat.start()
     try:
         service.run()

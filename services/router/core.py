@@ -8,10 +8,11 @@ actions it returns.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from dataclasses import dataclass, field
 
 from services.router.group import GroupState
+from services.router.metrics import GroupFigures, RouterFigures
+from services.router.waiting import RecentAborts, WaitingQueue
 from shared.config import RouterConfig
 from shared.messages import (
     ERR_DEADLINE,
@@ -27,6 +28,8 @@ from shared.messages import (
 
 log = logging.getLogger(__name__)
 
+EXPIRY_SCAN_EVERY_S = 0.1  # the queue is scanned for missed deadlines at most this often
+
 
 @dataclass
 class Actions:
@@ -35,6 +38,7 @@ class Actions:
     aborts: dict[str, list[str]] = field(default_factory=dict)  # group -> rids
     ended: dict[str, list[TokenItem]] = field(default_factory=dict)  # detok shard -> final items
     released: list[str] = field(default_factory=list)  # rids that left the waiting queue
+    requeued: list[GenerateReq] = field(default_factory=list)  # back in the queue: to be made durable again
 
     def end(self, detok: str, rid: str, prompt_tokens: int, reason: str, error: str = "", kind: str = "") -> None:
         item = TokenItem(
@@ -42,15 +46,18 @@ class Actions:
         )
         self.ended.setdefault(detok, []).append(item)
 
+    def abort(self, group: str, rid: str) -> None:
+        self.aborts.setdefault(group, []).append(rid)
+
     @property
     def empty(self) -> bool:
-        return not (self.admits or self.aborts or self.ended or self.released)
+        return not (self.admits or self.aborts or self.ended or self.released or self.requeued)
 
 
 @dataclass
 class RouterStats:
-    admitted: int = 0
-    rejected: int = 0
+    admitted: dict[str, int] = field(default_factory=dict)  # group -> requests placed there
+    rejected: dict[str, int] = field(default_factory=dict)  # error kind -> requests
     requeued: int = 0
     failed: int = 0
     aborted: int = 0
@@ -59,16 +66,27 @@ class RouterStats:
 class RouterCore:
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
-        self.waiting: deque[GenerateReq] = deque()
+        self.waiting = WaitingQueue()
         self.groups: dict[str, GroupState] = {}
-        self.where: dict[str, str] = {}  # rid -> group it is placed on
+        self.where: dict[str, str] = {}  # rid -> the group it runs on
+        self.fenced: dict[str, str] = {}  # group -> the instance declared dead (it may only have been silent)
+        self.recent_aborts = RecentAborts()
         self.stats = RouterStats()
+        self._no_group_since: float | None = None
+        self._dirty = True  # something admission depends on changed since it last ran
+        self._next_expiry_scan = 0.0
 
     # ---------------------------------------------------------------- inputs
 
     def on_generate(self, req: GenerateReq, now_unix: float, act: Actions) -> None:
-        if req.rid in self.where or any(w.rid == req.rid for w in self.waiting):
-            act.released.append(req.rid)  # a duplicate delivery: the first copy is in hand
+        if req.rid in self.where or req.rid in self.waiting:
+            act.released.append(req.rid)  # a second delivery: the first copy is in hand
+            return
+        if req.rid in self.recent_aborts:
+            self.recent_aborts.discard(req.rid)
+            act.end(req.detok, req.rid, len(req.input_ids), FINISH_ABORT)
+            act.released.append(req.rid)
+            self.stats.aborted += 1
             return
         if len(self.waiting) >= self.cfg.max_waiting:
             self._reject(req, f"overloaded: {len(self.waiting)} requests are waiting", act, ERR_OVERLOADED)
@@ -77,36 +95,42 @@ class RouterCore:
             self._reject(req, "deadline exceeded before the request was queued", act, ERR_DEADLINE)
             return
         self.waiting.append(req)
+        self._dirty = True
 
-    def on_abort(self, rid: str, act: Actions) -> None:
+    def on_abort(self, rid: str, now: float, act: Actions) -> None:
+        """Stop a request wherever it is: in the queue here, or on its worker group."""
         group = self.where.get(rid)
         if group is not None:
-            act.aborts.setdefault(group, []).append(rid)
+            act.abort(group, rid)  # the group frees its KV and ends it; its next status drops it
             self.stats.aborted += 1
             return
-        for req in self.waiting:
-            if req.rid == rid:
-                self.waiting.remove(req)
-                act.end(req.detok, rid, len(req.input_ids), FINISH_ABORT)
-                act.released.append(rid)
-                self.stats.aborted += 1
-                return
+        req = self.waiting.remove(rid)
+        if req is not None:
+            act.end(req.detok, rid, len(req.input_ids), FINISH_ABORT)
+            act.released.append(rid)
+            self.stats.aborted += 1
+            self._dirty = True
+            return
+        self.recent_aborts.add(rid, now)  # it may yet show up: a claimed entry, or a status after a restart
 
     def on_status(self, st: WorkerStatus, now: float, act: Actions) -> None:
+        self._dirty = True
         g = self.groups.get(st.group)
         if g is not None and g.instance != st.instance:
             log.warning("worker group %s restarted (instance %s -> %s)", st.group, g.instance, st.instance)
             self._lose_group(g, "its worker restarted", act)
             g = None
         if g is None:
-            g = GroupState.from_status(st, now)
-            self.groups[st.group] = g
-            for rid in g.placed:
-                self.where[rid] = g.name
-            log.info("worker group %s joined: %d KV tokens, %d requests held", g.name, g.capacity, len(g.placed))
-            return
-        for rid in g.apply(st, now):
-            self.where.pop(rid, None)
+            g = self._join(st, now, act)
+        else:
+            for rid in g.apply(st, now):
+                if self.where.get(rid) == g.name:
+                    del self.where[rid]
+        for r in st.running:
+            if r.rid in self.recent_aborts:
+                self.recent_aborts.discard(r.rid)
+                act.abort(g.name, r.rid)
+                self.stats.aborted += 1
 
     # ---------------------------------------------------------------- the clock
 
@@ -115,34 +139,24 @@ class RouterCore:
             if now - g.last_seen > self.cfg.worker_dead_after_s:
                 log.error("worker group %s sent no status for %.1fs: declared dead", g.name, now - g.last_seen)
                 self._lose_group(g, f"worker group {g.name} died", act)
-        self._expire_waiting(now_unix, act)
-        self._admit(act)
+                self.fenced[g.name] = g.instance
+        self.recent_aborts.prune(now)
+        if now >= self._next_expiry_scan:
+            self._next_expiry_scan = now + EXPIRY_SCAN_EVERY_S
+            self._expire_waiting(now_unix, act)
+        self._fail_without_groups(now, act)
+        if self._dirty:
+            self._dirty = False
+            self._admit(act)
 
     # ---------------------------------------------------------------- policy
 
     def _admit(self, act: Actions) -> None:
-        guess = self.cfg.router_max_new_token_len
         while self.waiting and self.groups:
-            req = self.waiting[0]
-            best: GroupState | None = None
-            best_room = -1
-            for g in self.groups.values():
-                busy = g.used_fraction >= self.cfg.router_token_ratio
-                if len(g.placed) >= self.cfg.running_max_req_size:
-                    continue
-                budget = self.cfg.batch_max_tokens
-                if budget and g.placed and g.backlog_tokens() + len(req.input_ids) > budget:
-                    continue
-                room = g.capacity - g.peak_with(req, busy, guess)
-                if room >= 0 and room > best_room:
-                    best, best_room = g, room
+            req = self.waiting.head()
+            best = self._best_group(req)
             if best is None:
-                biggest = max(g.capacity for g in self.groups.values())
-                alone = len(req.input_ids) + req.params.max_new_tokens
-                if alone > biggest:  # it could block the head of the queue for ever
-                    self.waiting.popleft()
-                    why = f"prompt plus max_new_tokens is {alone} KV tokens; the largest worker pool holds {biggest}"
-                    self._reject(req, why, act, ERR_TOO_LARGE)
+                if self._can_never_fit(req, act):
                     continue
                 return  # the head waits for memory; keeping order keeps it fair
             self.waiting.popleft()
@@ -152,19 +166,80 @@ class RouterCore:
             act.admits.setdefault(key, []).append(req)
             act.admit_seqs[key] = best.next_seq
             act.released.append(req.rid)
-            self.stats.admitted += 1
+            self.stats.admitted[best.name] = self.stats.admitted.get(best.name, 0) + 1
+
+    def _best_group(self, req: GenerateReq) -> GroupState | None:
+        """The group with the most KV headroom left after taking req by LightLLM's peak estimate,
+        among those under their request limit and prefill budget; None if none can take it now."""
+        cfg = self.cfg
+        best: GroupState | None = None
+        best_room = -1
+        for g in self.groups.values():
+            # requests beyond what the group runs at once would only wait there, where no other group can take them
+            if len(g.placed) >= min(cfg.running_max_req_size, g.max_running):
+                continue
+            backlog = g.backlog_tokens()
+            if cfg.batch_max_tokens and backlog and backlog + len(req.input_ids) > cfg.batch_max_tokens:
+                continue
+            busy = g.used_fraction >= cfg.router_token_ratio
+            room = g.capacity - g.peak_with(req, busy, cfg.router_max_new_token_len)
+            if room >= 0 and room > best_room:
+                best, best_room = g, room
+        return best
+
+    def _can_never_fit(self, req: GenerateReq, act: Actions) -> bool:
+        """Reject the head if no group could hold it even alone: it would block the queue for ever."""
+        biggest = max(g.capacity for g in self.groups.values())
+        alone = len(req.input_ids) + req.params.max_new_tokens
+        if alone <= biggest:
+            return False
+        self.waiting.popleft()
+        why = f"prompt plus max_new_tokens is {alone} KV tokens; the largest worker pool holds {biggest}"
+        self._reject(req, why, act, ERR_TOO_LARGE)
+        return True
 
     def seal_admissions(self, act: Actions) -> None:
         """The admissions of this round are sent as one AdmitReqs per group: move the seqs on."""
-        for (name, _instance), _ in act.admits.items():
+        for name, _instance in act.admits:
             self.groups[name].next_seq += 1
+
+    def _join(self, st: WorkerStatus, now: float, act: Actions) -> GroupState:
+        g = GroupState.from_status(st, now)
+        self.groups[g.name] = g
+        if self.fenced.get(g.name) == st.instance:
+            del self.fenced[g.name]
+            log.warning("worker group %s is back after being declared dead", g.name)
+            self._reconcile_fenced(g, act)
+        else:
+            self.fenced.pop(g.name, None)
+            for rid in g.placed:
+                self.where[rid] = g.name
+        log.info("worker group %s joined: %d KV tokens, %d requests held", g.name, g.capacity, len(g.placed))
+        return g
+
+    def _reconcile_fenced(self, g: GroupState, act: Actions) -> None:
+        """A group declared dead was only silent and still holds requests that were re-queued
+        or failed meanwhile. Take back the re-queued ones still waiting; stop the failed ones
+        (their clients have their error, so the abort reaches no one). A request re-admitted
+        elsewhere is left alone: two copies of its output meet at the detokenizer, which ends
+        it with an explicit error."""
+        for rid in g.placed:
+            if rid in self.where:
+                continue
+            if self.waiting.remove(rid) is not None:
+                self.where[rid] = g.name
+                act.released.append(rid)
+            else:
+                act.abort(g.name, rid)
 
     def _lose_group(self, g: GroupState, why: str, act: Actions) -> None:
         """A group died: requests with no output yet go back to the queue; the rest end with an error."""
         del self.groups[g.name]
         requeue = []
         for rid, p in g.placed.items():
-            self.where.pop(rid, None)
+            if self.where.get(rid) != g.name:
+                continue  # it runs elsewhere too (see _reconcile_fenced)
+            del self.where[rid]
             if p.req is not None and p.output_tokens == 0:
                 requeue.append(p.req)
             else:
@@ -172,32 +247,56 @@ class RouterCore:
                 self.stats.failed += 1
         for req in sorted(requeue, key=lambda r: r.arrival, reverse=True):
             self.waiting.appendleft(req)
+        act.requeued.extend(requeue)
         self.stats.requeued += len(requeue)
+        self._dirty = True
         if requeue:
             log.warning("re-queued %d requests of group %s that had produced no output", len(requeue), g.name)
 
     def _expire_waiting(self, now_unix: float, act: Actions) -> None:
-        late = [r for r in self.waiting if r.deadline and r.deadline < now_unix]
-        for req in late:
-            self.waiting.remove(req)
+        limit = self.cfg.max_queue_time_s
+        for req in self.waiting.take_if(lambda r: bool(r.deadline) and r.deadline < now_unix):
             self._reject(req, "deadline exceeded while queued", act, ERR_DEADLINE)
+        if limit:
+            for req in self.waiting.take_if(lambda r: now_unix - r.arrival > limit):
+                self._reject(req, f"waited more than {limit:g}s in the router's queue", act, ERR_DEADLINE)
+
+    def _fail_without_groups(self, now: float, act: Actions) -> None:
+        """With no worker group alive for as long as it takes to declare one dead, queued
+        requests end with an error rather than wait for a group that may never come."""
+        if self.groups:
+            self._no_group_since = None
+            return
+        if self._no_group_since is None:
+            self._no_group_since = now
+        if self.waiting and now - self._no_group_since > self.cfg.worker_dead_after_s:
+            for req in self.waiting.take_if(lambda r: True):
+                self._reject(req, "no worker group is alive", act, ERR_FAILED)
 
     def _reject(self, req: GenerateReq, why: str, act: Actions, kind: str) -> None:
         log.warning("rejected: %s", why, extra={"rid": req.rid})
         act.end(req.detok, req.rid, len(req.input_ids), FINISH_ERROR, why, kind)
         act.released.append(req.rid)
-        self.stats.rejected += 1
+        self.stats.rejected[kind] = self.stats.rejected.get(kind, 0) + 1
+        self._dirty = True  # the queue's head may have changed
 
     # ---------------------------------------------------------------- figures
 
-    def figures(self) -> dict[str, float]:
-        out: dict[str, float] = {
-            "waiting": len(self.waiting),
-            "running": sum(len(g.placed) for g in self.groups.values()),
-            "groups": len(self.groups),
-            "admitted_total": self.stats.admitted,
-            "rejected_total": self.stats.rejected,
-        }
-        for g in self.groups.values():
-            out[f"group_{g.name}_used_fraction"] = round(g.used_fraction, 4)
-        return out
+    def figures(self, now_unix: float) -> RouterFigures:
+        groups = tuple(
+            GroupFigures(g.name, g.capacity, g.used_tokens, len(g.placed), g.paused)
+            for g in sorted(self.groups.values(), key=lambda g: g.name)
+        )
+        return RouterFigures(
+            waiting=len(self.waiting),
+            running=sum(x.running for x in groups),
+            paused=sum(x.paused for x in groups),
+            max_waiting=self.cfg.max_waiting,
+            oldest_wait_s=max(now_unix - self.waiting.head().arrival, 0.0) if self.waiting else 0.0,
+            groups=groups,
+            admitted=dict(self.stats.admitted),
+            rejected=dict(self.stats.rejected),
+            requeued=self.stats.requeued,
+            failed=self.stats.failed,
+            aborted=self.stats.aborted,
+        )

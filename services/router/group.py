@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 from services.router.admission import Load, estimated_remaining, peak_tokens
 from shared.messages import GenerateReq, RunningReq, WorkerStatus
 
+# A router that first hears of a group numbers its AdmitReqs from the group's reported
+# admit_seq plus this gap: a predecessor router (or this one before a restart) may have
+# sent admissions the group has not taken in yet, and their seqs must stay below ours,
+# or the group's admit_seq would seem to acknowledge admissions it never saw.
+SEQ_GAP = 1 << 20
+
 
 @dataclass
 class Placed:
@@ -19,6 +25,7 @@ class Placed:
     held: int = 0
     remaining: int = 0
     output_tokens: int = 0
+    paused: bool = False  # preempted by the worker: holds no KV now, resumes by recomputation
     reported: bool = False  # the group's status has listed it
 
 
@@ -33,10 +40,12 @@ class GroupState:
     next_seq: int  # AdmitReqs.seq for the next admission to this instance
     acked_seq: int = 0  # the last seq this instance reported taking in
     placed: dict[str, Placed] = field(default_factory=dict)
+    paused: int = 0  # requests the last status reported paused
+    admitted: int = 0  # requests this router placed here, for the figures
 
     @classmethod
     def from_status(cls, st: WorkerStatus, now: float) -> GroupState:
-        g = cls(st.group, st.instance, st.capacity_tokens, st.max_running, st.free_tokens, now, st.admit_seq + 1)
+        g = cls(st.group, st.instance, st.capacity_tokens, st.max_running, st.free_tokens, now, st.admit_seq + SEQ_GAP)
         g.apply(st, now)
         return g
 
@@ -48,6 +57,7 @@ class GroupState:
         self.free_tokens = st.free_tokens
         self.acked_seq = max(self.acked_seq, st.admit_seq)
         listed: dict[str, RunningReq] = {r.rid: r for r in st.running}
+        # a request placed by an AdmitReqs the group has not taken in yet is simply not listed yet
         gone = [rid for rid, p in self.placed.items() if rid not in listed and p.seq <= self.acked_seq]
         for rid in gone:
             del self.placed[rid]
@@ -60,7 +70,9 @@ class GroupState:
             p.held = r.held_tokens
             p.output_tokens = r.held_tokens - r.prompt_tokens
             p.remaining = r.remaining_tokens
+            p.paused = r.paused
             p.reported = True
+        self.paused = sum(r.paused for r in st.running)
         return gone
 
     def place(self, req: GenerateReq) -> None:
@@ -75,6 +87,11 @@ class GroupState:
             held=len(req.input_ids),
             remaining=p.max_new_tokens,
         )
+        self.admitted += 1
+
+    @property
+    def used_tokens(self) -> int:
+        return self.capacity - self.free_tokens
 
     @property
     def used_fraction(self) -> float:
@@ -96,5 +113,6 @@ class GroupState:
         return peak_tokens(loads)
 
     def backlog_tokens(self) -> int:
-        """Prompt tokens placed here that have produced no output yet."""
-        return sum(p.prompt_tokens for p in self.placed.values() if p.output_tokens == 0)
+        """Tokens placed here that wait for a prefill, as far as we know: the prompts of requests
+        with no output yet, and everything a paused request holds (it resumes by recomputation)."""
+        return sum(p.held for p in self.placed.values() if p.output_tokens == 0 or p.paused)

@@ -3,15 +3,19 @@
 A GenerateReq stays pending in the router's consumer group while it waits in the
 queue; it is acknowledged in the same transaction that sends its AdmitReqs (or its
 rejection), so a router that dies loses nothing: its successor claims the pending
-entries and rebuilds its view of the worker groups from their next statuses.
+entries and rebuilds its view of the worker groups from their next statuses. A request
+re-queued from a lost group (its entry acknowledged long ago) is written back to the
+router's stream in the same way, and its new entry is held until it is admitted again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 from services.router.core import Actions, RouterCore
+from services.router.metrics import RouterFigures
 from shared.config import RouterConfig
 from shared.messages import AbortReq, AbortReqs, AdmitReqs, GenerateReq, TokenBatch, WorkerStatus
 from shared.redis_link import RedisLink
@@ -20,6 +24,11 @@ from shared.streams import GROUP_ROUTER, StreamNames
 
 log = logging.getLogger(__name__)
 
+# Admission changes only when a message arrives (a status, a request, an abort), and a
+# read returns as soon as one does; the wait only bounds how late the clock's own events
+# (a silent group declared dead, a queued request's deadline) can be noticed.
+READ_BLOCK_MS = 100
+
 
 class RouterService:
     def __init__(self, cfg: RouterConfig, link: RedisLink) -> None:
@@ -27,17 +36,20 @@ class RouterService:
         self.link = link
         self.names = StreamNames(cfg.namespace)
         self.core = RouterCore(cfg)
-        self.reader = StreamReader(link, self.names.router, GROUP_ROUTER, consumer=cfg.replica)
+        # a consumer name of its own per run: a restarted router under the same replica name
+        # would otherwise never be handed its predecessor's pending entries (a reader claims
+        # only other consumers'), so the queued requests would be stranded
+        consumer = f"{cfg.replica}-{uuid.uuid4().hex[:8]}"
+        self.reader = StreamReader(link, self.names.router, GROUP_ROUTER, consumer=consumer)
         self.writer = StreamWriter(link, cfg.stream_maxlen)
         self.queued: dict[str, Entry] = {}  # rid -> its GenerateReq entry, unacknowledged while queued
+        self.figures = RouterFigures(max_waiting=cfg.max_waiting)  # the latest snapshot, read by other threads
         self._next_log = 0.0
 
     def run(self) -> None:
         log.info("router reading %s", self.names.router)
         while not self.link.stop.is_set():
-            idle = not self.core.waiting
-            entries = self.reader.read(count=1024, block_ms=200 if idle else 5)
-            self.step(entries)
+            self.step(self.reader.read(count=1024, block_ms=READ_BLOCK_MS))
 
     def step(self, entries: list[Entry]) -> None:
         act = Actions()
@@ -46,10 +58,15 @@ class RouterService:
         for entry in entries:
             msg = entry.msg
             if isinstance(msg, GenerateReq):
-                self.queued[msg.rid] = entry
-                self.core.on_generate(msg, now_unix, act)
+                if msg.rid in self.queued:
+                    done.append(entry)  # a second copy of a request whose entry is held already
+                elif msg.rid in self.core.waiting:
+                    self.queued[msg.rid] = entry  # the durable copy of a re-queued request
+                else:
+                    self.queued[msg.rid] = entry
+                    self.core.on_generate(msg, now_unix, act)
             elif isinstance(msg, AbortReq):
-                self.core.on_abort(msg.rid, act)
+                self.core.on_abort(msg.rid, now, act)
                 done.append(entry)
             elif isinstance(msg, WorkerStatus):
                 self.core.on_status(msg, now, act)
@@ -59,6 +76,7 @@ class RouterService:
                 done.append(entry)
         self.core.tick(now, now_unix, act)
         self._publish(act, done)
+        self.figures = self.core.figures(now_unix)
         self._log_figures(now)
 
     def _publish(self, act: Actions, done: list[Entry]) -> None:
@@ -69,6 +87,8 @@ class RouterService:
             out.append((self.names.worker(group), AbortReqs(rids, "aborted")))
         for detok, items in act.ended.items():
             out.append((self.names.detok(detok), TokenBatch("router", items)))
+        # re-queued requests that were admitted again in this same round need no durable copy
+        out += [(self.names.router, req) for req in act.requeued if req.rid in self.core.waiting]
         acks = done + [e for rid in act.released if (e := self.queued.pop(rid, None)) is not None]
         self.writer.send_many(out, acks=acks)
         self.core.seal_admissions(act)
@@ -77,5 +97,4 @@ class RouterService:
         if now < self._next_log:
             return
         self._next_log = now + self.cfg.status_log_every_s
-        figures = " ".join(f"{k}={v}" for k, v in self.core.figures().items())
-        log.info("router %s", figures)
+        log.info("router %s", " ".join(f"{k}={v:g}" for k, v in self.figures.info().items()))

@@ -1,0 +1,106 @@
+"""The router service on a real redis-server: what its delivery guarantees rest on."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import redis
+from prometheus_client import CollectorRegistry
+
+from services.router.metrics import RouterCollector
+from services.router.service import RouterService
+from shared.config import RouterConfig
+from shared.messages import AdmitReqs, GenerateReq, RunningReq, SamplingParams, WorkerStatus
+from shared.metrics import serve_metrics
+from shared.redis_link import RedisLink
+from shared.redis_streams import StreamReader, StreamWriter
+from shared.streams import GROUP_WORKER
+from tools.redis_server import free_port
+
+
+def _cfg(redis_url: str, namespace: str) -> RouterConfig:
+    return RouterConfig(redis_url=redis_url, namespace=namespace, replica="router-0")
+
+
+def _status(instance: str, capacity: int, running: list[RunningReq], seq: int = 0) -> WorkerStatus:
+    free = capacity - sum(r.held_tokens for r in running)
+    return WorkerStatus("0", instance, capacity, free, 64, seq, running, 0.0)
+
+
+def _gen(rid: str, prompt: int, max_new: int) -> GenerateReq:
+    return GenerateReq(rid, "f", "d", [1] * prompt, SamplingParams(max_new_tokens=max_new, ignore_eos=True), 0.0, 0.0)
+
+
+def _round(service: RouterService, writer: StreamWriter, *msgs: object) -> None:
+    for m in msgs:
+        writer.send(service.names.router, m)
+    service.step(service.reader.read(count=100, block_ms=200))
+
+
+def _admitted(link: RedisLink, service: RouterService) -> list[str]:
+    reader = StreamReader(link, service.names.worker("0"), GROUP_WORKER, consumer="check")
+    return [r.rid for e in reader.read(count=100) if isinstance(e.msg, AdmitReqs) for r in e.msg.reqs]
+
+
+def test_a_router_restarted_under_the_same_name_takes_over_its_predecessors_queue(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    ns = "t" + uuid.uuid4().hex[:8]
+    writer = StreamWriter(link)
+    first = RouterService(_cfg(redis_url, ns), link)
+    full = [RunningReq("big", "d", 10, 90, 10)]
+    _round(first, writer, _status("w1", 100, full), _gen("queued", 10, 50))
+    assert [r.rid for r in first.core.waiting] == ["queued"]
+    assert first.reader.pending_count() == 1  # held unacknowledged while it waits
+    # the first router dies; its lease runs out
+    redis.Redis.from_url(redis_url).delete(first.reader.lease)
+    second = RouterService(_cfg(redis_url, ns), link)
+    _round(second, writer, _status("w1", 100, full))  # this read hands it the claimed entries
+    _round(second, writer)  # and this one the status
+    assert [r.rid for r in second.core.waiting] == ["queued"]
+    assert set(second.core.where) == {"big"}  # learnt from the status alone
+    _round(second, writer, _status("w1", 100, []))  # "big" ended: room for "queued"
+    assert _admitted(link, second) == ["queued"]
+    assert second.reader.pending_count() == 0
+
+
+def test_a_request_requeued_from_a_lost_group_is_written_back_and_held_until_admitted(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    ns = "t" + uuid.uuid4().hex[:8]
+    writer = StreamWriter(link)
+    service = RouterService(_cfg(redis_url, ns), link)
+    _round(service, writer, _status("w1", 100, []), _gen("r", 10, 20))
+    assert service.reader.pending_count() == 0  # admitted and acknowledged
+    # the group restarts before "r" produced anything, and its new instance is full
+    _round(service, writer, _status("w2", 100, [RunningReq("other", "d", 10, 90, 10)]))
+    assert [r.rid for r in service.core.waiting] == ["r"]
+    _round(service, writer)  # the durable copy comes back and is held, not queued twice
+    assert len(service.core.waiting) == 1 and "r" in service.queued
+    assert service.reader.pending_count() == 1
+    _round(service, writer, _status("w2", 100, []))
+    assert service.reader.pending_count() == 0
+    assert service.core.where.get("r") == "0"
+
+
+def test_the_router_serves_its_figures_to_prometheus(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    ns = "t" + uuid.uuid4().hex[:8]
+    writer = StreamWriter(link)
+    service = RouterService(_cfg(redis_url, ns), link)
+    _round(service, writer, _status("w1", 1_000, [RunningReq("p", "d", 10, 30, 70, paused=True)]), _gen("a", 10, 5))
+    registry = CollectorRegistry()
+    registry.register(RouterCollector(lambda: service.figures))
+    port = free_port()
+    assert serve_metrics(port, registry, addr="127.0.0.1")
+    assert not serve_metrics(0, registry)
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    for line in (
+        "lightstream_router_waiting_requests 0.0",
+        "lightstream_router_running_requests 2.0",
+        "lightstream_router_paused_requests 1.0",
+        'lightstream_router_group_capacity_tokens{group="0"} 1000.0',
+        'lightstream_router_group_used_tokens{group="0"} 30.0',
+        'lightstream_router_admitted_total{group="0"} 1.0',
+        "lightstream_router_worker_groups 1.0",
+    ):
+        assert line in text, line
