@@ -17,9 +17,11 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
+from services.tokenizer.errors import APIError
 from shared.heartbeat import live_replicas
 from shared.messages import (
     ERR_FAILED,
+    ERR_TOO_LARGE,
     FINISH_ERROR,
     AbortReq,
     DetokRegister,
@@ -37,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class Unavailable(Exception):
-    """The pipeline cannot take a request now (no worker, detokenizer or router alive)."""
+    """The pipeline cannot take a request now (no worker, detokenizer or router alive, or the queue is full)."""
 
 
 @dataclass
@@ -105,6 +107,7 @@ class Pipeline:
             raise Unavailable("no worker is alive")
         if not self.live.routers:
             raise Unavailable("the router is not alive")
+        self._refuse_early(len(input_ids) + params.max_new_tokens)
         shard = self._pick_detok(rid)
         pending = PendingRequest(rid, shard.replica, shard.started, len(input_ids))
         self.pending[rid] = pending
@@ -131,6 +134,18 @@ class Pipeline:
         pending = self.pending.pop(rid, None)
         if pending is not None:
             pending.finished = True
+
+    def _refuse_early(self, total_tokens: int) -> None:
+        """Answer at once, from the heartbeats, what the router would answer after a round trip:
+        a request no worker pool could ever hold (400), or a full queue (503)."""
+        largest = max((hb.info.get("capacity_tokens", 0.0) for hb in self.live.workers.values()), default=0.0)
+        if largest and total_tokens > largest:
+            why = f"prompt plus max_new_tokens is {total_tokens} KV tokens; the largest worker pool holds {largest:.0f}"
+            raise APIError(400, why, ERR_TOO_LARGE)
+        for hb in self.live.routers.values():
+            waiting, bound = hb.info.get("waiting", 0.0), hb.info.get("max_waiting", 0.0)
+            if bound and waiting >= bound:
+                raise Unavailable(f"overloaded: {int(waiting)} requests are waiting")
 
     def _pick_detok(self, rid: str) -> Heartbeat:
         shards = sorted(self.live.detoks)
