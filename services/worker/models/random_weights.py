@@ -1,0 +1,59 @@
+"""Random weights in LightStream's layout, made on the device: for benchmarks at real
+shapes where no checkpoint can be downloaded. Projections have a standard deviation of
+1/sqrt(fan_in) so activations stay of order one through every layer."""
+
+from __future__ import annotations
+
+import torch
+
+from services.worker.models.llama import LayerWeights, ModelWeights
+from shared.model_config import ModelConfig
+
+
+def random_weights(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0) -> ModelWeights:
+    g = torch.Generator(device=device).manual_seed(seed)
+    h, d = cfg.hidden_size, cfg.head_dim
+    qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * d
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * std).to(dtype)
+
+    def norm() -> torch.Tensor:
+        return 1.0 + normal(h, std=0.05)
+
+    layers = [
+        LayerWeights(
+            attn_norm=norm(),
+            qkv=normal(qkv_rows, h, std=h**-0.5),
+            qkv_bias=normal(qkv_rows, std=0.02) if cfg.qkv_bias else None,
+            o=normal(h, cfg.num_heads * d, std=(cfg.num_heads * d) ** -0.5),
+            mlp_norm=norm(),
+            gate_up=normal(2 * cfg.intermediate_size, h, std=h**-0.5),
+            down=normal(h, cfg.intermediate_size, std=cfg.intermediate_size**-0.5),
+        )
+        for _ in range(cfg.num_layers)
+    ]
+    embed = normal(cfg.vocab_size, h, std=1.0)
+    lm_head = embed if cfg.tie_word_embeddings else normal(cfg.vocab_size, h, std=4.0 * h**-0.5)
+    return ModelWeights(embed=embed, layers=layers, final_norm=norm(), lm_head=lm_head)
+
+
+# the shapes benchmarks use (config.json fields, as a Hugging Face directory would give them)
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "torch_dtype": "bfloat16",
+}
+LLAMA_1B = {**LLAMA3_8B, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16}
+SHAPES = {"llama3-8b": LLAMA3_8B, "llama-1b": LLAMA_1B}

@@ -1,0 +1,234 @@
+"""Benchmark the engine alone (no Redis, no HTTP) on the fixed workload and at static shapes.
+
+    python tools/benchmark_engine.py --out FILE.json [--shape llama3-8b] [--parts ceilings,static,offline]
+        [--requests 2000] [--static 1x1024,64x1024,256x1024] [--kv-dtype auto|int8] [--model-dir DIR]
+
+With --model-dir the weights come from that directory; otherwise they are random, on the
+device, at --shape (nothing can be downloaded). Parts:
+  ceilings  copy bandwidth and bf16 matmul rate, measured here (the roofline's two numbers)
+  static    decode step time at batch x context, the engine's real loop timed in steady state,
+            next to the bandwidth floor (weights plus KV read once at the measured copy rate)
+  offline   the fixed ShareGPT-shaped workload, all requests at once, ignore_eos, max_new_tokens
+            = the output length: requests/s and tokens/s
+Prints a summary and writes everything to --out as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+
+from services.worker.build import build_engine
+from services.worker.engine import Engine
+from services.worker.models.random_weights import SHAPES, random_weights
+from shared.config import WorkerConfig
+from shared.messages import GenerateReq, SamplingParams
+from shared.model_config import ModelConfig
+from tools.workload import random_prompts, sharegpt_shaped
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def ceilings(device: torch.device) -> dict:
+    """Copy bandwidth (bytes read + written) and bf16 matmul rate, as the peer measures them."""
+    n = 4 * 1024**3 if device.type == "cuda" else 64 * 1024**2
+    x = torch.empty(n, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    sync(device)
+    t = time.perf_counter()
+    reps = 20 if device.type == "cuda" else 2
+    for _ in range(reps):
+        y.copy_(x)
+    sync(device)
+    copy = 2 * n * reps / (time.perf_counter() - t)
+    del x, y
+    m = 8192 if device.type == "cuda" else 512
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(m, m, dtype=dtype, device=device)
+    b = torch.randn_like(a)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    sync(device)
+    return {"copy_bw_GBps": copy / 1e9, "matmul_TFLOPs": 2 * m**3 * 10 / (time.perf_counter() - t) / 1e12}
+
+
+def make_engine(args: argparse.Namespace) -> tuple[Engine, ModelConfig]:
+    cfg = WorkerConfig(
+        model_dir=args.model_dir or "(random weights)",
+        device=args.device,
+        dtype=args.dtype,
+        kv_dtype=args.kv_dtype,
+        max_total_token_num=args.max_total_token_num,
+        mem_fraction=args.mem_fraction,
+        batch_max_tokens=args.batch_max_tokens,
+        running_max_req_size=args.running_max_req_size,
+        cuda_graph_max_bs=args.cuda_graph_max_bs,
+    )
+    if args.model_dir:
+        model_cfg = ModelConfig.from_dir(args.model_dir)
+        return build_engine(cfg), model_cfg
+    model_cfg = ModelConfig.from_dict(SHAPES[args.shape])
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    weights = random_weights(model_cfg, dtype, device, seed=0)
+    return build_engine(cfg, weights=weights, model_cfg=model_cfg), model_cfg
+
+
+def _req(rid: str, ids: list[int], max_new: int) -> GenerateReq:
+    return GenerateReq(rid, "bench", "bench", ids, SamplingParams(max_new_tokens=max_new, ignore_eos=True), 0.0, 0.0)
+
+
+def drain(engine: Engine) -> tuple[int, int]:
+    """Run until idle; -> (steps, output tokens)."""
+    steps = out = 0
+    while engine.has_work():
+        for _, item in engine.step().items:
+            out += len(item.token_ids)
+        steps += 1
+    return steps, out
+
+
+def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
+    """Bytes of weights a decode step reads: every layer and the output layer (one embedding row aside)."""
+    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    per_layer = h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * h + 3 * h * i + 2 * h
+    return dtype_bytes * (cfg.num_layers * per_layer + cfg.vocab_size * h + h)
+
+
+def static_decode(engine: Engine, cfg: ModelConfig, batch: int, context: int, steps: int, copy_bw: float) -> dict:
+    """Decode steps of `batch` requests whose context is about `context` tokens, in steady state."""
+    prompts = random_prompts([context] * batch, cfg.vocab_size, seed=batch + context)
+    for k, ids in enumerate(prompts):
+        engine.add(_req(f"s{batch}-{k}", ids, steps + 8))
+    # run the prefills (and a couple of decodes) untimed
+    while any(not r.decoding for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    sync(engine.device)
+    t = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    sync(engine.device)
+    ms = 1000 * (time.perf_counter() - t) / steps
+    drain(engine)
+    layout = engine.runner.model.attn.cache.layout
+    kv_read = batch * (context + steps // 2) * layout.bytes_per_token
+    floor_ms = 1000 * (weight_bytes(cfg) + kv_read) / copy_bw if copy_bw else None
+    return {
+        "batch": batch,
+        "context": context,
+        "ms_per_step": ms,
+        "tokens_per_s": batch * 1000 / ms,
+        "bandwidth_floor_ms": floor_ms,
+        "fraction_of_floor": (floor_ms / ms) if floor_ms else None,
+    }
+
+
+def offline(engine: Engine, cfg: ModelConfig, n: int, workload: str) -> dict:
+    pairs = sharegpt_shaped(n, workload)
+    prompts = random_prompts([i for i, _ in pairs], cfg.vocab_size, seed=1)
+    # warm up: a few short requests through every kind of step
+    for k in range(8):
+        engine.add(_req(f"w{k}", prompts[k][:32], 8))
+    drain(engine)
+    sync(engine.device)
+    t = time.perf_counter()
+    for k, (ids, (_, out_len)) in enumerate(zip(prompts, pairs, strict=True)):
+        engine.add(_req(f"r{k}", ids, out_len))
+    steps, out_tokens = drain(engine)
+    sync(engine.device)
+    dt = time.perf_counter() - t
+    in_tokens = sum(i for i, _ in pairs)
+    return {
+        "requests": n,
+        "seconds": dt,
+        "req_per_s": n / dt,
+        "output_tok_per_s": out_tokens / dt,
+        "total_tok_per_s": (out_tokens + in_tokens) / dt,
+        "steps": steps,
+        "output_tokens": out_tokens,
+        "mean_input": in_tokens / n,
+        "mean_output": out_tokens / n,
+        "paused_total": engine.scheduler.num_paused_total,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--parts", default="ceilings,static,offline")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
+    ap.add_argument("--model-dir", default="")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--kv-dtype", default="auto")
+    ap.add_argument("--max-total-token-num", type=int, default=0)
+    ap.add_argument("--mem-fraction", type=float, default=0.9)
+    ap.add_argument("--batch-max-tokens", type=int, default=16384)
+    ap.add_argument("--running-max-req-size", type=int, default=1024)
+    ap.add_argument("--cuda-graph-max-bs", type=int, default=512)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--static", default="1x1024,64x1024,256x1024,64x2048")
+    ap.add_argument("--static-steps", type=int, default=40)
+    ap.add_argument("--workload", default="", help="path to workload.py (default: .peer/ or ../shared/bench/)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    parts = set(args.parts.split(","))
+    res: dict = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "args": vars(args)}
+    if torch.cuda.is_available():
+        res["gpu"] = torch.cuda.get_device_name(0)
+
+    def save() -> None:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if "ceilings" in parts:
+        res["ceilings"] = ceilings(device)
+        print("ceilings", json.dumps(res["ceilings"]), flush=True)
+        save()
+    t = time.perf_counter()
+    engine, model_cfg = make_engine(args)
+    res["engine"] = {"build_s": time.perf_counter() - t, "kv_capacity_tokens": engine.kv.capacity,
+                     "shape": args.model_dir or args.shape}  # fmt: skip
+    print("engine", json.dumps(res["engine"]), flush=True)
+    copy_bw = res.get("ceilings", {}).get("copy_bw_GBps", 0.0) * 1e9
+    if "static" in parts:
+        res["static"] = []
+        for spec in args.static.split(","):
+            b, c = (int(x) for x in spec.split("x"))
+            row = static_decode(engine, model_cfg, b, c, args.static_steps, copy_bw)
+            res["static"].append(row)
+            print("static", json.dumps(row), flush=True)
+            save()
+    if "offline" in parts:
+        res["offline"] = offline(engine, model_cfg, args.requests, args.workload)
+        print("offline", json.dumps(res["offline"]), flush=True)
+        save()
+    save()
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The GPU runs behind docs/benchmarks.md, on the GPU machine (see README: Benchmarks).
+# Usage: bash tools/gpu_run.sh OUTDIR PART...   PART: tests | kernels | kernel-sweep | engine | engine-int8
+# Needs the wheels the GPU image lacks in .whl/ (redis-py, fastapi, ...), installed to /tmp/site.
+set -u
+out=${1:?OUTDIR}; shift
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"
+if [ -d .whl ] && [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+for part in "$@"; do
+  start=$(date +%s)
+  case $part in
+    tests) timeout 200 python3 -m pytest -m gpu tests/kernels tests/worker -q -p no:cacheprovider -rA 2>&1 \
+             | grep -v "^PASSED\|^$" | tail -60 | tee "$out/gpu_tests.log" ;;
+    kernels) timeout 150 python3 tools/bench_kernels.py --out "$out/kernels.json" > "$out/kernels.log" 2>&1; tail -5 "$out/kernels.log" ;;
+    kernel-sweep) timeout 420 python3 tools/bench_kernels.py --sweep --out "$out/kernels_sweep.json" > "$out/kernels_sweep.log" 2>&1; tail -30 "$out/kernels_sweep.log" ;;
+    engine) timeout 230 python3 tools/benchmark_engine.py --out "$out/engine.json" 2>&1 | grep -v "it/s\]" | tail -20 ;;
+    engine-int8) timeout 300 python3 tools/benchmark_engine.py --kv-dtype int8 --parts static,offline --out "$out/engine_int8.json" 2>&1 | tail -8 ;;
+    *) echo "unknown part $part" ;;
+  esac
+  echo "== $part took $(( $(date +%s) - start ))s"
+done
