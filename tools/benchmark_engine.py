@@ -95,14 +95,43 @@ def _req(rid: str, ids: list[int], max_new: int) -> GenerateReq:
     return GenerateReq(rid, "bench", "bench", ids, SamplingParams(max_new_tokens=max_new, ignore_eos=True), 0.0, 0.0)
 
 
-def drain(engine: Engine) -> tuple[int, int]:
-    """Run until idle; -> (steps, output tokens)."""
+def drain(engine: Engine, trace: list | None = None) -> tuple[int, int]:
+    """Run until idle; -> (steps, output tokens). trace gets (seconds, tokens, decodes) per step."""
     steps = out = 0
+    last = time.perf_counter()
     while engine.has_work():
-        for _, item in engine.step().items:
+        result = engine.step()
+        for _, item in result.items:
             out += len(item.token_ids)
         steps += 1
+        if trace is not None:
+            now = time.perf_counter()
+            trace.append((now - last, result.num_tokens, result.num_decodes))
+            last = now
     return steps, out
+
+
+def step_profile(trace: list[tuple[float, int, int]]) -> dict:
+    """Where the offline run's time went: steps with prefill work against decode-only steps by batch size."""
+    mixed = [t for t in trace if t[1] > t[2]]
+    decode = [t for t in trace if t[1] == t[2] and t[2] > 0]
+    bands = [(1, 8), (9, 64), (65, 256), (257, 512), (513, 1024), (1025, 1 << 30)]
+    out = {
+        "mixed_steps": len(mixed),
+        "mixed_seconds": sum(t[0] for t in mixed),
+        "mixed_tokens": sum(t[1] for t in mixed),
+        "decode_steps": len(decode),
+        "decode_seconds": sum(t[0] for t in decode),
+    }
+    for lo, hi in bands:
+        sel = [t for t in decode if lo <= t[2] <= hi]
+        if sel:
+            out[f"decode_bs_{lo}_{hi}"] = {
+                "steps": len(sel),
+                "seconds": round(sum(t[0] for t in sel), 3),
+                "ms_per_step": round(1000 * sum(t[0] for t in sel) / len(sel), 3),
+            }
+    return out
 
 
 def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -153,7 +182,8 @@ def offline(engine: Engine, cfg: ModelConfig, n: int, workload: str) -> dict:
     t = time.perf_counter()
     for k, (ids, (_, out_len)) in enumerate(zip(prompts, pairs, strict=True)):
         engine.add(_req(f"r{k}", ids, out_len))
-    steps, out_tokens = drain(engine)
+    trace: list = []
+    steps, out_tokens = drain(engine, trace)
     sync(engine.device)
     dt = time.perf_counter() - t
     in_tokens = sum(i for i, _ in pairs)
@@ -168,6 +198,7 @@ def offline(engine: Engine, cfg: ModelConfig, n: int, workload: str) -> dict:
         "mean_input": in_tokens / n,
         "mean_output": out_tokens / n,
         "paused_total": engine.scheduler.num_paused_total,
+        "profile": step_profile(trace),
     }
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs behind docs/benchmarks.md, on the GPU machine (see README: Benchmarks).
-# Usage: bash tools/gpu_run.sh OUTDIR PART...   PART: tests | kernels | kernel-sweep | engine | engine-int8
+# Usage: bash tools/gpu_run.sh OUTDIR PART...
+#   PART: tests | kernels | kernel-sweep | engine | engine-int8 | profile | offline
 # Needs the wheels the GPU image lacks in .whl/ (redis-py, fastapi, ...), installed to /tmp/site.
 set -u
 out=${1:?OUTDIR}; shift
@@ -18,6 +19,8 @@ for part in "$@"; do
     kernels) timeout 150 python3 tools/bench_kernels.py --out "$out/kernels.json" > "$out/kernels.log" 2>&1; tail -5 "$out/kernels.log" ;;
     kernel-sweep) timeout 420 python3 tools/bench_kernels.py --sweep --out "$out/kernels_sweep.json" > "$out/kernels_sweep.log" 2>&1; tail -30 "$out/kernels_sweep.log" ;;
     engine) timeout 230 python3 tools/benchmark_engine.py --out "$out/engine.json" 2>&1 | grep -v "it/s\]" | tail -20 ;;
+    profile) timeout 200 python3 tools/profile_decode.py --out "$out/profile.json" 2>&1 | grep -v "it/s\]" | tail -45 ;;
+    offline) timeout 200 python3 tools/benchmark_engine.py --parts offline --running-max-req-size 2048 --out "$out/offline.json" 2>&1 | grep -v "it/s\]" | tail -4 ;;
     engine-int8) timeout 300 python3 tools/benchmark_engine.py --kv-dtype int8 --parts static,offline --out "$out/engine_int8.json" 2>&1 | tail -8 ;;
     *) echo "unknown part $part" ;;
   esac

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 class StepOutput:
     items: list[tuple[str, TokenItem]]  # (detokenizer shard, item)
     num_tokens: int  # tokens the model ran in the step launched now
+    num_decodes: int  # of which decode tokens
     changed: bool  # a request ended (its KV is free) or produced its first token
 
 
@@ -92,7 +93,7 @@ class Engine:
         finished = self.scheduler.take_finished()
         items += [(r.detok, _item(r, None, None, None)) for r in finished]
         changed = first_tokens or bool(finished) or any(item.finish_reason for _, item in items)
-        return StepOutput(items, num_tokens, changed)
+        return StepOutput(items, num_tokens, len(plan.decodes), changed)
 
     def _launch(self, plan) -> InFlight:
         self.sampler.state.assign(plan.new_rows)

@@ -1,0 +1,123 @@
+"""Where a decode step's time goes: per-kernel device time of one step, by torch.profiler.
+
+    python tools/profile_decode.py --out FILE.json [--shape llama3-8b] [--cases 1x1024,64x1024,256x1024]
+
+For each batch x context it builds requests in the decode state (KV filled by a real
+prefill), then profiles eager decode forwards and reports the device time per kernel
+name, summed over the step, next to the graph-replay step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from services.worker.batch_builder import build_batch
+from services.worker.build import build_engine
+from services.worker.models.random_weights import SHAPES, random_weights
+from services.worker.request import Req
+from services.worker.scheduler import StepPlan
+from shared.config import WorkerConfig
+from shared.messages import GenerateReq, SamplingParams
+from shared.model_config import ModelConfig
+from tools.workload import random_prompts
+
+
+def decode_batch(engine, reqs: list[Req]):
+    slots = torch.cat([engine.kv.allocate(r, 1) for r in reqs])
+    plan = StepPlan(decodes=list(reqs), decode_slots=slots)
+    return build_batch(plan, engine.kv.table.table, engine.device)  # replayed as is: the context stays put
+
+
+def profile_case(engine, cfg: ModelConfig, batch: int, context: int) -> dict:
+    prompts = random_prompts([context] * batch, cfg.vocab_size, seed=7)
+    reqs = []
+    for k, ids in enumerate(prompts):
+        msg = GenerateReq(f"p{k}", "p", "p", ids, SamplingParams(max_new_tokens=4, ignore_eos=True), 0.0, 0.0)
+        req = Req(msg, k)
+        plan = StepPlan(extends=[(req, context)], extend_slots=[engine.kv.allocate(req, context)], new_rows=[req])
+        engine.runner.forward(build_batch(plan, engine.kv.table.table, engine.device))
+        req.kv_len = context
+        req.tokens.append(ids[-1])
+        reqs.append(req)
+    batch_t = decode_batch(engine, reqs)
+    model = engine.runner.model
+    for _ in range(3):
+        model.forward(batch_t)
+    torch.cuda.synchronize()
+    steps = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            model.forward(batch_t)
+        torch.cuda.synchronize()
+    per_kernel: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for evt in prof.key_averages():
+        if evt.device_time_total > 0:
+            per_kernel[evt.key[:90]] += evt.device_time_total / steps / 1000.0
+            counts[evt.key[:90]] += evt.count // steps
+    total = sum(per_kernel.values())
+    eager_wall = _time(lambda: model.forward(batch_t))
+    graph_wall = _time(lambda: engine.runner.forward(batch_t)) if engine.runner.graphs is not None else None
+    for r in reqs:
+        engine.kv.release(r)
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:25]
+    return {
+        "batch": batch,
+        "context": context,
+        "device_ms_per_step": total,
+        "eager_wall_ms": eager_wall,
+        "graph_wall_ms": graph_wall,
+        "kernels_per_step": sum(counts.values()),
+        "top_kernels_ms": [[name, round(ms, 4), counts[name]] for name, ms in top],
+    }
+
+
+def _time(fn, reps: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return 1000 * (time.perf_counter() - t) / reps
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
+    ap.add_argument("--cases", default="1x1024,64x1024,256x1024")
+    args = ap.parse_args(argv)
+    cfg = ModelConfig.from_dict(SHAPES[args.shape])
+    device = torch.device("cuda")
+    weights = random_weights(cfg, torch.bfloat16, device)
+    engine = build_engine(
+        WorkerConfig(model_dir="(random)", max_total_token_num=300_000, running_max_req_size=512), weights=weights,
+        model_cfg=cfg,
+    )  # fmt: skip
+    out = []
+    for spec in args.cases.split(","):
+        b, c = (int(x) for x in spec.split("x"))
+        row = profile_case(engine, cfg, b, c)
+        out.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "top_kernels_ms"}), flush=True)
+        for name, ms, n in row["top_kernels_ms"][:12]:
+            print(f"   {ms:8.4f} ms  x{n:<4d} {name}", flush=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
