@@ -167,13 +167,17 @@ class RouterCore:
             act.admit_seqs[key] = best.next_seq
             act.released.append(req.rid)
             self.stats.admitted[best.name] = self.stats.admitted.get(best.name, 0) + 1
+            log.debug("placed on group %s (%d requests there)", best.name, len(best.placed), extra={"rid": req.rid})
 
     def _best_group(self, req: GenerateReq) -> GroupState | None:
-        """The group with the most KV headroom left after taking req by LightLLM's peak estimate,
-        among those under their request limit and prefill budget; None if none can take it now."""
+        """Of the groups that can take req now (under their request limit and prefill budget,
+        and with a KV pool that holds it to the end by LightLLM's peak estimate), the one with
+        the most headroom: KV tokens free now by the router's count (ties: fewer requests).
+        Not the room left under the peak: a short request leaves a group's peak as it was,
+        so that room would send every short request to the same group."""
         cfg = self.cfg
         best: GroupState | None = None
-        best_room = -1
+        best_key = (0, 0)
         for g in self.groups.values():
             # requests beyond what the group runs at once would only wait there, where no other group can take them
             if len(g.placed) >= min(cfg.running_max_req_size, g.max_running):
@@ -182,9 +186,11 @@ class RouterCore:
             if cfg.batch_max_tokens and backlog and backlog + len(req.input_ids) > cfg.batch_max_tokens:
                 continue
             busy = g.used_fraction >= cfg.router_token_ratio
-            room = g.capacity - g.peak_with(req, busy, cfg.router_max_new_token_len)
-            if room >= 0 and room > best_room:
-                best, best_room = g, room
+            if g.peak_with(req, busy, cfg.router_max_new_token_len) > g.capacity:
+                continue
+            key = (g.capacity - g.held_tokens(), -len(g.placed))
+            if best is None or key > best_key:
+                best, best_key = g, key
         return best
 
     def _can_never_fit(self, req: GenerateReq, act: Actions) -> bool:

@@ -112,6 +112,10 @@ class GroupState:
             )
         return peak_tokens(loads)
 
+    def held_tokens(self) -> int:
+        """KV tokens its requests hold, or will hold once started or resumed, as far as the router knows."""
+        return sum(p.held for p in self.placed.values())
+
     def backlog_tokens(self) -> int:
         """Tokens placed here that wait for a prefill, as far as we know: the prompts of requests
         with no output yet, and everything a paused request holds (it resumes by recomputation)."""

@@ -206,3 +206,14 @@ def test_figures_count_what_happened() -> None:
     assert f.groups[0].used_tokens == 20 and f.groups[0].capacity_tokens == 1_000
     info = f.info()
     assert info["waiting"] == 1 and info["group_0_used_fraction"] == 0.02
+
+
+def test_short_requests_spread_over_groups_whose_peaks_they_do_not_change() -> None:
+    core = _core()
+    act = Actions()
+    for g in ("0", "1"):
+        core.on_status(_status(g, 2_000, [RunningReq("long-" + g, "d", 10, 20, 600)]), 0.0, act)
+    for i in range(6):
+        core.on_generate(_req(f"s{i}", 10, 8), 0.0, act)
+    core.tick(0.0, 0.0, act)
+    assert {g: len(reqs) for (g, _), reqs in act.admits.items()} == {"0": 3, "1": 3}
