@@ -118,6 +118,12 @@ class Stack:
             proc.send_signal(sig)
             proc.wait(15)
 
+    def signal_service(self, name: str, sig: int) -> None:
+        """Send a signal without waiting for an exit (SIGSTOP freezes a service, SIGCONT thaws it)."""
+        proc = self.services[name].proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Until /health says ready; fails early if a service exits."""
         end = time.monotonic() + timeout_s

@@ -1,0 +1,67 @@
+"""What live router tests watch: the router's Prometheus figures and the workers' heartbeats,
+polled with generous but bounded waits (the test machine may be slow and shared)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared.heartbeat import live_replicas
+from shared.messages import Heartbeat
+from shared.redis_link import RedisLink
+from shared.streams import SERVICE_WORKER, StreamNames
+
+Figures = dict[str, float]  # "waiting_requests", 'admitted_total{group="1"}', ... -> value
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float, what: str | Callable[[], str], every_s: float = 0.1) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() >= end:
+            raise AssertionError(f"not within {timeout_s}s: {what() if callable(what) else what}")
+        time.sleep(every_s)
+
+
+class RouterProbe:
+    def __init__(self, metrics_port: int) -> None:
+        self.url = f"http://127.0.0.1:{metrics_port}/metrics"
+
+    def figures(self) -> Figures:
+        """The router's series without their common prefix; {} while the router is down."""
+        try:
+            text = httpx.get(self.url, timeout=5.0).text
+        except httpx.HTTPError:
+            return {}
+        out: Figures = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                name = s.name.removeprefix("lightstream_router_")
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+                out[f"{name}{{{labels}}}" if labels else name] = s.value
+        return out
+
+    def wait_for(self, cond: Callable[[Figures], bool], timeout_s: float, what: str) -> Figures:
+        got: Figures = {}
+
+        def check() -> bool:
+            nonlocal got
+            got = self.figures()
+            return bool(got) and cond(got)
+
+        wait_until(check, timeout_s, lambda: f"{what} (last figures: {got})")
+        return got
+
+
+def admitted(f: Figures, group: str) -> float:
+    return f.get(f'admitted_total{{group="{group}"}}', 0.0)
+
+
+def worker_beats(redis_url: str, namespace: str) -> dict[str, Heartbeat]:
+    link = RedisLink(redis_url)
+    try:
+        return live_replicas(link, StreamNames(namespace), SERVICE_WORKER)
+    finally:
+        link.close()
