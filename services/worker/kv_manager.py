@@ -34,6 +34,17 @@ class KVManager:
         req.alloc_len += n
         return slots
 
+    def allocate_one_each(self, reqs: list[Req]) -> torch.Tensor:
+        """One slot for the next position of each request (which all hold rows): a decode step.
+        One allocation and one table scatter for the whole batch, not two per request."""
+        slots = self.allocator.allocate(len(reqs))
+        rows = [r.row for r in reqs]
+        positions = [r.alloc_len for r in reqs]
+        self.table.write_many(rows, positions, slots)  # type: ignore[arg-type]
+        for r in reqs:
+            r.alloc_len += 1
+        return slots
+
     def release(self, req: Req) -> None:
         """Give back every slot and the row the request holds."""
         if req.row is None:

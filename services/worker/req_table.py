@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from services.worker.host_copy import to_device
+
 
 class ReqTable:
     def __init__(self, max_rows: int, max_context: int, device: torch.device | str, dummy_slot: int) -> None:
@@ -33,6 +35,13 @@ class ReqTable:
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         """Record that positions [start, start + len(slots)) of the row live in these slots."""
         self.table[row, start : start + slots.numel()] = slots
+
+    def write_many(self, rows: list[int], positions: list[int], slots: torch.Tensor) -> None:
+        """table[rows[i], positions[i]] = slots[i] for every i, in one scatter."""
+        device = self.table.device
+        r = to_device(rows, torch.int64, device)
+        p = to_device(positions, torch.int64, device)
+        self.table[r, p] = slots
 
     def slots(self, row: int, end: int) -> torch.Tensor:
         """Slots of positions [0, end) of a row: [end] int32."""

@@ -138,7 +138,7 @@ class Scheduler:
             budget -= n
         plan.decodes = decodes
         if decodes:
-            plan.decode_slots = torch.cat([self.kv.allocate(r, 1) for r in decodes])
+            plan.decode_slots = self.kv.allocate_one_each(decodes)
         return plan
 
     def _plan_extend(self, plan: StepPlan, req: Req, n: int) -> None:

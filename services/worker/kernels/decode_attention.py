@@ -114,10 +114,11 @@ def decode_config(head_dim: int, dtype: torch.dtype, is_cuda: bool) -> dict[str,
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_len: int, num_sms: int = 132, block_n: int = 64) -> int:
-    """Splits per request so that stage 1 has about four programs per SM, each split covering
-    at least 2 * block_n tokens (shorter splits cost more in the reduce than they save)."""
+    """Splits per request so that stage 1 has about two programs per SM, each split covering
+    at least 2 * block_n tokens (shorter splits cost more in the reduce than they save). On an
+    H200 at batch 64, context 2048, one split (3.9 programs per SM) beat two by 4%."""
     programs = max(1, batch * kv_heads)
-    want = triton.cdiv(4 * num_sms, programs)
+    want = triton.cdiv(2 * num_sms, programs)
     return max(1, min(want, max_len // (2 * block_n), MAX_SPLITS))
 
 
