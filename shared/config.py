@@ -40,10 +40,13 @@ class TokenizerConfig(CommonConfig):
     request_timeout_s: float = 600.0  # no request outlives this, queued or running
     pipeline_dead_after_s: float = 3.0  # a service whose heartbeat is older than this is dead
     tokenizer_threads: int = 2
+    # clients must send one of these as "Authorization: Bearer <key>"; empty: no keys asked
+    api_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check(bool(self.model_dir), "model_dir is required")
         _check(0 < self.port < 65536, f"port must be in 1..65535, got {self.port}")
+        _check(all(k and k == k.strip() for k in self.api_keys), "api_keys must be non-empty, without spaces around")
         _check(self.max_req_total_len >= 0, "max_req_total_len must be >= 0")
         _check(self.request_timeout_s > 0, "request_timeout_s must be > 0")
         _check(self.tokenizer_threads >= 1, "tokenizer_threads must be >= 1")
