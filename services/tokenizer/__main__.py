@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import uvicorn
 
 from services.tokenizer.app import create_app
 from services.tokenizer.generation import FrontContext
+from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.pipeline import Pipeline
 from services.tokenizer.tokenization import Tokenization
 from shared.cli import parse_config
@@ -36,6 +38,9 @@ def main() -> None:
         tok=Tokenization(cfg.model_dir, cfg.tokenizer_threads),
         max_total_len=max_total_len,
         model_name=cfg.model_name or os.path.basename(os.path.normpath(cfg.model_dir)),
+        vocab_size=model.vocab_size,
+        metrics=FrontMetrics(),
+        started=time.time(),
     )
     beat = HeartbeatPublisher(
         link, names, SERVICE_TOKENIZER, cfg.replica, info=lambda: {"in_flight": len(pipeline.pending)}

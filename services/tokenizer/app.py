@@ -1,43 +1,26 @@
-"""The front end's FastAPI application: routes, error handlers, body-size limit, health."""
+"""The front end's FastAPI application: routes, error handlers, gates, /health and /metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
-from starlette.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from services.tokenizer.errors import APIError, api_error_handler, validation_handler
+from services.tokenizer.gates import Gates
 from services.tokenizer.generation import FrontContext
 from services.tokenizer.lightllm_api import lightllm_router
-
-
-class BodyLimit(BaseHTTPMiddleware):
-    """Refuse bodies over the limit before reading them (by Content-Length) with a 413."""
-
-    def __init__(self, app, max_bytes: int) -> None:
-        super().__init__(app)
-        self.max_bytes = max_bytes
-
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            return JSONResponse(
-                {"error": f"the request body is over {self.max_bytes} bytes", "error_type": "too_large"},
-                status_code=413,
-            )
-        return await call_next(request)
+from services.tokenizer.metrics import CONTENT_TYPE, CountRequests
+from services.tokenizer.openai_api import openai_router
 
 
 def create_app(ctx: FrontContext) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        import asyncio
-
         ctx.pipeline.start(asyncio.get_running_loop())
         yield
         ctx.pipeline.stop()
@@ -46,7 +29,10 @@ def create_app(ctx: FrontContext) -> FastAPI:
     app = FastAPI(title="LightStream", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, validation_handler)
     app.add_exception_handler(APIError, api_error_handler)
-    app.add_middleware(BodyLimit, max_bytes=ctx.cfg.max_body_bytes)
+    # the last added runs first: count every request, then the gates may refuse it
+    app.add_middleware(Gates, max_body_bytes=ctx.cfg.max_body_bytes, api_keys=ctx.cfg.api_keys)
+    app.add_middleware(CountRequests, metrics=ctx.metrics)
+    app.include_router(openai_router(ctx))
     app.include_router(lightllm_router(ctx))
 
     @app.get("/health")
@@ -59,5 +45,9 @@ def create_app(ctx: FrontContext) -> FastAPI:
             "routers": sorted(live.routers),
         }
         return JSONResponse(body, status_code=200 if live.ready else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
 
     return app

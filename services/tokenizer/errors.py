@@ -1,4 +1,8 @@
-"""Errors the front end answers with: a status code and a message that says what is wrong."""
+"""Errors the front end answers with: a status code and a message that says what is wrong.
+
+Two body shapes, by route family: OpenAI's ``{"error": {"message", "type", "param",
+"code"}}`` under /v1, LightLLM's ``{"error": message, "error_type": kind}`` elsewhere.
+"""
 
 from __future__ import annotations
 
@@ -10,35 +14,77 @@ from fastapi.responses import JSONResponse
 
 from shared.messages import ERR_DEADLINE, ERR_FAILED, ERR_OVERLOADED, ERR_TOO_LARGE
 
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads this answer
+
 
 class APIError(Exception):
     def __init__(
-        self, status: int, message: str, kind: str = "invalid_request", headers: dict[str, str] | None = None
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request",
+        headers: dict[str, str] | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
         self.headers = headers or {}
+        self.param = param
 
 
 # the HTTP status for each way the pipeline can fail a request (shared.messages.ERROR_KINDS)
 _STATUS = {ERR_OVERLOADED: 503, ERR_TOO_LARGE: 400, ERR_DEADLINE: 504, ERR_FAILED: 500}
 
 
+def pipeline_status(kind: str) -> int:
+    return _STATUS.get(kind, 500)
+
+
 def pipeline_error(error: str, kind: str) -> APIError:
     """The error to answer with for a request the pipeline ended with finish_reason "error"."""
-    status = _STATUS.get(kind, 500)
+    status = pipeline_status(kind)
     headers = {"Retry-After": "1"} if status == 503 else None
     return APIError(status, f"generation failed: {error}", kind or ERR_FAILED, headers)
+
+
+def is_openai_path(path: str) -> bool:
+    return path == "/v1" or path.startswith("/v1/")
+
+
+def openai_error_body(status: int, message: str, kind: str, param: str | None) -> dict[str, Any]:
+    # OpenAI answers a wrong key with type invalid_request_error too (code invalid_api_key)
+    kind_of = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind_of, "param": param, "code": kind or None}}
+
+
+def error_body(path: str, status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+    if is_openai_path(path):
+        return openai_error_body(status, message, kind, param)
+    return {"error": message, "error_type": kind}
+
+
+def error_response(
+    path: str, status: int, message: str, kind: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(path, status, message, kind, param), status_code=status, headers=headers)
+
+
+def _where(err: dict[str, Any]) -> str:
+    # union members add their type to the location (stop.str, stop.list[str]): drop them
+    return ".".join(str(x) for x in err.get("loc", ()) if x != "body" and not _is_type_tag(str(x)))
+
+
+def _is_type_tag(part: str) -> bool:
+    return part in ("str", "int", "float", "bool", "none") or "[" in part
 
 
 def describe_validation(errors: list[dict[str, Any]]) -> str:
     """Pydantic's error list -> one sentence per problem, each naming the parameter."""
     parts = []
     for err in errors:
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        where = ".".join(loc) or "body"
+        where = _where(err) or "body"
         kind = err.get("type", "")
         if kind == "json_invalid":
             ctx = err.get("ctx", {}).get("error", "")
@@ -52,12 +98,22 @@ def describe_validation(errors: list[dict[str, Any]]) -> str:
             got = err.get("input")
             shown = "" if isinstance(got, dict | list) else f", got {got!r}"
             parts.append(f"{where}: {msg}{shown}")
-    return "; ".join(parts)
+    return "; ".join(dict.fromkeys(parts))
 
 
-async def validation_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
-    return JSONResponse({"error": describe_validation(list(exc.errors())), "error_type": "validation"}, status_code=400)
+def validation_param(errors: list[dict[str, Any]]) -> str | None:
+    """The parameter the first problem is about, as OpenAI's error body names it."""
+    for err in errors:
+        where = _where(err)
+        if where:
+            return where
+    return None
 
 
-async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse({"error": exc.message, "error_type": exc.kind}, status_code=exc.status, headers=exc.headers)
+async def validation_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = list(exc.errors())
+    return error_response(request.url.path, 400, describe_validation(errors), "validation", validation_param(errors))
+
+
+async def api_error_handler(request: Request, exc: APIError) -> JSONResponse:
+    return error_response(request.url.path, exc.status, exc.message, exc.kind, exc.param, exc.headers)

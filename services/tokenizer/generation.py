@@ -1,13 +1,13 @@
 """One generation from the front end's side: check, submit, wait for text, clean up.
 
-Every route (LightLLM, OpenAI, FastChat) goes through here, so limits, deadlines and
-aborts on client disconnect behave the same everywhere.
+Every route (LightLLM, OpenAI) goes through here, so limits, deadlines, metrics and
+aborts behave the same everywhere. A request with n > 1 (or best_of > 1) is several
+generations, submitted together; fanout.py waits on them as one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -15,17 +15,17 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from fastapi import Request
-
 from services.tokenizer.errors import APIError
+from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.pipeline import PendingRequest, Pipeline, Unavailable
-from services.tokenizer.responses import Collected
 from services.tokenizer.tokenization import Tokenization
 from shared.config import TokenizerConfig
 from shared.log import request_id
-from shared.messages import ERR_DEADLINE, FINISH_ERROR, SamplingParams, TextItem
+from shared.messages import ERR_DEADLINE, FINISH_ABORT, FINISH_ERROR, SamplingParams, TextItem
 
 log = logging.getLogger(__name__)
+
+SEED_LIMIT = 2**63  # seeds travel as int64
 
 
 @dataclass
@@ -35,51 +35,123 @@ class FrontContext:
     tok: Tokenization
     max_total_len: int  # prompt + output tokens per request
     model_name: str
+    vocab_size: int  # token ids a client may send are below this
+    metrics: FrontMetrics
+    started: float  # unix time the front end started, for /v1/models' "created"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One generation to run: a prompt and how to continue it."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    stops: list[str]
+    skip_special_tokens: bool
+
+
+@dataclass
+class Generation:
+    """A submitted job, with the times its metrics are measured from."""
+
+    pending: PendingRequest
+    arrival: float  # monotonic: when the HTTP request reached its route
+    submitted: float  # monotonic: when it was handed to the pipeline
+    first_token: float = 0.0
+    ended: bool = False  # its last item came, or it was abandoned
 
 
 def new_seed() -> int:
     return secrets.randbits(63)
 
 
-async def submit(
+def seeds(given: int | None, count: int) -> list[int]:
+    """Seeds for count generations: consecutive from the client's seed (reproducible), else random."""
+    base = new_seed() if given is None else given % SEED_LIMIT
+    return [(base + i) % SEED_LIMIT for i in range(count)]
+
+
+def check_token_ids(ids: list[int], vocab_size: int, name: str) -> None:
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise APIError(400, f"{name}: token ids must be in [0, {vocab_size}), got {bad[0]}", param=name)
+
+
+async def submit_all(
     ctx: FrontContext,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    stops: list[str],
-    skip_special_tokens: bool,
+    jobs: list[Job],
+    arrival: float,
     max_tokens_name: str = "max_new_tokens",
-) -> PendingRequest:
-    """Check the request against the model's limits and send it down the pipeline."""
-    if not prompt_ids:
-        raise APIError(400, "the prompt is empty: it has no tokens")
-    total = len(prompt_ids) + params.max_new_tokens
+    prompt_name: str = "inputs",
+) -> list[Generation]:
+    """Check each job against the model's limits, then send them all down the pipeline."""
+    for job in jobs:
+        _check_limits(ctx, job, max_tokens_name, prompt_name)
+    base = uuid.uuid4().hex
+    request_id.set(base)
+    rids = [base] if len(jobs) == 1 else [f"{base}-{i}" for i in range(len(jobs))]
+    deadline = time.time() + ctx.cfg.request_timeout_s
+    submitted = time.monotonic()
+    results = await asyncio.gather(
+        *(
+            ctx.pipeline.submit(rid, j.prompt_ids, j.params, j.stops, j.skip_special_tokens, deadline)
+            for rid, j in zip(rids, jobs, strict=True)
+        ),
+        return_exceptions=True,
+    )
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        for r in results:
+            if isinstance(r, PendingRequest):
+                ctx.pipeline.abort(r.rid, "a sibling generation could not be submitted")
+        if isinstance(failed[0], Unavailable):
+            e = failed[0]
+            raise APIError(
+                503, f"the service cannot take requests now: {e}", "unavailable", {"Retry-After": "1"}
+            ) from e
+        raise failed[0]
+    gens = [Generation(p, arrival, submitted) for p in results if isinstance(p, PendingRequest)]
+    ctx.metrics.in_flight.inc(len(gens))
+    ctx.metrics.prompt_tokens.inc(sum(len(j.prompt_ids) for j in jobs))
+    log.info(
+        "submitted: generations=%d prompt_tokens=%d max_new_tokens=%d",
+        len(jobs),
+        len(jobs[0].prompt_ids),
+        jobs[0].params.max_new_tokens,
+    )
+    return gens
+
+
+def _check_limits(ctx: FrontContext, job: Job, max_tokens_name: str, prompt_name: str) -> None:
+    if not job.prompt_ids:
+        raise APIError(400, f"{prompt_name}: the prompt is empty: it has no tokens", param=prompt_name)
+    total = len(job.prompt_ids) + job.params.max_new_tokens
     if total > ctx.max_total_len:
         raise APIError(
             400,
-            f"the prompt has {len(prompt_ids)} tokens and {max_tokens_name} is {params.max_new_tokens}: "
+            f"the prompt has {len(job.prompt_ids)} tokens and {max_tokens_name} is {job.params.max_new_tokens}: "
             f"{total} tokens exceed the model's limit of {ctx.max_total_len}",
+            "context_length_exceeded",
+            param=max_tokens_name,
         )
-    rid = uuid.uuid4().hex
-    request_id.set(rid)
-    deadline = time.time() + ctx.cfg.request_timeout_s
-    try:
-        pending = await ctx.pipeline.submit(rid, prompt_ids, params, stops, skip_special_tokens, deadline)
-    except Unavailable as e:
-        raise APIError(503, f"the service cannot take requests now: {e}", "unavailable", {"Retry-After": "1"}) from e
-    log.info("submitted: prompt_tokens=%d max_new_tokens=%d", len(prompt_ids), params.max_new_tokens)
-    return pending
 
 
-async def items(ctx: FrontContext, pending: PendingRequest) -> AsyncIterator[TextItem]:
-    """The request's text items until it ends; an explicit error item if its deadline passes."""
+async def items(ctx: FrontContext, gen: Generation) -> AsyncIterator[TextItem]:
+    """The generation's text items until it ends; an explicit error item if its deadline passes.
+
+    Closing this early (the client went away, the task was cancelled) abandons the
+    generation, so the worker frees its KV at its next step.
+    """
+    pending = gen.pending
     deadline = time.monotonic() + ctx.cfg.request_timeout_s + 5.0
+    first = True
     try:
-        while True:
+        while not gen.ended:
             try:
                 item = await asyncio.wait_for(pending.queue.get(), timeout=max(deadline - time.monotonic(), 0.0))
             except TimeoutError:
                 ctx.pipeline.abort(pending.rid, "deadline exceeded")
-                yield TextItem(
+                item = TextItem(
                     pending.rid,
                     "",
                     finish_reason=FINISH_ERROR,
@@ -87,52 +159,39 @@ async def items(ctx: FrontContext, pending: PendingRequest) -> AsyncIterator[Tex
                     error_kind=ERR_DEADLINE,
                     prompt_tokens=pending.prompt_tokens,
                 )
-                return
-            yield item
+            now = time.monotonic()
+            if first:
+                first = False
+                ctx.metrics.queue_time.observe(now - gen.submitted)
+            if item.token_ids and not gen.first_token:
+                gen.first_token = now
+                ctx.metrics.ttft.observe(now - gen.arrival)
             if item.finish_reason:
+                gen.ended = True
                 ctx.pipeline.done(pending.rid)
-                return
+                _ended(ctx, gen, item.finish_reason, item.output_tokens, now)
+            yield item
     finally:
-        # reached without an end: the consumer stopped early (client gone, cancelled)
-        ctx.pipeline.abort(pending.rid, "client disconnected")
+        abandon(ctx, [gen])
 
 
-async def collect(ctx: FrontContext, pending: PendingRequest, request: Request) -> Collected:
-    """Run a request to its end; abort it at once if the client disconnects first."""
-    watcher = asyncio.create_task(_wait_disconnect(request))
-    got = Collected(prompt_tokens=pending.prompt_tokens)
-    try:
-        async for item in _until(items(ctx, pending), watcher):
-            got.add(item)
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-    return got
+def abandon(ctx: FrontContext, gens: list[Generation]) -> None:
+    """Abort the generations that have not ended: nobody will read them. Does not wait, so it
+    is safe in a cancelled task; the aborts go out from the pipeline's I/O pool."""
+    for gen in gens:
+        if not gen.ended:
+            gen.ended = True
+            ctx.pipeline.abort(gen.pending.rid, "client disconnected")
+            _ended(ctx, gen, FINISH_ABORT, 0, time.monotonic())
 
 
-async def _until(source: AsyncIterator[TextItem], watcher: asyncio.Task) -> AsyncIterator[TextItem]:
-    """Items of source, stopping (and closing source) as soon as the watcher task ends."""
-    it = source.__aiter__()
-    try:
-        while True:
-            nxt = asyncio.ensure_future(it.__anext__())
-            done, _ = await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if nxt not in done:
-                nxt.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await nxt
-                raise APIError(499, "client disconnected", "client_closed")
-            try:
-                yield nxt.result()
-            except StopAsyncIteration:
-                return
-    finally:
-        await it.aclose()
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+def _ended(ctx: FrontContext, gen: Generation, reason: str, output_tokens: int, now: float) -> None:
+    m = ctx.metrics
+    m.in_flight.dec()
+    m.generations.labels(reason).inc()
+    if reason in (FINISH_ERROR, FINISH_ABORT):
+        return
+    m.latency.observe(now - gen.arrival)
+    m.output_tokens.inc(output_tokens)
+    if output_tokens > 1 and gen.first_token:
+        m.tpot.observe((now - gen.first_token) / (output_tokens - 1))

@@ -2,51 +2,86 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
-from services.tokenizer.errors import pipeline_error
-from services.tokenizer.generation import FrontContext, collect, items, new_seed, submit
+from services.tokenizer.collected import best
+from services.tokenizer.errors import APIError, pipeline_status
+from services.tokenizer.fanout import collect_all, first_items
+from services.tokenizer.generation import (
+    FrontContext,
+    Generation,
+    Job,
+    abandon,
+    check_token_ids,
+    seeds,
+    submit_all,
+)
 from services.tokenizer.params import GenerateBody
-from services.tokenizer.pipeline import PendingRequest
 from services.tokenizer.responses import generate_response, stream_events
+from services.tokenizer.streaming import EventStream
 from shared.messages import FINISH_ERROR
 
 
 def lightllm_router(ctx: FrontContext) -> APIRouter:
     router = APIRouter()
 
-    async def start(body: GenerateBody) -> PendingRequest:
+    async def start(body: GenerateBody, arrival: float) -> list[Generation]:
         p = body.parameters
+        check_token_ids(p.stop_token_ids or [], ctx.vocab_size, "parameters.stop_token_ids")
         ids = await ctx.tok.encode(body.inputs)
-        return await submit(ctx, ids, p.sampling(new_seed()), p.stops(), p.skip_special_tokens)
+        jobs = [Job(ids, p.sampling(seed), p.stops(), p.skip_special_tokens) for seed in seeds(p.seed, p.sequences)]
+        return await submit_all(ctx, jobs, arrival)
 
-    @router.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> JSONResponse:
-        pending = await start(body)
-        got = await collect(ctx, pending, request)
-        if got.finish_reason == FINISH_ERROR:
-            raise pipeline_error(got.error, got.error_kind)
-        return JSONResponse(generate_response(got, body.parameters.return_details, ctx.tok))
+        gens = await start(body, time.monotonic())
+        outs = await collect_all(ctx, gens, request)
+        chosen = best(outs, body.parameters.n)
+        return JSONResponse(generate_response(chosen, body.parameters.return_details, ctx.tok))
 
-    @router.post("/generate_stream")
-    async def generate_stream(body: GenerateBody) -> StreamingResponse:
-        pending = await start(body)
-        details = body.parameters.return_details
+    async def generate_stream(body: GenerateBody, request: Request) -> EventStream:
+        p = body.parameters
+        if p.sequences > 1:  # as LightLLM: one stream carries one sequence
+            name = "n" if p.n > 1 else "best_of"
+            raise APIError(
+                400, f"parameters.{name}: streaming returns one sequence, must be 1", param=f"parameters.{name}"
+            )
+        gens = await start(body, time.monotonic())
+        stream, first = await first_items(ctx, gens, request)
+        details = p.return_details
+        route = request.url.path
 
         async def events() -> AsyncIterator[bytes]:
-            async for item in items(ctx, pending):
-                for event in stream_events(item, details, ctx.tok):
-                    yield event
+            async with contextlib.aclosing(stream):
+                item = first[1]
+                while True:
+                    if item.finish_reason == FINISH_ERROR:
+                        ctx.metrics.error(route, pipeline_status(item.error_kind))
+                    for event in stream_events(item, details, ctx.tok):
+                        yield event
+                    nxt = await anext(stream, None)
+                    if nxt is None:
+                        return
+                    item = nxt[1]
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return EventStream(events(), on_close=lambda: abandon(ctx, gens))
+
+    @router.post("/generate")
+    async def generate_route(body: GenerateBody, request: Request) -> JSONResponse:
+        return await generate(body, request)
+
+    @router.post("/generate_stream")
+    async def generate_stream_route(body: GenerateBody, request: Request) -> EventStream:
+        return await generate_stream(body, request)
 
     @router.post("/")
     async def tgi_compat(body: GenerateBody, request: Request):
         if body.stream:
-            return await generate_stream(body)
+            return await generate_stream(body, request)
         return await generate(body, request)
 
     return router

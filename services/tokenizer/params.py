@@ -6,13 +6,16 @@ is an error, and each message names the parameter it is about.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shared.messages import SamplingParams
 
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (as in LightLLM)
+MAX_N = 16  # most sequences one request may ask for (n, best_of)
+MAX_STOPS = 16
+TokenId = Annotated[int, Field(ge=0)]
 
 
 class GenerateParameters(BaseModel):
@@ -29,12 +32,12 @@ class GenerateParameters(BaseModel):
     max_new_tokens: int = Field(16, ge=1)
     min_new_tokens: int = Field(0, ge=0)
     stop_sequences: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool = True
     return_details: bool = False
     seed: int | None = Field(None, ge=0, lt=2**63)
-    best_of: int = Field(1, ge=1, le=1)
-    n: int = Field(1, ge=1, le=1)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)  # sequences generated; default n
+    n: int = Field(1, ge=1, le=MAX_N)  # sequences returned: the best_of with the highest cumulative logprob
 
     @field_validator("top_k")
     @classmethod
@@ -49,8 +52,8 @@ class GenerateParameters(BaseModel):
         stops = [v] if isinstance(v, str) else (v or [])
         if any(s == "" for s in stops):
             raise ValueError("must not contain an empty string")
-        if len(stops) > 16:
-            raise ValueError("at most 16 stop sequences")
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences")
         return v
 
     @model_validator(mode="after")
@@ -59,13 +62,22 @@ class GenerateParameters(BaseModel):
             raise ValueError(
                 f"min_new_tokens ({self.min_new_tokens}) must not exceed max_new_tokens ({self.max_new_tokens})"
             )
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) must not be less than n ({self.n})")
         return self
+
+    @property
+    def sequences(self) -> int:
+        """How many generations to run."""
+        return self.best_of if self.best_of is not None else self.n
 
     def stops(self) -> list[str]:
         v = self.stop_sequences
         return [v] if isinstance(v, str) else list(v or [])
 
     def sampling(self, seed: int) -> SamplingParams:
+        """The worker's parameters for one sequence; its seed comes from generation.seeds(),
+        which starts at the client's seed. Logprobs also when best_of must rank the sequences."""
         greedy = not self.do_sample or self.temperature < GREEDY_TEMPERATURE
         return SamplingParams(
             max_new_tokens=self.max_new_tokens,
@@ -79,8 +91,8 @@ class GenerateParameters(BaseModel):
             repetition_penalty=self.repetition_penalty,
             ignore_eos=self.ignore_eos,
             stop_token_ids=list(self.stop_token_ids or []),
-            seed=self.seed if self.seed is not None else seed,
-            logprobs=self.return_details,
+            seed=seed,
+            logprobs=self.return_details or self.sequences > self.n,
         )
 
 

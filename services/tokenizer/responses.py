@@ -2,52 +2,36 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-
+from services.tokenizer.collected import Collected
+from services.tokenizer.streaming import sse
 from services.tokenizer.tokenization import Tokenization
 from shared.messages import FINISH_ERROR, TextItem
 
 
-@dataclass
-class Collected:
-    """A whole generation, gathered from its text items."""
+def generate_response(outs: list[Collected], details: bool, tok: Tokenization) -> dict:
+    """LightLLM's /generate body. With n > 1, as LightLLM: generated_text holds n texts and
+    the per-sequence fields become lists in the same order."""
+    one = len(outs) == 1
 
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str = ""
-    error: str = ""
-    error_kind: str = ""
-    prompt_tokens: int = 0
-    output_tokens: int = 0
+    def per_sequence(values: list) -> object:
+        return values[0] if one else values
 
-    def add(self, item: TextItem) -> None:
-        self.text += item.text
-        self.token_ids.extend(item.token_ids)
-        self.logprobs.extend(item.logprobs)
-        self.prompt_tokens = item.prompt_tokens or self.prompt_tokens
-        self.output_tokens = max(self.output_tokens, item.output_tokens)
-        if item.finish_reason:
-            self.finish_reason = item.finish_reason
-            self.error = item.error
-            self.error_kind = item.error_kind
-
-
-def generate_response(c: Collected, details: bool, tok: Tokenization) -> dict:
     body: dict = {
-        "generated_text": [c.text],
-        "count_output_tokens": c.output_tokens,
-        "finish_reason": c.finish_reason,
-        "prompt_tokens": c.prompt_tokens,
+        "generated_text": [c.text for c in outs],
+        "count_output_tokens": per_sequence([c.output_tokens for c in outs]),
+        "finish_reason": per_sequence([c.finish_reason for c in outs]),
+        "prompt_tokens": outs[0].prompt_tokens,
     }
     if details:
-        lps = c.logprobs if len(c.logprobs) == len(c.token_ids) else [None] * len(c.token_ids)
-        body["tokens"] = [
-            {"id": t, "text": tok.token_text(t), "logprob": lp, "special": t in tok.special_ids}
-            for t, lp in zip(c.token_ids, lps, strict=True)
-        ]
+        body["tokens"] = per_sequence([_token_details(c, tok) for c in outs])
     return body
+
+
+def _token_details(c: Collected, tok: Tokenization) -> list[dict]:
+    return [
+        {"id": t, "text": tok.token_text(t), "logprob": lp, "special": t in tok.special_ids}
+        for t, lp in zip(c.token_ids, c.token_logprobs(), strict=True)
+    ]
 
 
 def stream_events(item: TextItem, details: bool, tok: Tokenization) -> list[bytes]:
@@ -62,7 +46,7 @@ def stream_events(item: TextItem, details: bool, tok: Tokenization) -> list[byte
             "error": item.error,
             "error_type": item.error_kind,
         }
-        return [_sse(body)]
+        return [sse(body)]
     events = []
     n = len(item.token_ids)
     for i, tid in enumerate(item.token_ids):
@@ -90,8 +74,4 @@ def _event(token: dict, finished: bool, item: TextItem, details: bool) -> bytes:
         if (details and finished)
         else None,
     }
-    return _sse(body)
-
-
-def _sse(body: dict) -> bytes:
-    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+    return sse(body)

@@ -8,9 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
+import re
 from typing import Any
 
+from tokenizers import decoders
 from transformers import AutoTokenizer
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte-fallback tokens
+
+
+@functools.cache
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> the byte it stands for."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
 class Tokenization:
@@ -20,6 +39,7 @@ class Tokenization:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
         self.eos_token_id: int | None = self.hf.eos_token_id
         self.special_ids = frozenset(self.hf.all_special_ids)
+        self._byte_level = isinstance(self._fast.decoder, decoders.ByteLevel)
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         loop = asyncio.get_running_loop()
@@ -27,6 +47,17 @@ class Tokenization:
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self._fast.encode(text, add_special_tokens=add_special_tokens).ids
+
+    async def encode_chat(self, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
+        """The rendered chat and its tokens. The template writes any BOS itself, so the
+        tokenizer adds no special tokens again."""
+        loop = asyncio.get_running_loop()
+        text = await loop.run_in_executor(self._pool, self.render_chat, messages)
+        return text, await self.encode(text, add_special_tokens=False)
+
+    async def decode(self, ids: list[int]) -> str:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._fast.decode, ids, False)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The model's chat template applied to OpenAI-style messages."""
@@ -36,6 +67,26 @@ class Tokenization:
 
     def token_text(self, token_id: int) -> str:
         return self._fast.decode([token_id], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for, also when they are only part of a UTF-8 character."""
+        text = self.token_text(token_id)
+        if "\ufffd" not in text:
+            return text.encode()
+        piece = self._fast.id_to_token(token_id) or ""
+        table = _byte_level_decoder()
+        if self._byte_level and piece and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+        if m := _BYTE_PIECE.fullmatch(piece):
+            return bytes([int(m.group(1), 16)])
+        return text.encode()
+
+    def token_label(self, token_id: int) -> str:
+        """A token as OpenAI's logprobs name it: its text, or "bytes:\\xe4\\xbd" when it is part of a character."""
+        text = self.token_text(token_id)
+        if "\ufffd" not in text:
+            return text
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in self.token_bytes(token_id))
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.tokenizer.errors import describe_validation
+from services.tokenizer.generation import SEED_LIMIT, seeds
 from services.tokenizer.params import GenerateBody
 
 
@@ -49,5 +50,22 @@ def test_greedy_conversion() -> None:
     body = GenerateBody.model_validate(
         {"inputs": "x", "parameters": {"do_sample": True, "temperature": 0.5, "seed": 9}}
     )
-    sp = body.parameters.sampling(seed=3)
+    sp = body.parameters.sampling(seed=9)
     assert not sp.greedy and sp.temperature == 0.5 and sp.seed == 9
+
+
+def test_seeds_start_at_the_clients_and_differ_per_sequence() -> None:
+    assert seeds(9, 3) == [9, 10, 11]
+    assert seeds(SEED_LIMIT - 1, 2) == [SEED_LIMIT - 1, 0]
+    assert seeds(-1, 1) == [SEED_LIMIT - 1]  # OpenAI allows negative seeds
+    drawn = seeds(None, 4)
+    assert len(set(drawn)) == 4 and all(0 <= s < SEED_LIMIT for s in drawn)
+
+
+def test_n_and_best_of() -> None:
+    p = GenerateBody.model_validate({"inputs": "x", "parameters": {"n": 3}}).parameters
+    assert p.sequences == 3 and not p.sampling(1).logprobs
+    p = GenerateBody.model_validate({"inputs": "x", "parameters": {"n": 2, "best_of": 5}}).parameters
+    assert p.sequences == 5 and p.sampling(1).logprobs  # ranking needs the logprobs
+    assert "best_of (1) must not be less than n (2)" in _error({"inputs": "x", "parameters": {"n": 2, "best_of": 1}})
+    assert "parameters.n" in _error({"inputs": "x", "parameters": {"n": 17}})

@@ -1,0 +1,105 @@
+"""The generations of one HTTP request, waited on as one, and the client's disconnect.
+
+``merged`` yields (index, item) from all of them as items arrive; closing it, or the
+client going away while a route waits, abandons (aborts) every generation not yet ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+from starlette.requests import Request
+
+from services.tokenizer.collected import Collected
+from services.tokenizer.errors import CLIENT_CLOSED, APIError, pipeline_error
+from services.tokenizer.generation import FrontContext, Generation, abandon, items
+from shared.messages import FINISH_ERROR, TextItem
+
+T = TypeVar("T")
+
+
+async def merged(ctx: FrontContext, gens: list[Generation]) -> AsyncIterator[tuple[int, TextItem]]:
+    out: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()
+
+    async def pump(i: int, gen: Generation) -> None:
+        async with contextlib.aclosing(items(ctx, gen)) as source:
+            async for item in source:
+                out.put_nowait((i, item))
+
+    pumps = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    left = len(gens)
+    try:
+        while left:
+            i, item = await out.get()
+            if item.finish_reason:
+                left -= 1
+            yield i, item
+    finally:
+        # no await here: this may run inside a cancelled task
+        for task in pumps:
+            task.cancel()
+        abandon(ctx, gens)
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """The result of work, or a 499 APIError (work cancelled) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.create_task(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise APIError(CLIENT_CLOSED, "client disconnected", "client_closed")
+    finally:
+        for t in (task, watcher):
+            if not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, APIError):
+                    await t
+
+
+async def collect_all(ctx: FrontContext, gens: list[Generation], request: Request) -> list[Collected]:
+    """Run every generation to its end; an error in any ends the request with that error's
+    status, and the client going away aborts them all at once."""
+
+    async def run() -> list[Collected]:
+        got = [Collected(prompt_tokens=g.pending.prompt_tokens) for g in gens]
+        async with contextlib.aclosing(merged(ctx, gens)) as stream:
+            async for i, item in stream:
+                if item.finish_reason == FINISH_ERROR:
+                    raise pipeline_error(item.error, item.error_kind)
+                got[i].add(item)
+        return got
+
+    try:
+        return await unless_disconnected(request, run())
+    finally:
+        abandon(ctx, gens)  # also when run() was cancelled before it began
+
+
+async def first_items(
+    ctx: FrontContext, gens: list[Generation], request: Request
+) -> tuple[AsyncIterator[tuple[int, TextItem]], tuple[int, TextItem]]:
+    """Open a stream and wait for its first item before any byte is sent, so that a request
+    the pipeline refuses at once (overloaded, too large) gets a proper status code."""
+    stream = merged(ctx, gens)
+    try:
+        first = await unless_disconnected(request, anext(stream))
+        _, item = first
+        if item.finish_reason == FINISH_ERROR:
+            raise pipeline_error(item.error, item.error_kind)
+    except BaseException:
+        abandon(ctx, gens)  # also when the stream was cancelled before it began
+        await stream.aclose()
+        raise
+    return stream, first
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

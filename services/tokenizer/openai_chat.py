@@ -1,0 +1,105 @@
+"""POST /v1/chat/completions: messages rendered with the model's chat template, n
+generations, whole or streamed."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import jinja2
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from services.tokenizer import openai_responses as shape
+from services.tokenizer.errors import APIError, openai_error_body, pipeline_status
+from services.tokenizer.fanout import collect_all, first_items
+from services.tokenizer.generation import (
+    FrontContext,
+    Generation,
+    Job,
+    abandon,
+    check_token_ids,
+    seeds,
+    submit_all,
+)
+from services.tokenizer.openai_params import ChatCompletionRequest
+from services.tokenizer.streaming import EventStream, sse
+from shared.messages import FINISH_ERROR
+
+
+async def chat_completions(
+    ctx: FrontContext, body: ChatCompletionRequest, request: Request, arrival: float
+) -> JSONResponse | EventStream:
+    body.check()
+    check_token_ids(body.stop_token_ids or [], ctx.vocab_size, "stop_token_ids")
+    try:
+        _, ids = await ctx.tok.encode_chat(body.chat())
+    except (ValueError, jinja2.TemplateError) as e:
+        raise APIError(400, f"messages: the chat template refused them: {e}", param="messages") from e
+    asked, name = body.max_tokens_asked()
+    max_new = asked if asked is not None else ctx.max_total_len - len(ids)  # as OpenAI: up to the context
+    if max_new < 1:
+        raise APIError(
+            400,
+            f"messages: the rendered chat has {len(ids)} tokens, the model's limit is {ctx.max_total_len}",
+            "context_length_exceeded",
+            param="messages",
+        )
+    body.check_max_tokens(max_new, name)
+    k = body.top_logprobs or 0
+    jobs = [
+        Job(ids, body.sampling(seed, max_new, bool(body.logprobs), k), body.stops(), bool(body.skip_special_tokens))
+        for seed in seeds(body.seed, body.sequences)
+    ]
+    gens = await submit_all(ctx, jobs, arrival, name, "messages")
+    rid, created = gens[0].pending.rid.partition("-")[0], int(time.time())
+    if body.stream:
+        return await _stream(ctx, body, request, gens, rid, created)
+
+    outs = await collect_all(ctx, gens, request)
+    choices = []
+    for i, c in enumerate(outs):
+        lp = shape.chat_logprobs(ctx.tok, c.token_ids, c.logprobs, c.top_logprobs, k) if body.logprobs else None
+        choices.append(shape.chat_choice(i, c.text, lp, c.finish_reason))
+    use = shape.usage(len(ids), sum(c.output_tokens for c in outs))
+    return JSONResponse(shape.chat(rid, created, ctx.model_name, choices, use, chunk=False, usage_key=True))
+
+
+async def _stream(
+    ctx: FrontContext, body: ChatCompletionRequest, request: Request, gens: list[Generation], rid: str, created: int
+) -> EventStream:
+    stream, first = await first_items(ctx, gens, request)
+    k, route, with_usage = body.top_logprobs or 0, request.url.path, body.include_usage()
+    output_tokens = [0] * len(gens)
+
+    def chunk(choices: list[dict], use: dict | None = None) -> bytes:
+        return sse(shape.chat(rid, created, ctx.model_name, choices, use, chunk=True, usage_key=with_usage))
+
+    async def events() -> AsyncIterator[bytes]:
+        async with contextlib.aclosing(stream):
+            for i in range(len(gens)):  # OpenAI's first chunk of each choice names the role
+                yield chunk([shape.chat_delta(i, {"role": "assistant", "content": ""}, None, "")])
+            nxt: tuple | None = first
+            while nxt is not None:
+                i, item = nxt
+                if item.finish_reason == FINISH_ERROR:
+                    status = pipeline_status(item.error_kind)
+                    ctx.metrics.error(route, status)
+                    yield sse(openai_error_body(status, f"generation failed: {item.error}", item.error_kind, None))
+                    break
+                output_tokens[i] = max(output_tokens[i], item.output_tokens)
+                lp = None
+                if body.logprobs and item.token_ids:
+                    lp = shape.chat_logprobs(ctx.tok, item.token_ids, item.logprobs, item.top_logprobs, k)
+                if item.text or lp is not None:
+                    yield chunk([shape.chat_delta(i, {"content": item.text}, lp, "")])
+                if item.finish_reason:
+                    yield chunk([shape.chat_delta(i, {}, None, item.finish_reason)])
+                nxt = await anext(stream, None)
+            else:
+                if with_usage:
+                    yield chunk([], shape.usage(gens[0].pending.prompt_tokens, sum(output_tokens)))
+            yield sse("[DONE]")
+
+    return EventStream(events(), on_close=lambda: abandon(ctx, gens))

@@ -1,0 +1,117 @@
+"""POST /v1/completions: prompts (text or token ids) x best_of generations, the best n of
+each prompt's returned, whole or streamed."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from services.tokenizer import openai_responses as shape
+from services.tokenizer.collected import best
+from services.tokenizer.errors import openai_error_body, pipeline_status
+from services.tokenizer.fanout import collect_all, first_items
+from services.tokenizer.generation import (
+    FrontContext,
+    Generation,
+    Job,
+    abandon,
+    check_token_ids,
+    seeds,
+    submit_all,
+)
+from services.tokenizer.openai_params import DEFAULT_COMPLETION_TOKENS, CompletionRequest
+from services.tokenizer.streaming import EventStream, sse
+from shared.messages import FINISH_ERROR
+
+
+async def completions(
+    ctx: FrontContext, body: CompletionRequest, request: Request, arrival: float
+) -> JSONResponse | EventStream:
+    body.check()
+    check_token_ids(body.stop_token_ids or [], ctx.vocab_size, "stop_token_ids")
+    prompt_ids, prompt_texts = [], []
+    for p in body.prompts():
+        if isinstance(p, str):
+            prompt_ids.append(await ctx.tok.encode(p))
+            prompt_texts.append(p)
+        else:
+            check_token_ids(p, ctx.vocab_size, "prompt")
+            prompt_ids.append(p)
+            prompt_texts.append(await ctx.tok.decode(p) if body.echo else "")
+    max_new = body.max_tokens or DEFAULT_COMPLETION_TOKENS
+    body.check_max_tokens(max_new, "max_tokens")
+    n, per_prompt = body.n or 1, body.sequences
+    k = body.logprobs
+    want_lp = k is not None or per_prompt > n  # best_of ranks by cumulative logprob
+    all_seeds = iter(seeds(body.seed, len(prompt_ids) * per_prompt))
+    jobs = [
+        Job(ids, body.sampling(next(all_seeds), max_new, want_lp, k or 0), body.stops(), bool(body.skip_special_tokens))
+        for ids in prompt_ids
+        for _ in range(per_prompt)
+    ]
+    gens = await submit_all(ctx, jobs, arrival, "max_tokens", "prompt")
+    rid, created = gens[0].pending.rid.partition("-")[0], int(time.time())
+    echo = prompt_texts if body.echo else [""] * len(prompt_ids)
+    if body.stream:
+        return await _stream(ctx, body, request, gens, rid, created, echo)
+
+    outs = await collect_all(ctx, gens, request)
+    choices = []
+    for pi in range(len(prompt_ids)):
+        for j, c in enumerate(best(outs[pi * per_prompt : (pi + 1) * per_prompt], n)):
+            lp = None
+            if k is not None:
+                lp = shape.CompletionLogprobs(ctx.tok, k, len(echo[pi])).of(c.token_ids, c.logprobs, c.top_logprobs)
+            choices.append(shape.completion_choice(pi * n + j, echo[pi] + c.text, lp, c.finish_reason))
+    use = shape.usage(sum(len(ids) for ids in prompt_ids), sum(c.output_tokens for c in outs))
+    return JSONResponse(shape.completion(rid, created, ctx.model_name, choices, use))
+
+
+async def _stream(
+    ctx: FrontContext,
+    body: CompletionRequest,
+    request: Request,
+    gens: list[Generation],
+    rid: str,
+    created: int,
+    echo: list[str],
+) -> EventStream:
+    stream, first = await first_items(ctx, gens, request)
+    n, k, route = body.n or 1, body.logprobs, request.url.path
+    builders = [shape.CompletionLogprobs(ctx.tok, k or 0, len(echo[i // n])) for i in range(len(gens))]
+    echoed = [False] * len(gens)
+    output_tokens = [0] * len(gens)
+
+    def chunk(choices: list[dict], use: dict | None = None) -> bytes:
+        return sse(shape.completion(rid, created, ctx.model_name, choices, use, body.include_usage()))
+
+    async def events() -> AsyncIterator[bytes]:
+        async with contextlib.aclosing(stream):
+            nxt: tuple | None = first
+            while nxt is not None:
+                i, item = nxt
+                if item.finish_reason == FINISH_ERROR:
+                    status = pipeline_status(item.error_kind)
+                    ctx.metrics.error(route, status)
+                    yield sse(openai_error_body(status, f"generation failed: {item.error}", item.error_kind, None))
+                    break
+                output_tokens[i] = max(output_tokens[i], item.output_tokens)
+                text = item.text
+                if not echoed[i]:
+                    echoed[i] = True
+                    text = echo[i // n] + text
+                lp = builders[i].of(item.token_ids, item.logprobs, item.top_logprobs) if k is not None else None
+                if text or item.finish_reason or (lp is not None and item.token_ids):
+                    yield chunk([shape.completion_choice(i, text, lp, item.finish_reason)])
+                nxt = await anext(stream, None)
+            else:
+                if body.include_usage():
+                    prompt_tokens = sum(g.pending.prompt_tokens for g in gens[::n])
+                    yield chunk([], shape.usage(prompt_tokens, sum(output_tokens)))
+            yield sse("[DONE]")
+
+    return EventStream(events(), on_close=lambda: abandon(ctx, gens))

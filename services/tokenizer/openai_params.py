@@ -1,0 +1,246 @@
+"""OpenAI's request bodies (/v1/completions, /v1/chat/completions), validated.
+
+Bounds follow OpenAI's API reference; an unknown key is an error, and so is an OpenAI
+parameter this server does not implement (tools, logit_bias, ...), with a message that
+says so. Checks across fields are in ``check()`` so the error can name its parameter.
+top_k, repetition_penalty, min_tokens, ignore_eos, stop_token_ids and
+skip_special_tokens are accepted as extensions, spelled as vLLM spells them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from services.tokenizer.errors import APIError
+from services.tokenizer.params import GREEDY_TEMPERATURE, MAX_N, MAX_STOPS, TokenId
+from shared.messages import SamplingParams
+
+MAX_TOP_LOGPROBS = 20
+MAX_GENERATIONS = 64  # prompts x best_of of one completions request
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+
+
+def _not_supported(name: str, value: Any) -> Any:
+    if value:
+        raise ValueError(f"not supported by this server ({name})")
+    return value
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool = False
+
+
+class OpenAISampling(BaseModel):
+    """What completions and chat completions share."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # extensions
+    top_k: int | None = None
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool | None = False
+    stop_token_ids: list[TokenId] | None = None
+    skip_special_tokens: bool | None = True
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if any(s == "" for s in stops):
+            raise ValueError("must not contain an empty string")
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int | None) -> int | None:
+        if v is not None and (v == 0 or v < -1):
+            raise ValueError("must be -1 (the whole vocabulary) or >= 1")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, v: Any) -> Any:
+        return _not_supported("logit_bias", v)
+
+    @property
+    def sequences(self) -> int:
+        return self.n or 1
+
+    def stops(self) -> list[str]:
+        v = self.stop
+        return [v] if isinstance(v, str) else list(v or [])
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def check(self) -> None:
+        """Rules across fields; each error names the parameter to change."""
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options: allowed only when stream is true", param="stream_options")
+
+    def check_max_tokens(self, max_tokens: int, name: str) -> None:
+        if self.min_tokens and self.min_tokens > max_tokens:
+            raise APIError(
+                400, f"min_tokens ({self.min_tokens}) must not exceed {name} ({max_tokens})", param="min_tokens"
+            )
+
+    def sampling(self, seed: int, max_new_tokens: int, logprobs: bool, top_logprobs: int) -> SamplingParams:
+        temperature = 1.0 if self.temperature is None else self.temperature  # OpenAI samples by default
+        greedy = temperature < GREEDY_TEMPERATURE
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=self.min_tokens or 0,
+            do_sample=not greedy,
+            temperature=1.0 if greedy else temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=-1 if self.top_k is None else self.top_k,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            ignore_eos=bool(self.ignore_eos),
+            stop_token_ids=list(self.stop_token_ids or []),
+            seed=seed,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+        )
+
+
+class CompletionRequest(OpenAISampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=1)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool | None = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str | list[str] | list[int] | list[list[int]]) -> Any:
+        if isinstance(v, list) and not v:
+            raise ValueError("must not be an empty list")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: Any) -> Any:
+        return _not_supported("suffix", v)
+
+    @property
+    def sequences(self) -> int:
+        return self.best_of or self.n or 1
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt as text or as token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+    def check(self) -> None:
+        super().check()
+        n = self.n or 1
+        if self.best_of is not None and self.best_of < n:
+            raise APIError(400, f"best_of ({self.best_of}) must not be less than n ({n})", param="best_of")
+        if self.stream and self.sequences > n:
+            raise APIError(
+                400, "best_of: cannot be used with stream (the best are known only at the end)", param="best_of"
+            )
+        if self.echo and self.logprobs is not None:
+            raise APIError(400, "echo: not supported together with logprobs (prompt logprobs)", param="echo")
+        if len(self.prompts()) * self.sequences > MAX_GENERATIONS:
+            raise APIError(
+                400, f"prompt: at most {MAX_GENERATIONS} generations per request (prompts x best_of)", param="prompt"
+            )
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, v: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        for part in v if isinstance(v, list) else []:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(
+                    f"content parts must be {{'type': 'text', 'text': str}}; {part.get('type')!r} is not supported "
+                    "(the model is text-only)"
+                )
+        return v
+
+    def text(self) -> str:
+        c = self.content
+        if isinstance(c, list):
+            return "".join(part["text"] for part in c)
+        return c or ""
+
+
+class ChatCompletionRequest(OpenAISampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("tools", "tool_choice", "functions", "function_call")
+    @classmethod
+    def _no_tools(cls, v: Any) -> Any:
+        return _not_supported("tool calls", v)
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type") != "text":
+            raise ValueError(f"only {{'type': 'text'}} is supported, got type {v.get('type')!r}")
+        return v
+
+    def check(self) -> None:
+        super().check()
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, "top_logprobs: requires logprobs to be true", param="top_logprobs")
+
+    def max_tokens_asked(self) -> tuple[int | None, str]:
+        """(the client's output limit, the parameter it came from); max_completion_tokens is
+        OpenAI's newer name and wins."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def chat(self) -> list[dict[str, Any]]:
+        """The messages as the chat template reads them."""
+        out = []
+        for m in self.messages:
+            msg: dict[str, Any] = {"role": m.role, "content": m.text()}
+            if m.name is not None:
+                msg["name"] = m.name
+            out.append(msg)
+        return out

@@ -1,0 +1,122 @@
+"""OpenAI's response shapes: completions and chat completions, whole and as stream chunks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.tokenizer.tokenization import Tokenization
+from shared.messages import FINISH_LENGTH
+
+
+def finish_reason(reason: str) -> str | None:
+    """OpenAI knows "stop" and "length" only: an end token, a stop token or string are all "stop"."""
+    if not reason:
+        return None
+    return "length" if reason == FINISH_LENGTH else "stop"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _top(entries: list[list[float]], k: int) -> list[tuple[int, float]]:
+    return [(int(t), lp) for t, lp in entries[:k]]
+
+
+# ---------------------------------------------------------------- completions
+
+
+class CompletionLogprobs:
+    """The legacy completions ``logprobs`` object of one choice, built token by token."""
+
+    def __init__(self, tok: Tokenization, k: int, text_offset: int) -> None:
+        self.tok = tok
+        self.k = k
+        self.offset = text_offset
+
+    def of(self, token_ids: list[int], logprobs: list[float], top: list[list[list[float]]]) -> dict[str, Any]:
+        tokens, offsets, tops = [], [], []
+        for i, t in enumerate(token_ids):
+            label = self.tok.token_label(t)
+            tokens.append(label)
+            offsets.append(self.offset)
+            self.offset += len(self.tok.token_text(t))
+            # best first, so a label two tokens share keeps the higher logprob; the sampled
+            # token is always there, as in OpenAI: up to k + 1 entries
+            entries: dict[str, float | None] = {}
+            for tid, lp in _top(top[i] if i < len(top) else [], self.k):
+                entries.setdefault(self.tok.token_label(tid), lp)
+            entries.setdefault(label, logprobs[i] if i < len(logprobs) else None)
+            tops.append(entries)
+        token_logprobs = [logprobs[i] if i < len(logprobs) else None for i in range(len(token_ids))]
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def completion_choice(index: int, text: str, logprobs: dict | None, reason: str) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(reason)}
+
+
+def completion(
+    rid: str, created: int, model: str, choices: list[dict], use: dict[str, int] | None, usage_key: bool = False
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": f"cmpl-{rid}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    if use is not None or usage_key:
+        body["usage"] = use
+    return body
+
+
+# ---------------------------------------------------------------- chat completions
+
+
+def chat_logprobs(
+    tok: Tokenization, token_ids: list[int], logprobs: list[float], top: list[list[list[float]]], k: int
+) -> dict[str, Any]:
+    def entry(tid: int, lp: float | None) -> dict[str, Any]:
+        return {"token": tok.token_label(tid), "logprob": lp, "bytes": list(tok.token_bytes(tid))}
+
+    content = []
+    for i, t in enumerate(token_ids):
+        e = entry(t, logprobs[i] if i < len(logprobs) else None)
+        e["top_logprobs"] = [entry(tid, lp) for tid, lp in _top(top[i] if i < len(top) else [], k)]
+        content.append(e)
+    return {"content": content, "refusal": None}
+
+
+def chat_choice(index: int, text: str, logprobs: dict | None, reason: str) -> dict[str, Any]:
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": logprobs,
+        "finish_reason": finish_reason(reason),
+    }
+
+
+def chat_delta(index: int, delta: dict[str, Any], logprobs: dict | None, reason: str) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason(reason)}
+
+
+def chat(
+    rid: str, created: int, model: str, choices: list[dict], use: dict[str, int] | None, chunk: bool, usage_key: bool
+) -> dict:
+    """A chat completion, or one chunk of a streamed one. With usage_key, "usage" is there even
+    when None (OpenAI's chunks carry "usage": null when the client asked for usage)."""
+    body: dict[str, Any] = {
+        "id": f"chatcmpl-{rid}",
+        "object": "chat.completion.chunk" if chunk else "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    if use is not None or usage_key:
+        body["usage"] = use
+    return body
