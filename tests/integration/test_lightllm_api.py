@@ -141,6 +141,23 @@ def test_n_and_best_of(stack: Stack) -> None:
             assert r.status_code == 400 and f"parameters.{name}" in r.json()["error"]
 
 
+def test_a_single_token_stop_string_is_cut_and_never_streamed(stack: Stack) -> None:
+    """LightLLM matched stops on tokens after dropping a presumed BOS and lost one-token
+    stops; here they are matched on the text."""
+    tok = hf_reference.tokenizer(stack.model_dir)
+    want = hf_reference.greedy(stack.model_dir, tok(PROMPT)["input_ids"], 24, eos=False)
+    text = tok.decode(want, skip_special_tokens=True)
+    stop = next(w for t in want[2:] if (w := tok.decode([t])).strip() and "\ufffd" not in w)
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 24, "ignore_eos": True, "stop_sequences": [stop]}}
+    with _http(stack) as client:
+        whole = client.post("/generate", json=body).json()
+        events = _events(client, "/generate_stream", body)
+    expected = text[: text.index(stop)]
+    assert whole["generated_text"] == [expected] and whole["finish_reason"] == "stop"
+    assert "".join(e["token"]["text"] for e in events) == expected
+    assert events[-1]["finished"] and events[-1]["finish_reason"] == "stop"
+
+
 def test_tgi_root_dispatches_on_stream(stack: Stack) -> None:
     with _http(stack) as client:
         body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 5}}
