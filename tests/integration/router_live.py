@@ -1,5 +1,6 @@
-"""What live router tests watch: the router's Prometheus figures and the workers' heartbeats,
-polled with generous but bounded waits (the test machine may be slow and shared)."""
+"""What the live router tests share: a tiny model with a long context, and a watch on the
+router's Prometheus figures and the workers' heartbeats, polled with generous but bounded
+waits (the test machine may be slow and shared)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,31 @@ import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.heartbeat import live_replicas
 from shared.messages import Heartbeat
 from shared.redis_link import RedisLink
 from shared.streams import SERVICE_WORKER, StreamNames
+from tools import make_tiny_model
+
+LONG_CONTEXT = 16_384
+
+
+@pytest.fixture(scope="session", name="long_llama")
+def _long_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny Llama with a 16k-token context. A request for thousands of tokens then runs
+    until its client leaves, on any machine: the tests need requests that stay in flight
+    while a service is killed, and must not bet on the CPU being slow. Test modules import
+    this fixture; it is built once per session, whichever module asks first."""
+    path = tmp_path_factory.getbasetemp() / "tiny-llama-16k"
+    if not (path / "model.safetensors").exists():
+        make_tiny_model.main(
+            ["--out", str(path), "--arch", "llama", "--seed", "0", "--max-positions", str(LONG_CONTEXT)]
+        )
+    return str(path)
+
 
 Figures = dict[str, float]  # "waiting_requests", 'admitted_total{group="1"}', ... -> value
 

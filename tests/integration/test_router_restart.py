@@ -11,10 +11,11 @@ import json
 import httpx
 
 from tests.integration.conftest import start_stack
-from tests.integration.router_probe import RouterProbe, wait_until, worker_beats
+from tests.integration.router_live import RouterProbe, _long_llama, wait_until, worker_beats  # noqa: F401 (a fixture)
 from tools.redis_server import RedisServer, free_port
 
-POOL = 4_000
+HOG = 8_000  # output tokens of a request that runs until its client leaves
+POOL = 2 * HOG + 500
 
 
 async def _stream(client: httpx.AsyncClient, prompt: str, max_new: int, started: asyncio.Event) -> tuple[dict, int]:
@@ -37,11 +38,11 @@ async def _plain(client: httpx.AsyncClient, prompt: str, max_new: int) -> tuple[
     return r.status_code, r.json()
 
 
-def test_router_killed_and_restarted_under_load(tiny_llama: str, redis_server: RedisServer, tmp_path) -> None:
+def test_router_killed_and_restarted_under_load(long_llama: str, redis_server: RedisServer, tmp_path) -> None:
     metrics_port = free_port()
     # three requests at a time per group, so later ones wait in the router's queue
     stack = start_stack(
-        tiny_llama,
+        long_llama,
         redis_server,
         str(tmp_path),
         worker_args=["--max-total-token-num", str(POOL)],
@@ -53,7 +54,7 @@ def test_router_killed_and_restarted_under_load(tiny_llama: str, redis_server: R
         async def scenario() -> tuple[list, list, tuple[int, dict], dict]:
             async with httpx.AsyncClient(base_url=stack.url, timeout=90) as client:
                 started = [asyncio.Event() for _ in range(3)]
-                lengths = (900, 900, 150)
+                lengths = (HOG, HOG, 150)
                 running = [
                     asyncio.create_task(_stream(client, f"Tale {i} opens", n, started[i]))
                     for i, n in enumerate(lengths)

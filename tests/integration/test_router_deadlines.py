@@ -1,0 +1,58 @@
+"""A request's deadline ends it wherever it is: running on the worker (which frees its KV) or
+waiting in the router's queue, each with a 504 before the front end's own timer fires."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from tests.integration.conftest import start_stack
+from tests.integration.router_live import RouterProbe, _long_llama, wait_until, worker_beats  # noqa: F401 (a fixture)
+from tools.redis_server import RedisServer, free_port
+
+TIMEOUT_S = 3.0  # the front end's request_timeout_s: every request's deadline
+POOL = 16_100
+
+
+def test_deadlines_end_requests_running_and_queued(long_llama: str, redis_server: RedisServer, tmp_path) -> None:
+    port = free_port()
+    stack = start_stack(
+        long_llama,
+        redis_server,
+        str(tmp_path),
+        tokenizer_args=["--request-timeout-s", str(TIMEOUT_S)],
+        worker_args=["--max-total-token-num", str(POOL)],
+        router_args=["--metrics-port", str(port), "--running-max-req-size", "1"],  # the second one queues
+    )
+    probe = RouterProbe(port)
+    try:
+
+        async def scenario() -> list[tuple[httpx.Response, float]]:
+            async with httpx.AsyncClient(base_url=stack.url, timeout=60) as client:
+
+                async def generate(prompt: str) -> tuple[httpx.Response, float]:
+                    t0 = time.monotonic()
+                    body = {"inputs": prompt, "parameters": {"max_new_tokens": 16_000, "ignore_eos": True}}
+                    r = await client.post("/generate", json=body)
+                    return r, time.monotonic() - t0
+
+                return list(await asyncio.gather(generate("Runs past its deadline"), generate("Queued past it")))
+
+        results = asyncio.run(scenario())
+        for r, took in results:
+            assert r.status_code == 504 and "deadline exceeded" in r.json()["error"], r.text
+            # the worker or the router ended it, not the front end's own timer (request_timeout_s + 5 s)
+            assert took < TIMEOUT_S + 5.0, took
+        errors = sorted(r.json()["error"] for r, _ in results)
+        assert any("while queued" in e for e in errors), errors  # the router's queue
+        assert any("while queued" not in e for e in errors), errors  # the worker
+        assert probe.figures()['rejected_total{reason="deadline"}'] == 1
+        wait_until(
+            lambda: worker_beats(redis_server.url, stack.opts.namespace)["0"].info["free_tokens"] == POOL,
+            15,
+            "the worker's KV pool free again",
+        )
+    finally:
+        stack.stop()
