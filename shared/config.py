@@ -92,6 +92,7 @@ class WorkerConfig(CommonConfig):
     max_req_total_len: int = 0  # 0: the model's context length
     status_interval_s: float = 0.5
     cuda_graph_max_bs: int = 512  # decode batches up to this size replay CUDA graphs; 0: none
+    random_weights: bool = False  # draw weights from a seed on the device (benchmarks: no checkpoint needed)
 
     def __post_init__(self) -> None:
         _check(bool(self.model_dir), "model_dir is required")

@@ -10,6 +10,7 @@ device, at --shape (nothing can be downloaded). Parts:
             next to the bandwidth floor (weights plus KV read once at the measured copy rate)
   offline   the fixed ShareGPT-shaped workload, all requests at once, ignore_eos, max_new_tokens
             = the output length: requests/s and tokens/s
+  lowload   the workload's first requests one at a time: time to first token and per output token
 Prints a summary and writes everything to --out as JSON.
 """
 
@@ -202,6 +203,28 @@ def offline(engine: Engine, cfg: ModelConfig, n: int, workload: str) -> dict:
     }
 
 
+def low_load(engine: Engine, cfg: ModelConfig, n: int, workload: str) -> dict:
+    """One request at a time: time to first token and per output token, as a client of the engine sees them."""
+    pairs = sharegpt_shaped(n, workload)
+    prompts = random_prompts([i for i, _ in pairs], cfg.vocab_size, seed=1)
+    ttft, tpot = [], []
+    for k, (ids, (_, out_len)) in enumerate(zip(prompts, pairs, strict=True)):
+        start = time.perf_counter()
+        engine.add(_req(f"l{k}", ids, out_len))
+        first = 0.0
+        while engine.has_work():
+            if any(item.token_ids for _, item in engine.step().items) and not first:
+                first = time.perf_counter() - start
+        ttft.append(first)
+        if out_len > 1:
+            tpot.append((time.perf_counter() - start - first) / (out_len - 1))
+    return {
+        "requests": n,
+        "ttft_ms": {"mean": 1000 * sum(ttft) / n, "median": 1000 * sorted(ttft)[n // 2]},
+        "tpot_ms": {"mean": 1000 * sum(tpot) / len(tpot), "median": 1000 * sorted(tpot)[len(tpot) // 2]},
+    }
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -217,6 +240,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--running-max-req-size", type=int, default=1024)
     ap.add_argument("--cuda-graph-max-bs", type=int, default=512)
     ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--low-load-requests", type=int, default=20)
     ap.add_argument("--static", default="1x1024,64x1024,256x1024,64x2048")
     ap.add_argument("--static-steps", type=int, default=40)
     ap.add_argument("--workload", default="", help="path to workload.py (default: .peer/ or ../shared/bench/)")
@@ -253,6 +277,10 @@ def main(argv: list[str] | None = None) -> dict:
             res["static"].append(row)
             print("static", json.dumps(row), flush=True)
             save()
+    if "lowload" in parts:
+        res["low_load"] = low_load(engine, model_cfg, args.low_load_requests, args.workload)
+        print("low_load", json.dumps(res["low_load"]), flush=True)
+        save()
     if "offline" in parts:
         res["offline"] = offline(engine, model_cfg, args.requests, args.workload)
         print("offline", json.dumps(res["offline"]), flush=True)

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU runs behind docs/benchmarks.md, on the GPU machine (see README: Benchmarks).
 # Usage: bash tools/gpu_run.sh OUTDIR PART...
-#   PART: tests | kernels | kernel-sweep | engine | engine-int8 | profile | offline
+#   PART: tests | kernels | kernel-sweep | engine | engine-int8 | profile | offline | static | pipeline | peer
+# pipeline needs a redis-server binary with its libraries in .redis/ (copied from Debian's package)
 # Needs the wheels the GPU image lacks in .whl/ (redis-py, fastapi, ...), installed to /tmp/site.
 set -u
 out=${1:?OUTDIR}; shift
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"
+export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD" LD_LIBRARY_PATH="$PWD/.redis:${LD_LIBRARY_PATH:-}"
 if [ -d .whl ] && [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
@@ -21,6 +22,11 @@ for part in "$@"; do
     engine) timeout 230 python3 tools/benchmark_engine.py --out "$out/engine.json" 2>&1 | grep -v "it/s\]" | tail -20 ;;
     profile) timeout 200 python3 tools/profile_decode.py --out "$out/profile.json" 2>&1 | grep -v "it/s\]" | tail -45 ;;
     offline) timeout 200 python3 tools/benchmark_engine.py --parts offline --running-max-req-size 2048 --out "$out/offline.json" 2>&1 | grep -v "it/s\]" | tail -4 ;;
+    static) timeout 150 python3 tools/benchmark_engine.py --parts ceilings,static --out "$out/static.json" 2>&1 | grep -v "it/s\]" | tail -6 ;;
+    pipeline) timeout 480 python3 tools/bench_pipeline.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" 2>&1 \
+                | grep -v "it/s\]" | tail -12
+              tar czf "$out/logs.tgz" -C /tmp/lightstream-bench logs 2>/dev/null ;;
+    peer) timeout 260 python3 .peer/peer_hf.py --requests 300 --skip static_b1,static_b64 --out "$out/peer_hf.json" 2>&1 | tail -6 ;;
     engine-int8) timeout 300 python3 tools/benchmark_engine.py --kv-dtype int8 --parts static,offline --out "$out/engine_int8.json" 2>&1 | tail -8 ;;
     *) echo "unknown part $part" ;;
   esac

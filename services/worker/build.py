@@ -14,6 +14,7 @@ from services.worker.kv_manager import KVManager
 from services.worker.model_runner import ModelRunner
 from services.worker.models.llama import LlamaModel, ModelWeights
 from services.worker.models.loader import load_weights
+from services.worker.models.random_weights import random_weights
 from services.worker.models.rope import cos_sin_table
 from services.worker.ops import TorchOps
 from services.worker.parallel import TensorParallel
@@ -73,6 +74,9 @@ def build_engine(
     model_cfg = model_cfg or ModelConfig.from_dir(cfg.model_dir)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, model_cfg, device)
+    if weights is None and cfg.random_weights:
+        log.warning("random weights (benchmark mode): outputs are meaningless")
+        weights = random_weights(model_cfg, dtype, device, seed=0)
     if weights is None:
         weights = load_weights(cfg.model_dir, model_cfg, dtype, device, tp)
     max_total_len = min(cfg.max_req_total_len or model_cfg.context_length, model_cfg.context_length)

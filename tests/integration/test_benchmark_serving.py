@@ -1,0 +1,43 @@
+"""The serving benchmark runs end to end against the tiny model on the CPU (a few requests),
+so the script that produces docs/benchmarks.md's serving figures cannot rot."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.integration.conftest import start_stack
+from tools import benchmark_serving, make_tiny_model
+from tools.redis_server import RedisServer
+
+
+@pytest.fixture(scope="module")
+def long_context_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model with room for the workload's longest requests (input + output <= 2048)."""
+    path = str(tmp_path_factory.mktemp("tiny-long"))
+    make_tiny_model.main(["--out", path, "--max-positions", "2048"])
+    return path
+
+
+def test_benchmark_serving_on_the_tiny_model(long_context_model: str, redis_server: RedisServer, tmp_path) -> None:
+    stack = start_stack(long_context_model, redis_server, str(tmp_path / "logs"))
+    try:
+        out = tmp_path / "bench.json"
+        png = tmp_path / "latency.png"
+        results = benchmark_serving.main(
+            ["--url", stack.url, "--out", str(out), "--requests", "6", "--vocab", "1000", "--rates", "inf,20",
+             "--plot", str(png), "--quiet"]
+        )  # fmt: skip
+    finally:
+        stack.stop()
+    assert len(results) == 2
+    for r in results:
+        assert r["completed"] == 6 and r["failed"] == 0, r["errors"]
+        assert r["req_per_s"] > 0 and r["output_tok_per_s"] > 0
+        for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            assert 0 < r[metric]["median"] <= r[metric]["p99"], (metric, r[metric])
+        assert r["e2e_ms"]["median"] >= r["ttft_ms"]["median"]
+    assert json.loads(out.read_text())[0]["request_rate"] == "inf"
+    assert png.exists() and os.path.getsize(png) > 1000

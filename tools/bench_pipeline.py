@@ -1,0 +1,110 @@
+"""The serving benchmark in one job: the whole stack on this machine's GPU, then the engine alone.
+
+    python tools/bench_pipeline.py --out-dir DIR [--requests 2000] [--rates 4,16,32]
+        [--online-requests 300] [--low-load 20] [--side-by-side 300] [--redis-server PATH]
+
+1. Writes a Llama-3-8B-shaped model directory (config and a synthetic 128k tokenizer;
+   the worker draws random weights on the GPU) and starts redis-server and the four
+   services as processes (tools/stack.py), the worker on CUDA.
+2. Runs tools/benchmark_serving.py against it: one request at a time (low load), the
+   first --side-by-side requests all at once (for the Hugging Face peer's ratio), the full
+   --requests all at once (offline), then Poisson arrivals at each of --rates, with a plot.
+3. Stops the stack and runs tools/benchmark_engine.py on the same workload: the engine
+   alone, no Redis and no HTTP, offline and at low load.
+Everything goes to DIR/pipeline.json (and each part's own JSON) and a summary is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tools import benchmark_engine, benchmark_serving, make_bench_model
+from tools.redis_server import RedisServer, free_port
+from tools.stack import Stack, StackOptions
+
+WORKER_ARGS = ["--device", "cuda", "--random-weights", "true", "--running-max-req-size", "2048",
+               "--batch-max-tokens", "16384"]  # fmt: skip
+ROUTER_ARGS = ["--running-max-req-size", "4096", "--max-waiting", "20000"]
+
+
+def serving(url: str, out: str, **kw) -> dict | list:
+    argv = ["--url", url, "--out", out, "--quiet"]
+    for k, v in kw.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    results = benchmark_serving.main(argv)
+    return results if len(results) > 1 else results[0]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out-dir", required=True, help="pipeline.json, engine_alone.json and the plot")
+    ap.add_argument("--work-dir", default="/tmp/lightstream-bench", help="the model directory, logs, part files")
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--rates", default="4,16,32")
+    ap.add_argument("--online-requests", type=int, default=300)
+    ap.add_argument("--low-load", type=int, default=20)
+    ap.add_argument("--side-by-side", type=int, default=300)
+    ap.add_argument("--redis-server", default="redis-server")
+    ap.add_argument("--skip-engine", action="store_true")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out_dir, exist_ok=True)
+    os.makedirs(args.work_dir, exist_ok=True)
+    res: dict = {"date": time.strftime("%Y-%m-%d"), "worker_args": WORKER_ARGS, "router_args": ROUTER_ARGS}
+    path = os.path.join(args.out_dir, "pipeline.json")
+
+    def save() -> None:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+    model_dir = os.path.join(args.work_dir, "model")
+    make_bench_model.main(["--out", model_dir])
+    redis = RedisServer(binary=args.redis_server).start()
+    stack = Stack(StackOptions(model_dir=model_dir, redis_url=redis.url, port=free_port(),
+                               log_dir=os.path.join(args.work_dir, "logs"), worker_args=WORKER_ARGS,
+                               router_args=ROUTER_ARGS))  # fmt: skip
+    try:
+        t = time.perf_counter()
+        stack.start()
+        stack.wait_ready(timeout_s=600)
+        res["stack_ready_s"] = time.perf_counter() - t
+        print("stack ready in", round(res["stack_ready_s"], 1), "s", flush=True)
+        d = args.work_dir
+        serving(stack.url, os.path.join(d, "warmup.json"), requests=16)
+        res["low_load"] = serving(stack.url, os.path.join(d, "low_load.json"), requests=args.low_load,
+                                  max_concurrency=1)  # fmt: skip
+        save()
+        res["side_by_side"] = serving(stack.url, os.path.join(d, "side_by_side.json"), requests=args.side_by_side)
+        save()
+        res["offline"] = serving(stack.url, os.path.join(d, "offline.json"), requests=args.requests)
+        save()
+        res["online"] = serving(stack.url, os.path.join(d, "online.json"), requests=args.online_requests,
+                                rates=args.rates, plot=os.path.join(args.out_dir, "latency_vs_rate.png"))  # fmt: skip
+        save()
+    finally:
+        stack.stop()
+        redis.stop()
+    if not args.skip_engine:
+        engine = benchmark_engine.main(
+            ["--out", os.path.join(args.out_dir, "engine_alone.json"), "--parts", "ceilings,lowload,offline",
+             "--requests", str(args.requests), "--low-load-requests", str(args.low_load),
+             "--running-max-req-size", "2048"]
+        )  # fmt: skip
+        res["engine_alone"] = {k: engine.get(k) for k in ("ceilings", "engine", "low_load", "offline")}
+        save()
+        pipe, alone = res["offline"]["req_per_s"], engine["offline"]["req_per_s"]
+        res["pipeline_over_engine"] = pipe / alone
+        res["low_load_ttft_added_ms"] = res["low_load"]["ttft_ms"]["median"] - engine["low_load"]["ttft_ms"]["median"]
+        save()
+    print(json.dumps({k: res.get(k) for k in ("pipeline_over_engine", "low_load_ttft_added_ms")}), flush=True)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Benchmark a running LightStream the way vLLM, SGLang and LightLLM benchmark serving.
+
+    python tools/benchmark_serving.py --url http://127.0.0.1:8000 --out FILE.json
+        [--requests 2000] [--request-rate inf|R] [--max-concurrency N] [--vocab 128256]
+        [--plot FILE.png --rates 4,16,32]
+
+The fixed ShareGPT-shaped workload (../shared/bench/workload.py): prompts of random token
+ids at its input lengths, max_tokens = its output lengths, ignore_eos, greedy, streamed
+through POST /v1/completions. Arrivals are Poisson at --request-rate, or all at once (inf).
+Reports requests/s, input, output and total tokens/s, and TTFT, TPOT ((E2E - TTFT) /
+(output tokens - 1)), ITL (every gap between streamed chunks, pooled) and end-to-end
+latency, each as mean, median and p99, in milliseconds. With --plot and --rates it runs
+each rate in turn and draws latency against request rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import aiohttp
+from tqdm import tqdm
+
+from tools.workload import random_prompts, sharegpt_shaped
+
+
+@dataclass
+class Outcome:
+    ok: bool = False
+    error: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0  # seconds
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+
+
+async def one_request(
+    session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], max_tokens: int
+) -> Outcome:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    out = Outcome(prompt_tokens=len(prompt))
+    start = time.perf_counter()
+    last = start
+    try:
+        async with session.post(url + "/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return out
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:]
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    out.output_tokens = chunk["usage"]["completion_tokens"]
+                if not chunk.get("choices"):
+                    continue  # the usage-only chunk at the end
+                # every chunk with a choice is one step's tokens, text or not (held-back bytes)
+                now = time.perf_counter()
+                if out.ttft == 0.0:
+                    out.ttft = now - start
+                else:
+                    out.itl.append(now - last)
+                last = now
+        out.e2e = time.perf_counter() - start
+        out.ok = out.output_tokens > 0
+        if not out.ok:
+            out.error = "no usage in the stream"
+    except (TimeoutError, aiohttp.ClientError) as e:
+        out.error = repr(e)
+    return out
+
+
+def arrival_times(n: int, rate: float, seed: int = 0) -> list[float]:
+    if rate == float("inf"):
+        return [0.0] * n
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+async def run(args: argparse.Namespace, rate: float) -> dict:
+    pairs = sharegpt_shaped(args.requests, args.workload)
+    prompts = random_prompts([i for i, _ in pairs], args.vocab, seed=1)
+    arrivals = arrival_times(len(pairs), rate)
+    limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+    timeout = aiohttp.ClientTimeout(total=args.timeout_s)
+    connector = aiohttp.TCPConnector(limit=0)
+    bar = tqdm(total=len(pairs), desc=f"rate {rate}", disable=args.quiet)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        model = args.model or await _model_name(session, args.url)
+        begin = time.perf_counter()
+
+        async def scheduled(k: int) -> Outcome:
+            delay = arrivals[k] - (time.perf_counter() - begin)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if limit is None:
+                res = await one_request(session, args.url, model, prompts[k], pairs[k][1])
+            else:
+                async with limit:
+                    res = await one_request(session, args.url, model, prompts[k], pairs[k][1])
+            bar.update(1)
+            return res
+
+        outcomes = await asyncio.gather(*(scheduled(k) for k in range(len(pairs))))
+        duration = time.perf_counter() - begin
+    bar.close()
+    return summarize(outcomes, duration, rate, args.max_concurrency)
+
+
+async def _model_name(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url + "/v1/models") as resp:
+        return (await resp.json())["data"][0]["id"]
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"mean": 1000 * statistics.fmean(ordered), "median": 1000 * statistics.median(ordered), "p99": 1000 * p99}
+
+
+def summarize(outcomes: list[Outcome], duration: float, rate: float, concurrency: int) -> dict:
+    done = [o for o in outcomes if o.ok]
+    out_tokens = sum(o.output_tokens for o in done)
+    in_tokens = sum(o.prompt_tokens for o in done)
+    tpot = [(o.e2e - o.ttft) / (o.output_tokens - 1) for o in done if o.output_tokens > 1]
+    return {
+        "request_rate": "inf" if rate == float("inf") else rate,
+        "max_concurrency": concurrency or None,
+        "completed": len(done),
+        "failed": len(outcomes) - len(done),
+        "errors": sorted({o.error for o in outcomes if not o.ok})[:5],
+        "duration_s": duration,
+        "req_per_s": len(done) / duration,
+        "input_tok_per_s": in_tokens / duration,
+        "output_tok_per_s": out_tokens / duration,
+        "total_tok_per_s": (in_tokens + out_tokens) / duration,
+        "ttft_ms": _stats([o.ttft for o in done]),
+        "tpot_ms": _stats(tpot),
+        "itl_ms": _stats([gap for o in done for gap in o.itl]),
+        "e2e_ms": _stats([o.e2e for o in done]),
+    }
+
+
+def plot(results: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = [r["request_rate"] for r in results]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for metric, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL")):
+        ax.plot(rates, [r[metric]["median"] for r in results], marker="o", label=f"median {label}")
+        ax.plot(rates, [r[metric]["p99"] for r in results], marker="x", linestyle="--", label=f"p99 {label}")
+    ax.set_xlabel("request rate (requests/s)")
+    ax.set_ylabel("latency (ms)")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("LightStream latency against request rate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--request-rate", type=float, default=float("inf"))
+    ap.add_argument("--rates", default="", help="comma-separated rates to run in turn (with --plot)")
+    ap.add_argument("--plot", default="", help="PNG of latency against request rate")
+    ap.add_argument("--max-concurrency", type=int, default=0, help="at most this many requests in flight; 0: no bound")
+    ap.add_argument("--vocab", type=int, default=128256, help="prompt token ids are drawn below this")
+    ap.add_argument("--model", default="", help="model name to send; default: the first of GET /v1/models")
+    ap.add_argument("--workload", default="", help="path to workload.py (default: .peer/ or ../shared/bench/)")
+    ap.add_argument("--timeout-s", type=float, default=3600.0)
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.request_rate]
+    results = []
+    for rate in rates:
+        res = asyncio.run(run(args, rate))
+        results.append(res)
+        print(json.dumps(res), flush=True)
+    with open(args.out, "w") as f:
+        json.dump(results if len(results) > 1 else results[0], f, indent=1)
+    if args.plot:
+        plot(results, args.plot)
+    return results
+
+
+if __name__ == "__main__":
+    main()

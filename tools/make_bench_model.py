@@ -1,0 +1,90 @@
+"""Write a benchmark model directory: a real model's config.json and a synthetic tokenizer of
+its full vocabulary, no weights (the worker draws them with --random-weights).
+
+    python tools/make_bench_model.py --out DIR [--shape llama3-8b]
+
+No tokenizer can be downloaded here, and a tokenizer trained on local text has nowhere near
+128k tokens; the benchmark's prompts are random token ids anyway. This one is a byte-level
+BPE whose merges are generated from a seed: every id from 0 to vocab - 1 decodes to text
+(the 256 byte tokens, generated merges, then Llama 3's special tokens), so the detokenizer
+does real work on every generated token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+from services.worker.models.random_weights import SHAPES
+
+NUM_SPECIAL = 256  # Llama 3 keeps its last 256 ids for special tokens
+
+
+def synthetic_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
+    rng = random.Random(seed)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {tok: i for i, tok in enumerate(alphabet)}
+    tokens = list(alphabet)
+    merges = []
+    target = vocab_size - NUM_SPECIAL
+    while len(tokens) < target:
+        # favour short parts, so tokens stay a few bytes long like a real vocabulary's
+        a = tokens[min(int(rng.expovariate(1 / 2000)), len(tokens) - 1)]
+        b = tokens[min(int(rng.expovariate(1 / 2000)), len(tokens) - 1)]
+        if a + b in vocab or len(a + b) > 16:
+            continue
+        vocab[a + b] = len(tokens)
+        tokens.append(a + b)
+        merges.append((a, b))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>"] + [
+        f"<|reserved_special_token_{i}|>" for i in range(NUM_SPECIAL - 2)
+    ]
+    tok.add_special_tokens(specials)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", target)]
+    )
+    return tok
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
+    args = ap.parse_args(argv)
+    cfg = dict(SHAPES[args.shape])
+    os.makedirs(args.out, exist_ok=True)
+    tok = synthetic_tokenizer(cfg["vocab_size"])
+    assert tok.get_vocab_size() == cfg["vocab_size"], tok.get_vocab_size()
+    bos, eos = tok.token_to_id("<|begin_of_text|>"), tok.token_to_id("<|end_of_text|>")
+    cfg.update(bos_token_id=bos, eos_token_id=eos, model_type="llama")
+    tok.save(os.path.join(args.out, "tokenizer.json"))
+    files = {
+        "config.json": cfg,
+        "generation_config.json": {"bos_token_id": bos, "eos_token_id": eos},
+        "tokenizer_config.json": {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<|begin_of_text|>",
+            "eos_token": "<|end_of_text|>",
+            "model_max_length": cfg["max_position_embeddings"],
+            "clean_up_tokenization_spaces": False,
+        },
+    }
+    for name, content in files.items():
+        with open(os.path.join(args.out, name), "w") as f:
+            json.dump(content, f, indent=2)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
