@@ -102,6 +102,7 @@ class RouterCore:
         group = self.where.get(rid)
         if group is not None:
             act.abort(group, rid)  # the group frees its KV and ends it; its next status drops it
+            self.groups[group].placed[rid].aborted = True  # should the group die first, not re-queued
             self.stats.aborted += 1
             return
         req = self.waiting.remove(rid)
@@ -110,8 +111,9 @@ class RouterCore:
             act.released.append(rid)
             self.stats.aborted += 1
             self._dirty = True
-            return
-        self.recent_aborts.add(rid, now)  # it may yet show up: a claimed entry, or a status after a restart
+        # remembered either way: a second copy may still arrive (a re-queued request's durable
+        # copy), or the request itself (a claimed entry, or a status after a restart)
+        self.recent_aborts.add(rid, now)
 
     def on_status(self, st: WorkerStatus, now: float, act: Actions) -> None:
         self._dirty = True
@@ -246,7 +248,9 @@ class RouterCore:
             if self.where.get(rid) != g.name:
                 continue  # it runs elsewhere too (see _reconcile_fenced)
             del self.where[rid]
-            if p.req is not None and p.output_tokens == 0:
+            if p.aborted:
+                act.end(p.detok, rid, p.prompt_tokens, FINISH_ABORT)
+            elif p.req is not None and p.output_tokens == 0:
                 requeue.append(p.req)
             else:
                 act.end(p.detok, rid, p.prompt_tokens, FINISH_ERROR, f"{why} while the request was running", ERR_FAILED)

@@ -27,6 +27,7 @@ class Placed:
     output_tokens: int = 0
     paused: bool = False  # preempted by the worker: holds no KV now, resumes by recomputation
     reported: bool = False  # the group's status has listed it
+    aborted: bool = False  # its abort is on the way to the group
 
 
 @dataclass

@@ -217,3 +217,23 @@ def test_short_requests_spread_over_groups_whose_peaks_they_do_not_change() -> N
         core.on_generate(_req(f"s{i}", 10, 8), 0.0, act)
     core.tick(0.0, 0.0, act)
     assert {g: len(reqs) for (g, _), reqs in act.admits.items()} == {"0": 3, "1": 3}
+
+
+def test_an_aborted_request_is_not_revived() -> None:
+    core = _core()
+    act = Actions()
+    core.on_status(_status("0", 1_000), 0.0, act)
+    core.on_generate(_req("placed", 10, 10), 0.0, act)
+    core.tick(0.0, 0.0, act)
+    core.seal_admissions(act)
+    # its abort is on the way to the group when the group dies: it ends, it is not re-queued
+    act = Actions()
+    core.on_abort("placed", 1.0, act)
+    core.tick(10.0, 0.0, act)
+    assert not act.requeued and _ended(act) == {"placed": (FINISH_ABORT, "")}
+    # aborted while queued, then its second copy arrives (a re-queued request's durable copy)
+    act = Actions()
+    core.on_generate(_req("queued", 10, 10), 0.0, act)
+    core.on_abort("queued", 11.0, act)
+    core.on_generate(_req("queued", 10, 10), 0.0, act)
+    assert not core.waiting and list(_ended(act)) == ["queued"]
