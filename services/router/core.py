@@ -125,9 +125,11 @@ class RouterCore:
         if g is None:
             g = self._join(st, now, act)
         else:
-            for rid in g.apply(st, now):
+            gone, learnt = g.apply(st, now)
+            for rid in gone:
                 if self.where.get(rid) == g.name:
                     del self.where[rid]
+            self._adopt(g, learnt, act, fenced=False)
         for r in st.running:
             if r.rid in self.recent_aborts:
                 self.recent_aborts.discard(r.rid)
@@ -214,31 +216,31 @@ class RouterCore:
     def _join(self, st: WorkerStatus, now: float, act: Actions) -> GroupState:
         g = GroupState.from_status(st, now)
         self.groups[g.name] = g
-        if self.fenced.get(g.name) == st.instance:
-            del self.fenced[g.name]
+        fenced = self.fenced.pop(g.name, None) == st.instance
+        if fenced:
             log.warning("worker group %s is back after being declared dead", g.name)
-            self._reconcile_fenced(g, act)
-        else:
-            self.fenced.pop(g.name, None)
-            for rid in g.placed:
-                self.where[rid] = g.name
+        self._adopt(g, list(g.placed), act, fenced)
         log.info("worker group %s joined: %d KV tokens, %d requests held", g.name, g.capacity, len(g.placed))
         return g
 
-    def _reconcile_fenced(self, g: GroupState, act: Actions) -> None:
-        """A group declared dead was only silent and still holds requests that were re-queued
-        or failed meanwhile. Take back the re-queued ones still waiting; stop the failed ones
-        (their clients have their error, so the abort reaches no one). A request re-admitted
-        elsewhere is left alone: two copies of its output meet at the detokenizer, which ends
-        it with an explicit error."""
-        for rid in g.placed:
-            if rid in self.where:
+    def _adopt(self, g: GroupState, rids: list[str], act: Actions, fenced: bool) -> None:
+        """Requests a group holds that this router did not place there: admitted by a router
+        before it restarted, or held by a group declared dead that was only silent (fenced),
+        which were re-queued or failed meanwhile. A re-queued one still waiting is taken back;
+        a fenced group's failed ones are stopped (their clients have their error, so the abort
+        reaches no one). One re-admitted elsewhere is left alone: two copies of its output meet
+        at the detokenizer, which ends it with an explicit error."""
+        for rid in rids:
+            if self.where.get(rid, g.name) != g.name:
                 continue
             if self.waiting.remove(rid) is not None:
                 self.where[rid] = g.name
                 act.released.append(rid)
-            else:
+                self._dirty = True
+            elif fenced:
                 act.abort(g.name, rid)
+            else:
+                self.where[rid] = g.name
 
     def _lose_group(self, g: GroupState, why: str, act: Actions) -> None:
         """A group died: requests with no output yet go back to the queue; the rest end with an error."""
@@ -246,7 +248,7 @@ class RouterCore:
         requeue = []
         for rid, p in g.placed.items():
             if self.where.get(rid) != g.name:
-                continue  # it runs elsewhere too (see _reconcile_fenced)
+                continue  # it runs elsewhere too (see _adopt)
             del self.where[rid]
             if p.aborted:
                 act.end(p.detok, rid, p.prompt_tokens, FINISH_ABORT)

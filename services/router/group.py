@@ -50,8 +50,9 @@ class GroupState:
         g.apply(st, now)
         return g
 
-    def apply(self, st: WorkerStatus, now: float) -> list[str]:
-        """Take a status in; -> rids that the group no longer holds (they ended)."""
+    def apply(self, st: WorkerStatus, now: float) -> tuple[list[str], list[str]]:
+        """Take a status in; -> (rids the group no longer holds: they ended,
+        rids it holds that this router did not place there)."""
         self.last_seen = now
         self.capacity = st.capacity_tokens
         self.max_running = st.max_running
@@ -62,19 +63,21 @@ class GroupState:
         gone = [rid for rid, p in self.placed.items() if rid not in listed and p.seq <= self.acked_seq]
         for rid in gone:
             del self.placed[rid]
+        learnt = []
         for rid, r in listed.items():
             p = self.placed.get(rid)
-            if p is None:  # learnt from the status: the router restarted since it was admitted
+            if p is None:  # admitted by a predecessor router, or before the group was declared dead
                 out = r.held_tokens - r.prompt_tokens
                 p = Placed(None, 0, r.detok, r.prompt_tokens, r.remaining_tokens + out, False)
                 self.placed[rid] = p
+                learnt.append(rid)
             p.held = r.held_tokens
             p.output_tokens = r.held_tokens - r.prompt_tokens
             p.remaining = r.remaining_tokens
             p.paused = r.paused
             p.reported = True
         self.paused = sum(r.paused for r in st.running)
-        return gone
+        return gone, learnt
 
     def place(self, req: GenerateReq) -> None:
         p = req.params

@@ -237,3 +237,14 @@ def test_an_aborted_request_is_not_revived() -> None:
     core.on_abort("queued", 11.0, act)
     core.on_generate(_req("queued", 10, 10), 0.0, act)
     assert not core.waiting and list(_ended(act)) == ["queued"]
+
+
+def test_a_request_a_predecessor_admitted_is_learnt_from_a_later_status_and_can_be_aborted() -> None:
+    core = _core()
+    act = Actions()
+    core.on_status(_status("0", 1_000), 0.0, act)
+    core.on_status(_status("0", 1_000, [RunningReq("late", "d", 10, 12, 8)], seq=3), 0.5, act)
+    assert core.where == {"late": "0"}
+    act = Actions()
+    core.on_abort("late", 1.0, act)
+    assert act.aborts == {"0": ["late"]}
