@@ -151,13 +151,18 @@ class RouterCore:
         self._fail_without_groups(now, act)
         if self._dirty:
             self._dirty = False
-            self._admit(act)
+            self._admit(now_unix, act)
 
     # ---------------------------------------------------------------- policy
 
-    def _admit(self, act: Actions) -> None:
+    def _admit(self, now_unix: float, act: Actions) -> None:
         while self.waiting and self.groups:
             req = self.waiting.head()
+            why = self._late(req, now_unix)
+            if why:  # the queue is scanned for these only now and then: never admit one
+                self.waiting.popleft()
+                self._reject(req, why, act, ERR_DEADLINE)
+                continue
             best = self._best_group(req)
             if best is None:
                 if self._can_never_fit(req, act):
@@ -266,12 +271,18 @@ class RouterCore:
             log.warning("re-queued %d requests of group %s that had produced no output", len(requeue), g.name)
 
     def _expire_waiting(self, now_unix: float, act: Actions) -> None:
+        late = self.waiting.take_if(lambda r: bool(self._late(r, now_unix)))
+        for req in late:
+            self._reject(req, self._late(req, now_unix), act, ERR_DEADLINE)
+
+    def _late(self, req: GenerateReq, now_unix: float) -> str:
+        """Why a queued request must end now (its deadline, or the queue-time limit, has passed); "" if not."""
+        if req.deadline and req.deadline < now_unix:
+            return "deadline exceeded while queued"
         limit = self.cfg.max_queue_time_s
-        for req in self.waiting.take_if(lambda r: bool(r.deadline) and r.deadline < now_unix):
-            self._reject(req, "deadline exceeded while queued", act, ERR_DEADLINE)
-        if limit:
-            for req in self.waiting.take_if(lambda r: now_unix - r.arrival > limit):
-                self._reject(req, f"waited more than {limit:g}s in the router's queue", act, ERR_DEADLINE)
+        if limit and now_unix - req.arrival > limit:
+            return f"waited more than {limit:g}s in the router's queue"
+        return ""
 
     def _fail_without_groups(self, now: float, act: Actions) -> None:
         """With no worker group alive for as long as it takes to declare one dead, queued

@@ -85,7 +85,11 @@ def test_two_worker_groups_share_the_load_survive_a_death_and_take_back_a_restar
                 # there until it declares the group dead, and those never start
                 stack.signal_service("worker-1", signal.SIGSTOP)
                 silent_at = time.monotonic()
-                shorts = [asyncio.create_task(_plain(client, f"Short one {i}", 16)) for i in range(4)]
+                # prompts of about 500 tokens: each placement outweighs how far the two groups'
+                # running requests have drifted apart, so the router alternates between them
+                shorts = [
+                    asyncio.create_task(_plain(client, f"Short one {i}: " + "the river " * 250, 16)) for i in range(4)
+                ]
                 await asyncio.to_thread(
                     probe.wait_for,
                     lambda g: admitted(g, "1") > admitted(f, "1"),

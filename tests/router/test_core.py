@@ -248,3 +248,14 @@ def test_a_request_a_predecessor_admitted_is_learnt_from_a_later_status_and_can_
     act = Actions()
     core.on_abort("late", 1.0, act)
     assert act.aborts == {"0": ["late"]}
+
+
+def test_a_request_whose_deadline_passed_is_never_admitted() -> None:
+    core = _core()
+    act = Actions()
+    core.on_generate(GenerateReq("late", "f", "d", [1], SamplingParams(), 0.0, 5.0), 4.0, act)
+    core.tick(0.0, 4.0, act)  # no group yet: it waits
+    act = Actions()
+    core.on_status(_status("0", 1_000), 0.01, act)  # room arrives after its deadline, before the next scan
+    core.tick(0.02, 6.0, act)
+    assert not act.admits and _ended(act) == {"late": ("error", ERR_DEADLINE)}
