@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> dict:
         engine = benchmark_engine.main(
             ["--out", os.path.join(args.out_dir, "engine_alone.json"), "--parts", "ceilings,lowload,offline",
              "--requests", str(args.requests), "--low-load-requests", str(args.low_load),
-             "--running-max-req-size", "2048"]
+             "--side-by-side", str(args.side_by_side), "--running-max-req-size", "2048"]
         )  # fmt: skip
-        res["engine_alone"] = {k: engine.get(k) for k in ("ceilings", "engine", "low_load", "offline")}
+        res["engine_alone"] = {k: engine.get(k) for k in ("ceilings", "engine", "low_load", "side_by_side", "offline")}
         save()
         pipe, alone = res["offline"]["req_per_s"], engine["offline"]["req_per_s"]
         res["pipeline_over_engine"] = pipe / alone

@@ -241,6 +241,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cuda-graph-max-bs", type=int, default=512)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--low-load-requests", type=int, default=20)
+    ap.add_argument("--side-by-side", type=int, default=0, help="also run the first N requests alone (offline)")
     ap.add_argument("--static", default="1x1024,64x1024,256x1024,64x2048")
     ap.add_argument("--static-steps", type=int, default=40)
     ap.add_argument("--workload", default="", help="path to workload.py (default: .peer/ or ../shared/bench/)")
@@ -280,6 +281,10 @@ def main(argv: list[str] | None = None) -> dict:
     if "lowload" in parts:
         res["low_load"] = low_load(engine, model_cfg, args.low_load_requests, args.workload)
         print("low_load", json.dumps(res["low_load"]), flush=True)
+        save()
+    if "offline" in parts and args.side_by_side:
+        res["side_by_side"] = offline(engine, model_cfg, args.side_by_side, args.workload)
+        print("side_by_side", json.dumps(res["side_by_side"]), flush=True)
         save()
     if "offline" in parts:
         res["offline"] = offline(engine, model_cfg, args.requests, args.workload)

@@ -50,8 +50,7 @@ class WorkerService:
         log.info("worker group %s (instance %s) serving", self.group, self.instance)
         try:
             while not self.link.stop.is_set():
-                busy = self.engine.has_work()
-                entries = self.inbox.drain(wait_s=0.0 if busy else self.status_interval_s / 2)
+                entries = self.inbox.drain(wait_s=self._idle_wait())
                 self._take(entries)
                 if self.engine.has_work():
                     out = self.engine.step()
@@ -86,6 +85,15 @@ class WorkerService:
             by_shard.setdefault(shard, []).append(item)
         source = f"worker:{self.group}"
         self.outbox.send([(self.names.detok(s), TokenBatch(source, its)) for s, its in by_shard.items()])
+
+    def _idle_wait(self) -> float:
+        """How long the loop may sleep waiting for messages: not at all with work in hand, and
+        never past the moment a pending change's status is due."""
+        if self.engine.has_work():
+            return 0.0
+        if self._changed:
+            return max(0.0, CHANGE_STATUS_MIN_GAP_S - (time.monotonic() - self._last_status))
+        return self.status_interval_s / 2
 
     def _maybe_status(self) -> None:
         now = time.monotonic()

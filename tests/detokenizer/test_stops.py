@@ -50,9 +50,21 @@ def test_no_stops_passes_through() -> None:
     stops=st.lists(st.text(alphabet="abcXY世😀\n", min_size=1, max_size=4), max_size=3),
     cuts=st.lists(st.integers(0, 40), max_size=8),
 )
-def test_streamed_text_equals_cutting_the_whole(text: str, stops: list[str], cuts: list[int]) -> None:
+def test_streamed_text_equals_cutting_at_the_first_completed_stop(text: str, stops: list[str], cuts: list[int]) -> None:
+    """Generation stops as soon as the text so far contains a stop string, and the output is
+    that text cut where the earliest stop string in it begins; text arrives in chunks."""
     bounds = sorted({0, len(text), *[c for c in cuts if c <= len(text)]})
     pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    expected = (text[: min(hits)], True) if hits else (text, False)
+    expected = (text, False)
+    for end in bounds[1:]:
+        hits = [i for i in (text[:end].find(s) for s in stops) if i >= 0]
+        if hits:
+            expected = (text[: min(hits)], True)
+            break
     assert _stream(stops, pieces) == expected
+
+
+def test_the_first_stop_to_complete_ends_the_output() -> None:
+    # "X" completes while "YXX" could still be coming: generation has stopped by then
+    assert _stream(["X", "YXX"], ["YX", "X"]) == ("Y", True)
+    assert _stream(["X", "YXX"], ["YXX"]) == ("", True)
