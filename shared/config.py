@@ -88,7 +88,6 @@ class WorkerConfig(CommonConfig):
     mem_fraction: float = 0.9  # of the device memory, for weights plus KV pool
     cpu_kv_tokens: int = 32_768  # KV pool tokens on the CPU when max_total_token_num is 0
     batch_max_tokens: int = 8192  # prefill tokens per step
-    decode_prefill_tokens: int = 1024  # per step while requests decode, unless many prompts wait
     running_max_req_size: int = 256
     max_req_total_len: int = 0  # 0: the model's context length
     status_interval_s: float = 0.5
@@ -106,7 +105,6 @@ class WorkerConfig(CommonConfig):
         _check(self.max_total_token_num >= 0, "max_total_token_num must be >= 0")
         _check(0.0 < self.mem_fraction <= 1.0, "mem_fraction must be in (0, 1]")
         _check(self.batch_max_tokens >= 16, "batch_max_tokens must be >= 16")
-        _check(self.decode_prefill_tokens >= 16, "decode_prefill_tokens must be >= 16")
         _check(self.running_max_req_size >= 1, "running_max_req_size must be >= 1")
         _check(self.status_interval_s > 0, "status_interval_s must be > 0")
         _check(self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs must be >= 0")

@@ -22,11 +22,11 @@ for part in "$@"; do
     engine) timeout 230 python3 tools/benchmark_engine.py --out "$out/engine.json" 2>&1 | grep -v "it/s\]" | tail -20 ;;
     profile) timeout 200 python3 tools/profile_decode.py --out "$out/profile.json" 2>&1 | grep -v "it/s\]" | tail -45 ;;
     offline) timeout 200 python3 tools/benchmark_engine.py --parts offline --running-max-req-size 2048 --out "$out/offline.json" 2>&1 | grep -v "it/s\]" | tail -4 ;;
-    static) timeout 150 python3 tools/benchmark_engine.py --parts ceilings,static --out "$out/static.json" 2>&1 | grep -v "it/s\]" | tail -6 ;;
-    pipeline) timeout 480 python3 tools/bench_pipeline.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" 2>&1 \
+    static) timeout 100 python3 tools/benchmark_engine.py --parts ceilings,static --out "$out/static.json" 2>&1 | grep -v "it/s\]" | tail -6 ;;
+    pipeline) timeout 380 python3 tools/bench_pipeline.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" 2>&1 \
                 | grep -v "it/s\]" | tail -12
               tar czf "$out/logs.tgz" -C /tmp/lightstream-bench logs 2>/dev/null ;;
-    peer) timeout 260 python3 .peer/peer_hf.py --requests 300 --skip static_b1,static_b64 --out "$out/peer_hf.json" 2>&1 | tail -6 ;;
+    peer) timeout 200 python3 .peer/peer_hf.py --requests 300 --skip static_b1,static_b64 --out "$out/peer_hf.json" 2>&1 | tail -6 ;;
     engine-int8) timeout 300 python3 tools/benchmark_engine.py --kv-dtype int8 --parts static,offline --out "$out/engine_int8.json" 2>&1 | tail -8 ;;
     *) echo "unknown part $part" ;;
   esac

@@ -13,7 +13,6 @@ from shared.cli import parse_config
 from shared.config import DetokenizerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
-from shared.process import tune_interpreter
 from shared.redis_link import RedisLink, Stopping
 from shared.streams import SERVICE_DETOK, StreamNames
 
@@ -31,7 +30,6 @@ class _FastDecoder:
 
 
 def main() -> None:
-    tune_interpreter()
     cfg = parse_config(DetokenizerConfig, None, os.environ)
     setup_logging(SERVICE_DETOK, cfg.replica, cfg.log_level)
     link = RedisLink(cfg.redis_url)

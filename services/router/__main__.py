@@ -15,7 +15,6 @@ from shared.config import RouterConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
 from shared.metrics import serve_metrics
-from shared.process import tune_interpreter
 from shared.redis_link import RedisLink, Stopping
 from shared.streams import SERVICE_ROUTER, StreamNames
 
@@ -23,7 +22,6 @@ log = logging.getLogger("services.router")
 
 
 def main() -> None:
-    tune_interpreter()
     cfg = parse_config(RouterConfig, None, os.environ)
     setup_logging(SERVICE_ROUTER, cfg.replica, cfg.log_level)
     link = RedisLink(cfg.redis_url)

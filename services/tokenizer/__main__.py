@@ -18,7 +18,6 @@ from shared.config import TokenizerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
 from shared.model_config import ModelConfig
-from shared.process import tune_interpreter
 from shared.redis_link import RedisLink
 from shared.streams import SERVICE_TOKENIZER, StreamNames
 
@@ -26,7 +25,6 @@ log = logging.getLogger("services.tokenizer")
 
 
 def main() -> None:
-    tune_interpreter()
     cfg = parse_config(TokenizerConfig, None, os.environ)
     setup_logging(SERVICE_TOKENIZER, cfg.replica, cfg.log_level)
     model = ModelConfig.from_dir(cfg.model_dir)

@@ -12,7 +12,6 @@ from shared.cli import parse_config
 from shared.config import WorkerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
-from shared.process import tune_interpreter
 from shared.redis_link import RedisLink, Stopping
 from shared.streams import SERVICE_WORKER, StreamNames
 
@@ -20,7 +19,6 @@ log = logging.getLogger("services.worker")
 
 
 def main() -> None:
-    tune_interpreter()
     cfg = parse_config(WorkerConfig, None, os.environ)
     setup_logging(SERVICE_WORKER, cfg.replica, cfg.log_level)
     link = RedisLink(cfg.redis_url)

@@ -123,7 +123,6 @@ def build_engine(
     limits = SchedulerLimits(
         max_running=cfg.running_max_req_size,
         prefill_budget=cfg.batch_max_tokens,
-        decode_prefill_budget=cfg.decode_prefill_tokens,
         max_total_len=max_total_len,
     )
     state = SamplingState(table.max_rows + 1, model_cfg.vocab_size, device)

@@ -57,9 +57,6 @@ class SchedulerLimits:
     max_running: int
     prefill_budget: int  # tokens per step
     max_total_len: int  # prompt + output, per request
-    # prefill tokens per step while requests are decoding (it bounds their inter-token
-    # latency), unless the waiting prompts are many: then up to a quarter of their tokens
-    decode_prefill_budget: int = 1 << 30
 
 
 class Scheduler:
@@ -112,7 +109,7 @@ class Scheduler:
         plan = StepPlan()
         decodes = [r for r in self.running if r.decoding]
         decodes = self._make_room_for(decodes)
-        budget = self._prefill_budget(bool(decodes)) - len(decodes)
+        budget = self.limits.prefill_budget - len(decodes)
         # requests part-way through their prefill hold KV already: finish them first
         for req in self.running:
             if budget <= 0:
@@ -143,15 +140,6 @@ class Scheduler:
         if decodes:
             plan.decode_slots = self.kv.allocate_one_each(decodes)
         return plan
-
-    def _prefill_budget(self, decoding: bool) -> int:
-        """A long queue of prompts is drained in big steps (throughput); a short one in small
-        steps, so that no step stalls the running decodes for long (latency)."""
-        full = self.limits.prefill_budget
-        if not decoding or full <= self.limits.decode_prefill_budget:
-            return full
-        backlog = sum(r.pending for r in self.waiting) + sum(r.pending for r in self.running if not r.decoding)
-        return min(full, max(self.limits.decode_prefill_budget, backlog // 4))
 
     def _plan_extend(self, plan: StepPlan, req: Req, n: int) -> None:
         if req.row is None:
