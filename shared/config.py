@@ -93,6 +93,7 @@ class WorkerConfig(CommonConfig):
     status_interval_s: float = 0.5
     cuda_graph_max_bs: int = 512  # decode batches up to this size replay CUDA graphs; 0: none
     random_weights: bool = False  # draw weights from a seed on the device (benchmarks: no checkpoint needed)
+    tp: int = 1  # tensor-parallel ranks of this group: one process per GPU (gloo on the CPU)
 
     def __post_init__(self) -> None:
         _check(bool(self.model_dir), "model_dir is required")
@@ -108,6 +109,7 @@ class WorkerConfig(CommonConfig):
         _check(self.running_max_req_size >= 1, "running_max_req_size must be >= 1")
         _check(self.status_interval_s > 0, "status_interval_s must be > 0")
         _check(self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs must be >= 0")
+        _check(self.tp >= 1, f"tp must be >= 1, got {self.tp}")
 
 
 @dataclass(frozen=True)

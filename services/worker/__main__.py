@@ -1,4 +1,4 @@
-"""python -m services.worker: one worker group (a TP group of one rank on the CPU path)."""
+"""python -m services.worker: one worker group, a tensor-parallel group of --tp ranks."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ import logging
 import os
 import signal
 
-from services.worker.build import build_engine
+from services.worker.build import build_engine, resolve_device
+from services.worker.parallel import TensorParallel
 from services.worker.service import WorkerService
+from services.worker.tp.channel import StepChannel
+from services.worker.tp.group import RankWatchdog, free_port, init_rank, start_followers
 from shared.cli import parse_config
 from shared.config import WorkerConfig
 from shared.heartbeat import HeartbeatPublisher
@@ -24,16 +27,31 @@ def main() -> None:
     link = RedisLink(cfg.redis_url)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: link.stop.set())
-    engine = build_engine(cfg)
+    tp, channel, followers = TensorParallel(), None, []
+    if cfg.tp > 1:
+        port = free_port()
+        followers = start_followers(cfg, port)
+        tp = init_rank(cfg, 0, port)
+        channel = StepChannel(tp.group, resolve_device(cfg.device))
+    engine = build_engine(cfg, tp, channel=channel)
     names = StreamNames(cfg.namespace)
     service = WorkerService(engine, link, names, cfg.group, cfg.status_interval_s, cfg.stream_maxlen)
+    watchdog = None
+    if followers:
+
+        def rank_died(why: str) -> None:
+            service.abandon(why)
+            watchdog.stop_all()  # type: ignore[union-attr]
+            os._exit(1)  # the group restarts as a whole
+
+        watchdog = RankWatchdog(followers, rank_died).start()
     kv = engine.kv
     beat = HeartbeatPublisher(
         link,
         names,
         SERVICE_WORKER,
         cfg.group,
-        info=lambda: {"capacity_tokens": kv.capacity, "free_tokens": kv.free_tokens},
+        info=lambda: {"capacity_tokens": kv.capacity, "free_tokens": kv.free_tokens, "tp": cfg.tp},
     )
     beat.start()
     try:
@@ -42,6 +60,14 @@ def main() -> None:
         pass
     finally:
         beat.stop()
+        if channel is not None and watchdog is not None:
+            watchdog.stopped.set()
+            try:
+                channel.stop()
+            except RuntimeError:  # the group is broken already (a rank died): make sure all are gone
+                watchdog.stop_all()
+            for p in followers:
+                p.join(10)
         log.info("worker stopped")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +24,7 @@ from services.worker.sampler import Sampler
 from services.worker.sampling_state import SamplingState
 from services.worker.scheduler import Scheduler, SchedulerLimits
 from services.worker.token_allocator import TokenAllocator
+from services.worker.tp.channel import StepChannel
 from shared.config import WorkerConfig
 from shared.model_config import ModelConfig
 
@@ -64,17 +66,33 @@ def kv_capacity(cfg: WorkerConfig, layout: KVLayout, device: torch.device) -> in
     return tokens
 
 
-def build_engine(
+@dataclass
+class ModelStack:
+    """What every rank of a worker group holds: its shard of the model, its KV pool (its share
+    of the KV heads), the request-to-token table and the runner (with CUDA graphs)."""
+
+    model_cfg: ModelConfig
+    model: LlamaModel
+    cache: KVCache
+    table: ReqTable
+    runner: ModelRunner
+    max_total_len: int
+    device: torch.device
+
+
+def build_model_stack(
     cfg: WorkerConfig,
-    tp: TensorParallel | None = None,
+    tp: TensorParallel,
     weights: ModelWeights | None = None,
     model_cfg: ModelConfig | None = None,
-) -> Engine:
-    tp = tp or TensorParallel()
+    channel: StepChannel | None = None,
+) -> ModelStack:
     model_cfg = model_cfg or ModelConfig.from_dir(cfg.model_dir)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, model_cfg, device)
     if weights is None and cfg.random_weights:
+        if tp.size > 1:
+            raise ValueError("random_weights is for single-rank benchmarks; with --tp give a model directory")
         log.warning("random weights (benchmark mode): outputs are meaningless")
         weights = random_weights(model_cfg, dtype, device, seed=0)
     if weights is None:
@@ -87,19 +105,21 @@ def build_engine(
         dtype=dtype,
         quantized=cfg.kv_dtype == "int8",
     )
-    capacity = kv_capacity(cfg, layout, device)
+    # every rank holds the same token slots (its share of the heads of each): the smallest pool wins
+    capacity = tp.agree_min(kv_capacity(cfg, layout, device), device)
     cache = KVCache(layout, capacity, device)
     log.info(
-        "KV pool: %d tokens (%.2f GiB, %s), device %s, weights %s, max request length %d",
+        "KV pool: %d tokens (%.2f GiB, %s), device %s, weights %s, max request length %d, rank %d of %d",
         capacity,
         capacity * layout.bytes_per_token / 2**30,
         "int8" if layout.quantized else str(dtype).removeprefix("torch."),
         device,
         str(dtype).removeprefix("torch."),
         max_total_len,
+        tp.rank,
+        tp.size,
     )
     table = ReqTable(cfg.running_max_req_size, max_total_len, device, dummy_slot=cache.dummy_slot)
-    kv = KVManager(TokenAllocator(capacity, device), table)
     cos_sin = cos_sin_table(model_cfg.head_dim, model_cfg.rope_theta, model_cfg.rope_scaling, max_total_len, device)
     heads = model_cfg.num_heads // tp.size
     if device.type == "cuda":
@@ -119,11 +139,25 @@ def build_engine(
         graphs = DecodeGraphs(
             model, table.table, cache.dummy_slot, table.dummy_row, max_total_len, buckets_up_to(max_bs), device
         )
-    eos = frozenset(model_cfg.eos_token_ids)
+    return ModelStack(model_cfg, model, cache, table, ModelRunner(model, graphs, channel), max_total_len, device)
+
+
+def build_engine(
+    cfg: WorkerConfig,
+    tp: TensorParallel | None = None,
+    weights: ModelWeights | None = None,
+    model_cfg: ModelConfig | None = None,
+    channel: StepChannel | None = None,
+) -> Engine:
+    """Rank 0's engine (the only one with a scheduler and a sampler); channel sends each
+    step's batch to the other ranks of a tensor-parallel group."""
+    s = build_model_stack(cfg, tp or TensorParallel(), weights, model_cfg, channel)
+    kv = KVManager(TokenAllocator(s.cache.capacity, s.device), s.table)
+    eos = frozenset(s.model_cfg.eos_token_ids)
     limits = SchedulerLimits(
         max_running=cfg.running_max_req_size,
         prefill_budget=cfg.batch_max_tokens,
-        max_total_len=max_total_len,
+        max_total_len=s.max_total_len,
     )
-    state = SamplingState(table.max_rows + 1, model_cfg.vocab_size, device)
-    return Engine(ModelRunner(model, graphs), kv, Scheduler(kv, limits, eos), Sampler(state, eos), device)
+    state = SamplingState(s.table.max_rows + 1, s.model_cfg.vocab_size, s.device)
+    return Engine(s.runner, kv, Scheduler(kv, limits, eos), Sampler(state, eos), s.device)

@@ -1,4 +1,7 @@
-"""Runs the model on a batch: decode-only batches replay a captured CUDA graph, others run eagerly."""
+"""Runs the model on a batch: decode-only batches replay a captured CUDA graph, others run eagerly.
+
+Every rank of a tensor-parallel group runs the same batches in the same order (rank 0 sends
+each one to the others first), since each layer ends in a collective all ranks must join."""
 
 from __future__ import annotations
 
@@ -7,15 +10,21 @@ import torch
 from services.worker.cuda_graphs import DecodeGraphs
 from services.worker.forward_batch import ForwardBatch
 from services.worker.models.llama import LlamaModel
+from services.worker.tp.channel import StepChannel
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, graphs: DecodeGraphs | None = None) -> None:
+    def __init__(
+        self, model: LlamaModel, graphs: DecodeGraphs | None = None, channel: StepChannel | None = None
+    ) -> None:
         self.model = model
         self.graphs = graphs
+        self.channel = channel  # rank 0 of a tensor-parallel group: the other ranks run the same batch
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """-> float32 logits [S, V] for batch.sample_index."""
+        if self.channel is not None:
+            self.channel.send(batch)
         if self.graphs is not None and batch.num_extends == 0 and self.graphs.fits(batch.num_decodes):
             return self.graphs.replay(batch)
         return self.model.forward(batch)

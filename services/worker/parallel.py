@@ -33,6 +33,14 @@ class TensorParallel:
         out.mul_(inside[:, None].to(out.dtype))
         return self.all_reduce(out)
 
+    def agree_min(self, value: int, device: torch.device) -> int:
+        """The smallest of every rank's value (each rank sizes its pool from its own free memory)."""
+        if self.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=device if dist.get_backend(self.group) == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
     def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[S, V / size] on each rank -> [S, V] on every rank."""
         if self.size == 1:

@@ -48,6 +48,7 @@ class WorkerService:
         self.outbox.start()
         self.publish_status()
         log.info("worker group %s (instance %s) serving", self.group, self.instance)
+        why = "the worker is shutting down"
         try:
             while not self.link.stop.is_set():
                 entries = self.inbox.drain(wait_s=self._idle_wait())
@@ -57,9 +58,31 @@ class WorkerService:
                     self._publish_tokens(out.items)
                     self._changed |= out.changed
                 self._maybe_status()
+        except Exception as e:  # a step failed (a tensor-parallel rank died, the device failed, ...)
+            log.exception("the step loop failed")
+            why = f"the worker failed: {type(e).__name__}: {str(e)[:200]}"
+            raise
         finally:
-            self._publish_tokens(self.engine.fail_all("the worker is shutting down"))
+            self._publish_tokens(self.engine.fail_all(why))
             self.outbox.close()
+
+    def abandon(self, why: str) -> None:
+        """The group cannot go on (a rank died): end every request it holds with an explicit
+        error at once. Called from another thread while the step loop may be stuck in a
+        collective, so it sends directly rather than through the outbox."""
+        log.error("abandoning every request: %s", why)
+        try:
+            items = self.engine.fail_all(why)
+        except Exception:  # the step loop may be changing the state under us: say what we can
+            log.exception("could not list the requests to fail")
+            items = []
+        by_shard: dict[str, list[TokenItem]] = {}
+        for shard, item in items:
+            by_shard.setdefault(shard, []).append(item)
+        source = f"worker:{self.group}"
+        StreamWriter(self.link).send_many(
+            [(self.names.detok(s), TokenBatch(source, its)) for s, its in by_shard.items()]
+        )
 
     def _take(self, entries: list[Entry]) -> None:
         for entry in entries:

@@ -1,0 +1,131 @@
+"""A tensor-parallel worker group: one process per rank, started and watched by rank 0.
+
+Rank 0 is the worker service's own process: it talks to Redis, schedules and samples.
+The other ranks are child processes that run each batch rank 0 sends them (channel.py).
+All ranks join one torch.distributed group: NCCL on GPUs (rank r on GPU r), gloo on the
+CPU. A rank that dies takes the whole group down on purpose: rank 0's watchdog ends every
+request it holds with an explicit error and exits, so the service restarts as a whole
+(compose's restart policy, or whoever runs it) and the router places requests on it again
+once its new instance reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from services.worker.parallel import TensorParallel
+from shared.config import WorkerConfig
+
+log = logging.getLogger(__name__)
+
+INIT_TIMEOUT = timedelta(minutes=10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_rank(cfg: WorkerConfig, rank: int, port: int) -> TensorParallel:
+    """Join the group as `rank`; on CUDA, rank r takes GPU r."""
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cuda:
+        torch.cuda.set_device(rank)
+    else:
+        # ranks share the machine's cores: more threads each would only fight over them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.tp))
+    dist.init_process_group(
+        backend="nccl" if cuda else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        world_size=cfg.tp,
+        rank=rank,
+        timeout=INIT_TIMEOUT,
+    )
+    return TensorParallel(rank=rank, size=cfg.tp, group=dist.group.WORLD)
+
+
+def start_followers(cfg: WorkerConfig, port: int) -> list[multiprocessing.Process]:
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=follower_main, args=(cfg, rank, port, os.getpid()), name=f"tp-rank-{rank}")
+        for rank in range(1, cfg.tp)
+    ]
+    for p in procs:
+        p.start()
+    log.info("started tensor-parallel ranks 1..%d (pids %s)", cfg.tp - 1, [p.pid for p in procs])
+    return procs
+
+
+def follower_main(cfg: WorkerConfig, rank: int, port: int, parent: int) -> None:
+    """Ranks 1..tp-1: build the same model shard and run every batch rank 0 sends."""
+    from services.worker.build import build_model_stack
+    from services.worker.tp.channel import StepChannel
+    from shared.log import setup_logging
+    from shared.streams import SERVICE_WORKER
+
+    setup_logging(SERVICE_WORKER, f"{cfg.replica}-rank{rank}", cfg.log_level)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 decides when the group stops
+    _exit_with_parent(parent)
+    tp = init_rank(cfg, rank, port)
+    stack = build_model_stack(cfg, tp)
+    channel = StepChannel(tp.group, stack.device)
+    log.info("rank %d ready", rank)
+    steps = 0
+    with torch.inference_mode():
+        while (batch := channel.receive(stack.table.table)) is not None:
+            stack.runner.forward(batch)
+            steps += 1
+    log.info("rank %d stopping after %d steps", rank, steps)
+    dist.destroy_process_group()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A rank whose rank 0 is gone has nothing to do: leave even if a collective is stuck."""
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+class RankWatchdog:
+    """On rank 0: notices a dead rank and calls on_death once (which must not return)."""
+
+    def __init__(self, procs: list[multiprocessing.Process], on_death: Callable[[str], None]) -> None:
+        self.procs = procs
+        self.on_death = on_death
+        self._thread = threading.Thread(target=self._run, name="rank-watchdog", daemon=True)
+        self.stopped = threading.Event()
+
+    def start(self) -> RankWatchdog:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopped.wait(0.2):
+            dead = [p for p in self.procs if not p.is_alive()]
+            if dead:
+                why = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
+                self.on_death(f"tensor-parallel rank died: {why}")
+                return
+
+    def stop_all(self) -> None:
+        self.stopped.set()
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
