@@ -4,13 +4,21 @@ A service builds a CollectorRegistry with its collectors and calls ``serve_metri
 with ``CommonConfig.metrics_port``: a daemon thread then answers ``GET /metrics`` on that
 port. A registry per service (not prometheus_client's global one) keeps the series of
 several services, or of several instances in one test process, apart.
+
+``LoopHistogram`` is for hot loops (the worker's step loop): an observation is one bisect
+and two additions, with no lock, and the Prometheus family is built at scrape time on
+the metrics thread. prometheus_client's Histogram takes a lock and walks every bucket on
+each observation; a scrape that reads counts mid-update is off by one observation at most.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import HistogramMetricFamily
 
 log = logging.getLogger(__name__)
 
@@ -22,3 +30,30 @@ def serve_metrics(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0")
     start_http_server(port, addr=addr, registry=registry)
     log.info("metrics at http://%s:%d/metrics", addr, port)
     return True
+
+
+class LoopHistogram:
+    """Counts per bucket, updated by one thread, read by the scrape thread."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        if list(bounds) != sorted(set(bounds)):
+            raise ValueError(f"histogram bounds must be increasing and distinct, got {bounds}")
+        self.bounds = tuple(bounds)  # upper bounds; +Inf is implied
+        self.counts = [0] * (len(self.bounds) + 1)  # per bucket, not cumulative
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def family(
+        self, name: str, doc: str, labels: Sequence[str] = (), values: Sequence[str] = ()
+    ) -> HistogramMetricFamily:
+        counts = list(self.counts)  # one copy, so the buckets agree with each other
+        buckets, total = [], 0
+        for bound, n in zip([*self.bounds, float("inf")], counts, strict=True):
+            total += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
+        fam = HistogramMetricFamily(name, doc, labels=list(labels))
+        fam.add_metric(list(values), buckets, self.sum)
+        return fam

@@ -6,13 +6,16 @@ import logging
 import os
 import signal
 
+from prometheus_client import CollectorRegistry
 from transformers import AutoTokenizer
 
+from services.detokenizer.metrics import DetokCollector, DetokMetrics
 from services.detokenizer.service import DetokenizerService
 from shared.cli import parse_config
 from shared.config import DetokenizerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
+from shared.metrics import serve_metrics
 from shared.redis_link import RedisLink, Stopping
 from shared.streams import SERVICE_DETOK, StreamNames
 
@@ -36,7 +39,11 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: link.stop.set())
     names = StreamNames(cfg.namespace)
-    service = DetokenizerService(link, names, cfg.replica, _FastDecoder(cfg.model_dir), cfg.stream_maxlen)
+    metrics = DetokMetrics(cfg.replica)
+    service = DetokenizerService(link, names, cfg.replica, _FastDecoder(cfg.model_dir), cfg.stream_maxlen, metrics)
+    registry = CollectorRegistry()
+    registry.register(DetokCollector(metrics, lambda: len(service.sessions)))
+    serve_metrics(cfg.metrics_port, registry)
     beat = HeartbeatPublisher(link, names, SERVICE_DETOK, cfg.replica, info=lambda: {"sessions": len(service.sessions)})
     beat.start()
     try:

@@ -12,6 +12,7 @@ import logging
 import time
 
 from services.detokenizer.incremental import Decoder
+from services.detokenizer.metrics import DetokMetrics
 from services.detokenizer.session import DetokSession
 from shared.messages import AbortReq, DetokRegister, TextBatch, TextItem, TokenBatch
 from shared.redis_link import RedisLink
@@ -22,8 +23,17 @@ log = logging.getLogger(__name__)
 
 
 class DetokenizerService:
-    def __init__(self, link: RedisLink, names: StreamNames, shard: str, decoder: Decoder, maxlen: int) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        names: StreamNames,
+        shard: str,
+        decoder: Decoder,
+        maxlen: int,
+        metrics: DetokMetrics | None = None,
+    ) -> None:
         self.link = link
+        self.metrics = metrics or DetokMetrics(shard)
         self.names = names
         self.shard = shard
         self.decoder = decoder
@@ -41,6 +51,7 @@ class DetokenizerService:
             self._collect_expired()
 
     def handle(self, entries: list[Entry]) -> None:
+        started = time.perf_counter()
         texts: dict[str, list[TextItem]] = {}
         aborts: list[str] = []
         for entry in entries:
@@ -61,6 +72,7 @@ class DetokenizerService:
                             aborts.append(item.rid)
             else:
                 log.error("unexpected %s on the detokenizer stream", type(msg).__name__)
+        self.metrics.on_handle(entries, texts, len(aborts), time.perf_counter() - started)
         out = [(self.names.front(front), TextBatch(items)) for front, items in texts.items()]
         out += [(self.names.router, AbortReq(rid, "ended by the detokenizer")) for rid in aborts]
         self.writer.send_many(out, acks=entries)

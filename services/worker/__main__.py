@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
 
+from prometheus_client import CollectorRegistry
+
 from services.worker.build import build_engine, resolve_device
+from services.worker.metrics import WorkerCollector, WorkerMetrics
 from services.worker.parallel import TensorParallel
 from services.worker.service import WorkerService
 from services.worker.tp.channel import StepChannel
@@ -15,14 +19,22 @@ from shared.cli import parse_config
 from shared.config import WorkerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
+from shared.metrics import serve_metrics
 from shared.redis_link import RedisLink, Stopping
 from shared.streams import SERVICE_WORKER, StreamNames
 
 log = logging.getLogger("services.worker")
 
+# --group auto names the group after the replica (host name and pid), so the replicas of one
+# scaled service (docker compose up --scale worker=2) each form a data-parallel group of their
+# own; in a container the pid is 1, so a restarted container comes back as the same group
+GROUP_AUTO = "auto"
+
 
 def main() -> None:
     cfg = parse_config(WorkerConfig, None, os.environ)
+    if cfg.group == GROUP_AUTO:
+        cfg = dataclasses.replace(cfg, group=cfg.replica)
     setup_logging(SERVICE_WORKER, cfg.replica, cfg.log_level)
     link = RedisLink(cfg.redis_url)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -35,7 +47,11 @@ def main() -> None:
         channel = StepChannel(tp.group, resolve_device(cfg.device))
     engine = build_engine(cfg, tp, channel=channel)
     names = StreamNames(cfg.namespace)
-    service = WorkerService(engine, link, names, cfg.group, cfg.status_interval_s, cfg.stream_maxlen)
+    metrics = WorkerMetrics(cfg.group)
+    service = WorkerService(engine, link, names, cfg.group, cfg.status_interval_s, cfg.stream_maxlen, metrics)
+    registry = CollectorRegistry()
+    registry.register(WorkerCollector(metrics, engine))
+    serve_metrics(cfg.metrics_port, registry)  # after the model is loaded: serving metrics means ready
     watchdog = None
     if followers:
 

@@ -16,6 +16,7 @@ import uuid
 
 from services.worker.engine import Engine
 from services.worker.io_threads import Inbox, Outbox
+from services.worker.metrics import WorkerMetrics
 from shared.messages import AbortReqs, AdmitReqs, TokenBatch, TokenItem, WorkerStatus
 from shared.redis_link import RedisLink
 from shared.redis_streams import Entry, StreamReader, StreamWriter
@@ -28,9 +29,17 @@ CHANGE_STATUS_MIN_GAP_S = 0.02  # statuses caused by a change, at most this ofte
 
 class WorkerService:
     def __init__(
-        self, engine: Engine, link: RedisLink, names: StreamNames, group: str, status_interval_s: float, maxlen: int
+        self,
+        engine: Engine,
+        link: RedisLink,
+        names: StreamNames,
+        group: str,
+        status_interval_s: float,
+        maxlen: int,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.engine = engine
+        self.metrics = metrics or WorkerMetrics(group)
         self.link = link
         self.names = names
         self.group = group
@@ -54,7 +63,9 @@ class WorkerService:
                 entries = self.inbox.drain(wait_s=self._idle_wait())
                 self._take(entries)
                 if self.engine.has_work():
+                    started = time.perf_counter()
                     out = self.engine.step()
+                    self.metrics.on_step(out, time.perf_counter() - started)
                     self._publish_tokens(out.items)
                     self._changed |= out.changed
                 self._maybe_status()
