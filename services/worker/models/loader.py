@@ -96,7 +96,8 @@ def load_weights(
         return t.to(device=device, dtype=dtype).contiguous()
 
     layers = []
-    bar = tqdm(range(cfg.num_layers), desc="loading weights", unit="layer", disable=not progress)
+    # on a terminal only (disable=None): a log file or a container's log keeps one line per event
+    bar = tqdm(range(cfg.num_layers), desc="loading weights", unit="layer", disable=None if progress else True)
     for i in bar:
         p = f"model.layers.{i}."
         q, k, v = (_rows(src.get(p + f"self_attn.{n}_proj.weight"), tp) for n in "qkv")
