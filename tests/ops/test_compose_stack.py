@@ -1,0 +1,67 @@
+"""compose.yaml exercised, not only parsed: its services started from their own commands and
+environment (tests/ops/compose_local.py), scaled, serving requests, passing their health checks,
+logging one structured line per event."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import httpx
+import redis
+
+from tests.ops.compose_local import LIGHTSTREAM, LocalCompose
+
+LINE = re.compile(
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"(?P<service>tokenizer|router|worker|detokenizer)/(?P<replica>\S+) rid=(?P<rid>\S+) [\w.]+: "
+)
+
+
+def test_serves_a_request(compose_stack: LocalCompose) -> None:
+    body = {"inputs": "What is AI?", "parameters": {"max_new_tokens": 12, "ignore_eos": True}}
+    r = httpx.post(compose_stack.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["finish_reason"] == "length" and out["count_output_tokens"] == 12
+
+
+def test_the_model_service_made_the_demo_model(compose_stack: LocalCompose) -> None:
+    made = os.listdir(compose_stack.volumes["models"])
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(made), made
+
+
+def test_scaled_workers_form_their_own_groups_and_detokenizers_their_own_shards(compose_stack: LocalCompose) -> None:
+    health = httpx.get(compose_stack.url + "/health", timeout=10).json()
+    assert len(health["workers"]) == 2 and len(health["detokenizers"]) == 2, health
+    # LS_GROUP=auto: each group is named after its replica (host name and pid; pid 1 in a container)
+    pids = {str(p.proc.pid) for p in compose_stack.replicas("worker") if p.proc is not None}
+    assert {g.rsplit("-", 1)[1] for g in health["workers"]} == pids
+
+
+def test_redis_is_append_only(compose_stack: LocalCompose) -> None:
+    client = redis.Redis.from_url(compose_stack.redis_url)
+    assert client.config_get("appendonly") == {"appendonly": "yes"}
+
+
+def test_every_health_check_passes(compose_stack: LocalCompose) -> None:
+    for service in LIGHTSTREAM:
+        test = compose_stack.service(service)["healthcheck"]["test"]
+        for replica in compose_stack.replicas(service):
+            assert replica.healthcheck(test), f"{replica.name}: {test}"
+
+
+def test_every_log_line_is_one_structured_event(compose_stack: LocalCompose) -> None:
+    httpx.post(compose_stack.url + "/generate", json={"inputs": "Hello", "parameters": {"max_new_tokens": 4}})
+    rids = set()
+    for service in LIGHTSTREAM:
+        for replica in compose_stack.replicas(service):
+            lines = replica.output().splitlines()
+            assert lines, f"{replica.name} logged nothing"
+            for line in lines:
+                m = LINE.match(line)
+                assert m, f"{replica.name}: not a structured line: {line!r}"
+                assert m["service"] == service
+                if m["rid"] != "-":
+                    rids.add(m["rid"])
+    assert any(re.fullmatch(r"[0-9a-f]{32}", rid) for rid in rids), "no line names a request"
