@@ -42,6 +42,12 @@ class TokenizerConfig(CommonConfig):
     tokenizer_threads: int = 2
     # clients must send one of these as "Authorization: Bearer <key>"; empty: no keys asked
     api_keys: tuple[str, ...] = ()
+    # FastChat (docs/fastchat.md): the controller to register with as a model worker; empty: none
+    fastchat_controller: str = ""
+    worker_address: str = ""  # the URL FastChat reaches this front end at; empty: http://<host>:<port>
+    model_names: str = ""  # names to register, comma-separated as FastChat spells it; empty: model_name
+    limit_worker_concurrency: int = 1024  # FastChat requests served at once; the rest wait, counted as queued
+    fastchat_heartbeat_s: float = 45.0  # FastChat's heartbeat interval (its controller forgets a worker after 90 s)
 
     def __post_init__(self) -> None:
         _check(bool(self.model_dir), "model_dir is required")
@@ -50,6 +56,20 @@ class TokenizerConfig(CommonConfig):
         _check(self.max_req_total_len >= 0, "max_req_total_len must be >= 0")
         _check(self.request_timeout_s > 0, "request_timeout_s must be > 0")
         _check(self.tokenizer_threads >= 1, "tokenizer_threads must be >= 1")
+        for name in ("fastchat_controller", "worker_address"):
+            url = getattr(self, name)
+            _check(not url or url.startswith(("http://", "https://")), f"{name} must be an http(s) URL, got {url!r}")
+        # FastChat's controller and API server call the worker routes without a key
+        _check(
+            not (self.fastchat_controller and self.api_keys),
+            "fastchat_controller cannot be used with api_keys: FastChat calls its workers without a key",
+        )
+        _check(
+            not self.model_names or all(n.strip() for n in self.model_names.split(",")),
+            f"model_names must be comma-separated non-empty names, got {self.model_names!r}",
+        )
+        _check(self.limit_worker_concurrency >= 1, "limit_worker_concurrency must be >= 1")
+        _check(self.fastchat_heartbeat_s > 0, "fastchat_heartbeat_s must be > 0")
 
 
 @dataclass(frozen=True)

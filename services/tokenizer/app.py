@@ -11,6 +11,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from services.tokenizer.errors import APIError, api_error_handler, validation_handler
+from services.tokenizer.fastchat_api import fastchat_router
+from services.tokenizer.fastchat_registration import start_registration
+from services.tokenizer.fastchat_worker import FastChatWorker
 from services.tokenizer.gates import Gates
 from services.tokenizer.generation import FrontContext
 from services.tokenizer.lightllm_api import lightllm_router
@@ -19,10 +22,15 @@ from services.tokenizer.openai_api import openai_router
 
 
 def create_app(ctx: FrontContext) -> FastAPI:
+    fastchat = FastChatWorker(ctx)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         ctx.pipeline.start(asyncio.get_running_loop())
+        registration = start_registration(fastchat)  # None without --fastchat-controller
         yield
+        if registration is not None:
+            registration.cancel()
         ctx.pipeline.stop()
         ctx.tok.shutdown()
 
@@ -34,6 +42,7 @@ def create_app(ctx: FrontContext) -> FastAPI:
     app.add_middleware(CountRequests, metrics=ctx.metrics)
     app.include_router(openai_router(ctx))
     app.include_router(lightllm_router(ctx))
+    app.include_router(fastchat_router(fastchat))
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -1,0 +1,160 @@
+"""FastChat's model-worker routes (all POST): /worker_get_status, /count_token,
+/model_details, /worker_get_conv_template, /worker_generate_stream, /worker_generate.
+
+Generation goes through generation.py and fanout.py as on every other route: stop strings
+are cut and their possible starts held back by the detokenizer, a caller that goes away
+aborts the generation, and the worker frees its KV at its next step. Each request holds
+one of the worker's concurrency slots (fastchat_worker.Slots) from before it is submitted
+until its response ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.responses import StreamingResponse
+
+from services.tokenizer.collected import best
+from services.tokenizer.errors import APIError, describe_validation, pipeline_status
+from services.tokenizer.fanout import collect_all, first_items, unless_disconnected
+from services.tokenizer.fastchat_chunks import Progress, encode, error_chunk, failed_chunk
+from services.tokenizer.fastchat_params import WorkerParams
+from services.tokenizer.fastchat_worker import FastChatWorker, Slot
+from services.tokenizer.generation import Generation, Job, abandon, check_token_ids, seeds, submit_all
+from services.tokenizer.streaming import EventStream
+from shared.messages import FINISH_ERROR
+
+
+class WorkerStream(EventStream):
+    """JSON chunks each followed by a NUL byte, as FastChat's workers stream them. Like
+    EventStream it cancels its body the moment the caller goes away and then runs on_close;
+    it has no media type, as FastChat's own workers' streams."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        self.on_close = on_close
+        StreamingResponse.__init__(self, content)
+
+
+def fastchat_router(worker: FastChatWorker) -> APIRouter:
+    ctx = worker.ctx
+    router = APIRouter()
+
+    async def start(request: Request, stream: bool) -> tuple[WorkerParams, Slot, list[Generation]]:
+        """Parse, take a slot, submit; the slot is released here if anything fails."""
+        params = await _params(request)
+        check_token_ids(params.stop_token_ids or [], ctx.vocab_size, "stop_token_ids")
+        if stream and params.sequences > 1:
+            raise APIError(400, "best_of: a stream returns one sequence, must be 1", param="best_of")
+        slot = await unless_disconnected(request, worker.slots.take())
+        try:
+            ids = await ctx.tok.encode(params.prompt)
+            jobs = [Job(ids, params.sampling(seed), params.stops(), True) for seed in seeds(None, params.sequences)]
+            gens = await submit_all(ctx, jobs, time.monotonic(), "max_new_tokens", "prompt")
+        except BaseException:
+            slot.release()
+            raise
+        return params, slot, gens
+
+    @router.post("/worker_generate_stream", response_model=None)
+    async def generate_stream(request: Request) -> Response:
+        try:
+            params, slot, gens = await start(request, stream=True)
+        except APIError as e:
+            return Response(encode(error_chunk(e)))
+        try:
+            stream, first = await first_items(ctx, gens, request)
+        except APIError as e:
+            slot.release()
+            return Response(encode(error_chunk(e)))
+        except BaseException:
+            slot.release()
+            raise
+        progress = Progress.start(params.prompt, params.echo, gens[0].pending.prompt_tokens, ctx.tok, params.logprobs)
+        route = request.url.path
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async with contextlib.aclosing(stream):
+                nxt: tuple | None = first
+                while nxt is not None:
+                    item = nxt[1]
+                    if item.finish_reason == FINISH_ERROR:
+                        ctx.metrics.error(route, pipeline_status(item.error_kind))
+                        yield encode(failed_chunk(item))
+                        return
+                    if progress.add(item):
+                        yield encode(progress.chunk())
+                    if item.finish_reason:  # the final text once more, with its finish reason
+                        yield encode(progress.chunk(item.finish_reason))
+                    nxt = await anext(stream, None)
+
+        def close() -> None:
+            abandon(ctx, gens)
+            slot.release()
+
+        return WorkerStream(chunks(), on_close=close)
+
+    @router.post("/worker_generate")
+    async def generate(request: Request) -> JSONResponse:
+        """The last chunk /worker_generate_stream would send; with best_of, of the best sequence."""
+        try:
+            params, slot, gens = await start(request, stream=False)
+        except APIError as e:
+            return JSONResponse(error_chunk(e))
+        try:
+            chosen = best(await collect_all(ctx, gens, request), 1)[0]
+        except APIError as e:
+            return JSONResponse(error_chunk(e))
+        finally:
+            slot.release()
+        progress = Progress.start(params.prompt, params.echo, chosen.prompt_tokens, ctx.tok, params.logprobs)
+        if progress.logprobs is not None:
+            progress.lp = progress.logprobs.of(chosen.token_ids, chosen.logprobs, chosen.top_logprobs)
+        progress.text, progress.completion_tokens = chosen.text, chosen.output_tokens
+        return JSONResponse(progress.chunk(chosen.finish_reason))
+
+    @router.post("/worker_get_status")
+    async def get_status() -> JSONResponse:
+        return JSONResponse(worker.status())
+
+    @router.post("/count_token")
+    async def count_token(request: Request) -> JSONResponse:
+        try:
+            body = await _json(request)
+        except APIError as e:
+            return JSONResponse(error_chunk(e))
+        prompt = body.get("prompt") if isinstance(body, dict) else None
+        if not isinstance(prompt, str):
+            return JSONResponse(error_chunk(APIError(400, "prompt: required, a string", "validation")))
+        # counted as generation tokenizes it, so FastChat's length check matches ours
+        return JSONResponse({"count": len(await ctx.tok.encode(prompt)), "error_code": 0})
+
+    @router.post("/model_details")
+    async def model_details() -> JSONResponse:
+        return JSONResponse({"context_length": ctx.max_total_len})
+
+    @router.post("/worker_get_conv_template")
+    async def conv_template() -> JSONResponse:
+        return JSONResponse({"conv": worker.conv})
+
+    return router
+
+
+async def _json(request: Request) -> object:
+    try:
+        return json.loads(await request.body())
+    except ValueError as e:
+        raise APIError(400, f"the request body is not valid JSON ({e})", "validation") from e
+
+
+async def _params(request: Request) -> WorkerParams:
+    body = await _json(request)
+    try:
+        return WorkerParams.model_validate(body)
+    except ValidationError as e:
+        raise APIError(400, describe_validation(list(e.errors())), "validation") from e
