@@ -22,4 +22,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements-test.txt
+# FastChat's servers, for the tests that put LightStream behind them, in their own virtualenv:
+# FastChat's API server streams only with pydantic 1 (requirements-fastchat.txt)
+if [ ! -x .venv-fastchat/bin/python ]; then
+  "$python" -m venv .venv-fastchat
+fi
+.venv-fastchat/bin/python -m pip install -q -r requirements-fastchat.txt
 echo "LightStream is set up: .venv/bin/python tools/run_local.py"
