@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-arg", action="append", default=[], help="extra flag for each worker (repeatable)")
     ap.add_argument("--router-arg", action="append", default=[], help="extra flag for the router (repeatable)")
     ap.add_argument("--tokenizer-arg", action="append", default=[], help="extra flag for the front end (repeatable)")
+    ap.add_argument(
+        "--detokenizer-arg", action="append", default=[], help="extra flag for each detokenizer (repeatable)"
+    )
     args = ap.parse_args(argv)
 
     model_dir = args.model_dir
@@ -59,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             worker_args=args.worker_arg,
             router_args=args.router_arg,
             tokenizer_args=args.tokenizer_arg,
+            detokenizer_args=args.detokenizer_arg,
         )
     )
     stopping = threading.Event()
