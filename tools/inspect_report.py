@@ -32,14 +32,16 @@ def snapshot(link: RedisLink, names: StreamNames) -> dict[str, Any]:
     ]
     replicas = []
     for service in SERVICES:
-        for name, hb in sorted(live_replicas(link, names, service).items()):
+        beats = live_replicas(link, names, service)
+        read = time.time()  # after the read: a beat made since `now` would show a negative age
+        for name, hb in sorted(beats.items()):
             replicas.append(
                 {
                     "service": service,
                     "replica": name,
                     "pid": hb.pid,
-                    "heartbeat_age_s": round(now - hb.time, 3),
-                    "uptime_s": round(now - hb.started, 1),
+                    "heartbeat_age_s": round(read - hb.time, 3),
+                    "uptime_s": round(read - hb.started, 1),
                     "load": hb.info,
                 }
             )
@@ -48,21 +50,23 @@ def snapshot(link: RedisLink, names: StreamNames) -> dict[str, Any]:
         "namespace": names.namespace,
         "streams": streams,
         "replicas": replicas,
-        "in_flight": _in_flight(link, names, replicas, now),
+        "in_flight": _in_flight(link, names, replicas),
     }
 
 
-def _in_flight(link: RedisLink, names: StreamNames, replicas: list[dict], now: float) -> dict[str, Any]:
+def _in_flight(link: RedisLink, names: StreamNames, replicas: list[dict]) -> dict[str, Any]:
     def loads(service: str) -> dict[str, dict[str, float]]:
         return {r["replica"]: r["load"] for r in replicas if r["service"] == service}
 
     routers, live_groups = loads(SERVICE_ROUTER), loads(SERVICE_WORKER)
     groups = {}
-    for group, st in sorted(latest_worker_statuses(link, names).items()):
+    statuses = latest_worker_statuses(link, names)
+    read = time.time()
+    for group, st in sorted(statuses.items()):
         if group not in live_groups:
             continue  # a group gone since its last status
         groups[group] = {
-            "status_age_s": round(now - st.time, 3),
+            "status_age_s": round(read - st.time, 3),
             "capacity_tokens": st.capacity_tokens,
             "free_tokens": st.free_tokens,
             "requests": [dataclasses.asdict(r) for r in st.running],

@@ -100,7 +100,6 @@ class LocalCompose:
     redis: Process | None = None
     redis_url: str = ""
     volumes: dict[str, str] = field(default_factory=dict)  # named volume -> local directory
-    http_port: int = 0
 
     def service(self, name: str) -> dict[str, Any]:
         return self.spec["services"][name]
@@ -132,7 +131,12 @@ class LocalCompose:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        """The first front end's."""
+        return self.urls[0]
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p.env['LS_PORT']}" for p in self.replicas("tokenizer")]
 
     # ---------------------------------------------------------------- the pieces
 
@@ -170,7 +174,6 @@ class LocalCompose:
             env["LS_METRICS_PORT"] = str(free_port())
         if "LS_PORT" in env:
             env["LS_PORT"] = str(free_port())
-            self.http_port = self.http_port or int(env["LS_PORT"])
         if spec["build"]["target"] == "light":
             env["PYTHONPATH"] = self._no_torch_dir()
         argv = [sys.executable if a == "python" else self._localize(a, mounts) for a in spec["command"]]

@@ -1,5 +1,6 @@
 """One compose stack for the operations tests: compose.yaml's services as local processes,
-scaled to two worker groups and two detokenizer shards, shared by every test module here."""
+scaled to two of each service that scales (worker groups, detokenizer shards, front ends),
+shared by every test module here."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tests.ops.compose_local import LocalCompose
 
 @pytest.fixture(scope="package")
 def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCompose]:
-    stack = LocalCompose(str(tmp_path_factory.mktemp("compose")), scale={"worker": 2, "detokenizer": 2})
+    stack = LocalCompose(str(tmp_path_factory.mktemp("compose")), scale={"worker": 2, "detokenizer": 2, "tokenizer": 2})
     try:
         stack.start()
     except BaseException:

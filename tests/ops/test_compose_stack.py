@@ -18,12 +18,14 @@ LINE = re.compile(
 )
 
 
-def test_serves_a_request(compose_stack: LocalCompose) -> None:
+def test_every_front_end_serves(compose_stack: LocalCompose) -> None:
     body = {"inputs": "What is AI?", "parameters": {"max_new_tokens": 12, "ignore_eos": True}}
-    r = httpx.post(compose_stack.url + "/generate", json=body, timeout=60)
-    assert r.status_code == 200, r.text
-    out = r.json()
-    assert out["finish_reason"] == "length" and out["count_output_tokens"] == 12
+    assert len(compose_stack.urls) == 2
+    for url in compose_stack.urls:  # each reads the replies on its own stream, named after its replica
+        r = httpx.post(url + "/generate", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["finish_reason"] == "length" and out["count_output_tokens"] == 12
 
 
 def test_the_model_service_made_the_demo_model(compose_stack: LocalCompose) -> None:

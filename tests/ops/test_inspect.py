@@ -48,8 +48,8 @@ def test_streams_replicas_and_requests_in_flight(compose_stack: LocalCompose) ->
     by_service: dict[str, list[dict]] = {}
     for r in snap["replicas"]:
         by_service.setdefault(r["service"], []).append(r)
-        assert 0 <= r["heartbeat_age_s"] < 5, r
-    assert {s: len(rs) for s, rs in by_service.items()} == {"tokenizer": 1, "router": 1, "worker": 2, "detokenizer": 2}
+        assert -0.5 < r["heartbeat_age_s"] < 5, r  # a replica's clock and this one's may differ a little
+    assert {s: len(rs) for s, rs in by_service.items()} == {"tokenizer": 2, "router": 1, "worker": 2, "detokenizer": 2}
     assert all(w["load"]["capacity_tokens"] > 0 for w in by_service["worker"])
     assert "in_flight" in by_service["tokenizer"][0]["load"] and "waiting" in by_service["router"][0]["load"]
 
