@@ -189,9 +189,15 @@ class ComposePlan:
     build: bool
     override_path: str = field(default="")
 
+    @property
+    def all_files(self) -> list[str]:
+        """The compose files, then the override when there is anything in it (docker-compose 1.29
+        takes a file with no services for one of the old format, and refuses to mix the two)."""
+        return [*self.files, self.override_path] if self.override["services"] else list(self.files)
+
     def up_args(self) -> list[str]:
         args = ["-p", self.project]
-        for f in [*self.files, self.override_path]:
+        for f in self.all_files:
             args += ["-f", f]
         args += ["up", "-d"]
         if self.build:
@@ -202,9 +208,9 @@ class ComposePlan:
 
     def lines(self, compose: list[str]) -> list[str]:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        override = [f"# {self.override_path}:", *("# " + line for line in self.override_text().splitlines())]
         return [
-            f"# {self.override_path}:",
-            *("# " + line for line in self.override_text().splitlines()),
+            *(override if self.override["services"] else []),
             f"cd {shlex.quote(ROOT)} && {env} {shlex.join([*compose, *self.up_args()])}".replace("  ", " "),
         ]
 

@@ -222,9 +222,10 @@ def launch_container(plan: ContainerPlan) -> Callable[[], str | None]:
 
 
 def launch_compose(plan: ComposePlan, compose: list[str]) -> Callable[[], str | None]:
-    os.makedirs(os.path.dirname(plan.override_path), exist_ok=True)
-    with open(plan.override_path, "w") as f:
-        f.write(plan.override_text())
+    if plan.override_path in plan.all_files:
+        os.makedirs(os.path.dirname(plan.override_path), exist_ok=True)
+        with open(plan.override_path, "w") as f:
+            f.write(plan.override_text())
     subprocess.run([*compose, *plan.up_args()], cwd=ROOT, env={**os.environ, **plan.env}, check=True)
     return lambda: None  # compose restarts what stops; /health says when it serves
 

@@ -5,6 +5,7 @@ the docker SDK calls it makes (against a fake client), the compose override it w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.server
 import os
 import re
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import yaml
 
 from tests.ops.compose_local import ROOT, image_env
 from tools import quick_launch_docker as ql
@@ -68,7 +70,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "--shm-size": (["--shm-size", "3g"], ["--shm-size 3g"]),
     "--rm": (["--rm"], ["docker run -d --name lightstream --rm"]),
     "--metrics-port": (["--metrics-port", "9300"], ["-p 9300:9101", "-p 9301:9102", "-p 9302:9103"]),
-    "--compose": (["--compose"], ["docker compose -p lightstream -f compose.yaml -f ", " up -d --scale worker=1"]),
+    "--compose": (["--compose"], ["docker compose -p lightstream -f compose.yaml up -d --scale worker=1"]),
     "--workers": (["--compose", "--workers", "3"], ["--scale worker=3"]),
     "--detokenizers": (["--compose", "--detokenizers", "2"], ["--scale detokenizer=2"]),
     "--tokenizers": (["--compose", "--tokenizers", "2"], ["--scale tokenizer=2", "LS_HTTP_PORT_LAST=8001"]),
@@ -208,20 +210,23 @@ def test_launch_builds_a_missing_image_runs_it_and_waits_for_health(
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed")
-def test_the_compose_override_is_valid_compose(tiny_llama: str) -> None:
-    args = ql.build_parser().parse_args(["--compose", "--model-dir", tiny_llama, "--tp", "1", "--api-key", "k"])
+@pytest.mark.parametrize("options", [[], ["--tp", "1", "--api-key", "k"], ["--gpus", "all", "--kv-dtype", "int8"]])
+def test_the_compose_files_it_runs_are_valid_compose(options: list[str], tiny_llama: str, tmp_path: Any) -> None:
+    args = ql.build_parser().parse_args(["--compose", "--model-dir", tiny_llama, *options])
     plan = ql.compose_plan(args, ql.check(args))
-    override = os.path.join(os.path.dirname(tiny_llama), "override.yaml")
-    with open(override, "w") as f:
+    plan = dataclasses.replace(plan, override_path=str(tmp_path / "override.yaml"))
+    with open(plan.override_path, "w") as f:
         f.write(plan.override_text())
-    argv = ["docker-compose", "-p", plan.project]
-    for name in plan.files:
+    argv = ["docker-compose", "-p", plan.project, "--project-directory", ROOT]
+    for name in plan.all_files:
         argv += ["-f", os.path.join(ROOT, name)]
-    r = subprocess.run(
-        [*argv, "-f", override, "config"], env={**os.environ, **plan.env}, capture_output=True, text=True
-    )
+    r = subprocess.run([*argv, "config"], env={**os.environ, **plan.env}, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "LS_API_KEYS: k" in r.stdout and f"{tiny_llama}:/model:ro" in r.stdout
+    services = yaml.safe_load(r.stdout)["services"]
+    assert f"{tiny_llama}:/model:ro" in services["worker"]["volumes"]
+    for service, settings in plan.override["services"].items():
+        for key, value in settings["environment"].items():
+            assert services[service]["environment"][key] == value, (service, key)
 
 
 # ---------------------------------------------------------------- the all-in-one command, run here
