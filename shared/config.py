@@ -100,7 +100,7 @@ class RouterConfig(CommonConfig):
 @dataclass(frozen=True)
 class WorkerConfig(CommonConfig):
     model_dir: str = ""
-    group: str = "0"  # this worker group's name; the router places requests by it
+    group: str = "0"  # this worker group's name; the router places requests by it; auto: the replica's name
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (the model's, float32 on the CPU) | float32 | bfloat16 | float16
     kv_dtype: str = "auto"  # auto (the model dtype) | int8

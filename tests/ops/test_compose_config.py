@@ -3,6 +3,7 @@ Debian's docker-compose 1.29, installed by tools/setup.sh), and the Dockerfile t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -93,3 +94,22 @@ def test_the_dockerfile_has_every_target_compose_builds() -> None:
     with open(os.path.join(ROOT, ".dockerignore")) as f:
         kept = {line[1:].strip() for line in f if line.startswith("!")}
     assert set(re.findall(r"^COPY (\S+) ", text, flags=re.M)) <= kept, "a COPY source is left out of the context"
+
+
+def test_the_monitoring_files_match_the_stack() -> None:
+    """Prometheus scrapes each service on the port compose.yaml gives it, and Grafana's
+    provisioned datasource is the one the dashboard names."""
+    services = resolved("compose.yaml")["services"]
+    with open(os.path.join(ROOT, "deploy", "prometheus", "prometheus.yml")) as f:
+        jobs = {j["job_name"]: j["dns_sd_configs"][0] for j in yaml.safe_load(f)["scrape_configs"]}
+    assert set(jobs) == set(LIGHTSTREAM)
+    for name, sd in jobs.items():
+        env = services[name]["environment"]
+        assert sd["names"] == [name] and str(sd["port"]) == env.get("LS_METRICS_PORT", env.get("LS_PORT")), name
+    with open(os.path.join(ROOT, "deploy", "grafana", "provisioning", "datasources", "prometheus.yml")) as f:
+        (source,) = yaml.safe_load(f)["datasources"]
+    with open(os.path.join(ROOT, "deploy", "grafana", "lightstream.json")) as f:
+        panels = json.load(f)["panels"]
+    assert {p["datasource"]["uid"] for p in panels if "datasource" in p} == {source["uid"]}
+    for volume in services["grafana"]["volumes"] + services["prometheus"]["volumes"]:
+        assert os.path.exists(volume.split(":")[0]), volume
