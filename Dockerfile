@@ -60,7 +60,10 @@ COPY requirements.txt .
 RUN pip install --index-url ${TORCH_INDEX} "${TORCH_SPEC}" \
  && grep -vE '^(torch|triton)==' requirements.txt > /tmp/requirements-light.txt \
  && pip install -r /tmp/requirements-light.txt
-RUN useradd --create-home lightstream && mkdir /model && chown lightstream /model
+# ~/.triton exists and is the user's, so the named volume compose.gpu.yaml mounts there for
+# Triton's compiled kernels is created writable by it
+RUN useradd --create-home lightstream && mkdir /model /home/lightstream/.triton \
+ && chown lightstream /model /home/lightstream/.triton
 COPY shared shared
 COPY services services
 COPY tools tools
