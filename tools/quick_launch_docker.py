@@ -248,6 +248,8 @@ def wait_healthy(url: str, stopped: Callable[[], str | None], timeout_s: float) 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    if args.model_dir and args.model_name is None:  # clients see the model's name, not its mount point's
+        args.model_name = os.path.basename(os.path.normpath(args.model_dir))
     try:
         gpus = check(args)
         plan: ContainerPlan | ComposePlan = compose_plan(args, gpus) if args.compose else container_plan(args, gpus)

@@ -23,9 +23,10 @@ import pytest
 import redis
 import yaml
 
+from shared.config import RouterConfig, TokenizerConfig, WorkerConfig
 from tests.ops.compose_local import ROOT, image_env
 from tools import quick_launch_docker as ql
-from tools.launch_plan import HTTP_PORT, METRICS_PORTS
+from tools.launch_plan import HTTP_PORT, METRICS_PORTS, SERVING_OPTIONS
 from tools.redis_server import free_port
 
 # option -> (extra arguments, what the printed commands must then contain); one entry per
@@ -104,6 +105,18 @@ def test_dry_run_shows_each_option(
     out = dry_run(capsys, [a.format(model=tiny_llama) for a in args])
     for text in expected:
         assert " ".join(text.format(model=tiny_llama).split()) in " ".join(out.split()), f"{option}: {text}\n{out}"
+
+
+def test_the_serving_options_are_flags_of_their_services() -> None:
+    configs = {"tokenizer": TokenizerConfig, "router": RouterConfig, "worker": WorkerConfig}
+    for opt in SERVING_OPTIONS:
+        for service in opt.services:
+            assert opt.dest in {f.name for f in dataclasses.fields(configs[service])}, (opt.flag, service)
+
+
+def test_clients_see_the_model_directory_name(tiny_llama: str, no_docker: None, capsys) -> None:
+    out = dry_run(capsys, ["--model-dir", tiny_llama])
+    assert f"--tokenizer-arg=--model-name={os.path.basename(tiny_llama)}" in out
 
 
 def test_every_option_has_a_dry_run_case() -> None:
