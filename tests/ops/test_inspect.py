@@ -4,6 +4,7 @@ name tools/inspect.py hiding nothing from scripts run out of tools/."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -27,23 +28,33 @@ def snapshot(stack: LocalCompose) -> dict[str, Any]:
 
 
 def test_streams_replicas_and_requests_in_flight(compose_stack: LocalCompose) -> None:
+    # one long request after another, so that one is nearly always in flight while inspect runs
     body = {"inputs": "Once upon a time", "parameters": {"max_new_tokens": 800, "ignore_eos": True}}
-    client = threading.Thread(target=lambda: httpx.post(compose_stack.url + "/generate", json=body, timeout=120))
-    client.start()
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            httpx.post(compose_stack.url + "/generate", json=body, timeout=120)
+
+    thread = threading.Thread(target=client)
+    thread.start()
     try:
-        end = time.monotonic() + 30
-        while True:  # until a worker group's status and the front end's heartbeat (each second) show it
+        end = time.monotonic() + 60
+        while True:  # until a group's status, a front end's heartbeat (each second) and the report show one
             snap = snapshot(compose_stack)
             held = [q for g in snap["in_flight"]["groups"].values() for q in g["requests"]]
-            if (held and sum(snap["in_flight"]["fronts"].values())) or time.monotonic() > end:
-                break
+            if held and sum(snap["in_flight"]["fronts"].values()):
+                text = inspect(compose_stack)
+                if re.search(r"^  \S+ +[0-9a-f]{32} +\d+ +\d+ +\d+", text.stdout, flags=re.M):
+                    break
+            assert time.monotonic() < end, "no request seen in flight"
             time.sleep(0.2)
-        text = inspect(compose_stack)
     finally:
-        client.join()
+        stop.set()
+        thread.join()
 
-    assert len(held) == 1 and held[0]["held_tokens"] > 0 and held[0]["remaining_tokens"] > 0, snap["in_flight"]
-    assert sum(snap["in_flight"]["fronts"].values()) == 1
+    assert held[0]["held_tokens"] > 0 and held[0]["remaining_tokens"] > 0, snap["in_flight"]
+    assert len(held) <= 2, held  # one at a time (a finished one may linger in a status for 20 ms)
 
     by_service: dict[str, list[dict]] = {}
     for r in snap["replicas"]:
@@ -64,7 +75,7 @@ def test_streams_replicas_and_requests_in_flight(compose_stack: LocalCompose) ->
     assert isinstance(router["pending"], int) and isinstance(router["lag"], int)
 
     assert text.returncode == 0, text.stderr
-    for heading in ("streams", "replicas", "requests in flight", "ls:router", "detokenizer", held[0]["rid"]):
+    for heading in ("streams", "replicas", "requests in flight", "ls:router", "detokenizer"):
         assert heading in text.stdout, text.stdout
 
 
