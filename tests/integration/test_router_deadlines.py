@@ -46,14 +46,16 @@ def test_deadlines_end_requests_running_and_queued(long_llama: str, redis_server
             assert r.status_code == 504 and "deadline exceeded" in r.json()["error"], r.text
             # the worker or the router ended it, not the front end's own timer (request_timeout_s + 5 s)
             assert took < TIMEOUT_S + 5.0, took
-        # the first ran on the worker until its deadline; the second waited behind it with a
-        # deadline a few milliseconds later, and ends in the router's queue, or (if the worker's
-        # status freeing the slot arrives within those milliseconds) on the worker at once
-        first, second = (r.json()["error"] for r, _ in results)
-        assert "while queued" not in first, first
-        print(f"the queued request ended: {second}")
+        # one ran on the worker until its deadline; the other (whichever the router took second:
+        # on a loaded machine not always the first sent) waited behind it with a deadline a few
+        # milliseconds later, and ends in the router's queue, or (if the worker's status freeing
+        # the slot arrives within those milliseconds) on the worker at once
+        errors = [r.json()["error"] for r, _ in results]
+        queued = [e for e in errors if "while queued" in e]
+        assert len(queued) <= 1 and len(errors) - len(queued) >= 1, errors
+        print(f"the requests ended: {errors}")
         rejected = probe.figures().get('rejected_total{reason="deadline"}', 0.0)
-        assert rejected == (1.0 if "while queued" in second else 0.0)
+        assert rejected == float(len(queued))
         wait_until(
             lambda: worker_beats(redis_server.url, stack.opts.namespace)["0"].info["free_tokens"] == POOL,
             15,
