@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import signal
 
-from prometheus_client import CollectorRegistry
 from transformers import AutoTokenizer
 
 from services.detokenizer.metrics import DetokCollector, DetokMetrics
@@ -15,11 +12,9 @@ from shared.cli import parse_config
 from shared.config import DetokenizerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
-from shared.metrics import serve_metrics
-from shared.redis_link import RedisLink, Stopping
+from shared.redis_link import RedisLink
+from shared.service_main import run_beating, serve_collector, stop_on_signals
 from shared.streams import SERVICE_DETOK, StreamNames
-
-log = logging.getLogger("services.detokenizer")
 
 
 class _FastDecoder:
@@ -36,23 +31,13 @@ def main() -> None:
     cfg = parse_config(DetokenizerConfig, None, os.environ)
     setup_logging(SERVICE_DETOK, cfg.replica, cfg.log_level)
     link = RedisLink(cfg.redis_url)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: link.stop.set())
+    stop_on_signals(link)
     names = StreamNames(cfg.namespace)
     metrics = DetokMetrics(cfg.replica)
     service = DetokenizerService(link, names, cfg.replica, _FastDecoder(cfg.model_dir), cfg.stream_maxlen, metrics)
-    registry = CollectorRegistry()
-    registry.register(DetokCollector(metrics, lambda: len(service.sessions)))
-    serve_metrics(cfg.metrics_port, registry)
+    serve_collector(cfg.metrics_port, DetokCollector(metrics, lambda: len(service.sessions)))
     beat = HeartbeatPublisher(link, names, SERVICE_DETOK, cfg.replica, info=lambda: {"sessions": len(service.sessions)})
-    beat.start()
-    try:
-        service.run()
-    except Stopping:
-        pass
-    finally:
-        beat.stop()
-        log.info("detokenizer stopped")
+    run_beating("detokenizer", beat, service.run)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
 from shared.model_config import ModelConfig
 from shared.redis_link import RedisLink
+from shared.service_main import run_beating
 from shared.streams import SERVICE_TOKENIZER, StreamNames
 
 log = logging.getLogger("services.tokenizer")
@@ -45,12 +46,14 @@ def main() -> None:
     beat = HeartbeatPublisher(
         link, names, SERVICE_TOKENIZER, cfg.replica, info=lambda: {"in_flight": len(pipeline.pending)}
     )
-    beat.start()
     log.info("serving %s on %s:%d (max request length %d tokens)", ctx.model_name, cfg.host, cfg.port, max_total_len)
-    try:
-        uvicorn.run(create_app(ctx), host=cfg.host, port=cfg.port, log_level=cfg.log_level.lower(), log_config=None)
-    finally:
-        beat.stop()
+    app = create_app(ctx)
+    # uvicorn handles SIGTERM and SIGINT itself
+    run_beating(
+        "front end",
+        beat,
+        lambda: uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level.lower(), log_config=None),
+    )
 
 
 if __name__ == "__main__":

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
-import signal
-
-from prometheus_client import CollectorRegistry
 
 from services.worker.build import build_engine, resolve_device
 from services.worker.metrics import WorkerCollector, WorkerMetrics
@@ -19,11 +15,9 @@ from shared.cli import parse_config
 from shared.config import WorkerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
-from shared.metrics import serve_metrics
-from shared.redis_link import RedisLink, Stopping
+from shared.redis_link import RedisLink
+from shared.service_main import run_beating, serve_collector, stop_on_signals
 from shared.streams import SERVICE_WORKER, StreamNames
-
-log = logging.getLogger("services.worker")
 
 # --group auto names the group after the replica (host name and pid), so the replicas of one
 # scaled service (docker compose up --scale worker=2) each form a data-parallel group of their
@@ -37,8 +31,7 @@ def main() -> None:
         cfg = dataclasses.replace(cfg, group=cfg.replica)
     setup_logging(SERVICE_WORKER, cfg.replica, cfg.log_level)
     link = RedisLink(cfg.redis_url)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: link.stop.set())
+    stop_on_signals(link)
     tp, channel, followers = TensorParallel(), None, []
     if cfg.tp > 1:
         port = free_port()
@@ -49,9 +42,7 @@ def main() -> None:
     names = StreamNames(cfg.namespace)
     metrics = WorkerMetrics(cfg.group)
     service = WorkerService(engine, link, names, cfg.group, cfg.status_interval_s, cfg.stream_maxlen, metrics)
-    registry = CollectorRegistry()
-    registry.register(WorkerCollector(metrics, engine))
-    serve_metrics(cfg.metrics_port, registry)  # after the model is loaded: serving metrics means ready
+    serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine))  # after loading: serving means ready
     watchdog = None
     if followers:
 
@@ -69,22 +60,19 @@ def main() -> None:
         cfg.group,
         info=lambda: {"capacity_tokens": kv.capacity, "free_tokens": kv.free_tokens, "tp": cfg.tp},
     )
-    beat.start()
-    try:
-        service.run()
-    except Stopping:
-        pass
-    finally:
-        beat.stop()
-        if channel is not None and watchdog is not None:
-            watchdog.stopped.set()
-            try:
-                channel.stop()
-            except RuntimeError:  # the group is broken already (a rank died): make sure all are gone
-                watchdog.stop_all()
-            for p in followers:
-                p.join(10)
-        log.info("worker stopped")
+
+    def stop_ranks() -> None:
+        if channel is None or watchdog is None:
+            return
+        watchdog.stopped.set()
+        try:
+            channel.stop()
+        except RuntimeError:  # the group is broken already (a rank died): make sure all are gone
+            watchdog.stop_all()
+        for p in followers:
+            p.join(10)
+
+    run_beating("worker", beat, service.run, stop_ranks)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,46 @@
+"""What every service's __main__ does around its own loop: stop on a signal, beat, clean up."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.registry import Collector
+
+from shared.heartbeat import HeartbeatPublisher
+from shared.metrics import serve_metrics
+from shared.redis_link import RedisLink, Stopping
+
+log = logging.getLogger(__name__)
+
+
+def stop_on_signals(link: RedisLink) -> None:
+    """SIGTERM and SIGINT ask the service to stop: its loops watch link.stop."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: link.stop.set())
+
+
+def serve_collector(port: int, collector: Collector) -> None:
+    """Prometheus series of one collector on their own port (none when port is 0)."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+    serve_metrics(port, registry)
+
+
+def run_beating(
+    name: str, beat: HeartbeatPublisher, run: Callable[[], None], cleanup: Callable[[], None] | None = None
+) -> None:
+    """Run the service's loop with its heartbeat alive; on the way out remove the heartbeat
+    (others see the replica gone at once) and clean up."""
+    beat.start()
+    try:
+        run()
+    except Stopping:
+        pass
+    finally:
+        beat.stop()
+        if cleanup is not None:
+            cleanup()
+        log.info("%s stopped", name)
