@@ -1,5 +1,5 @@
 """python -m tools.inspect against the compose stack, while a request is in flight; and the
-name tools/inspect.py hiding nothing from scripts run out of tools/."""
+name tools.inspect hiding nothing from scripts run out of tools/."""
 
 from __future__ import annotations
 
@@ -102,8 +102,8 @@ def test_an_unreachable_redis_is_said_at_once() -> None:
 
 
 def test_scripts_in_tools_still_get_the_standard_inspect() -> None:
-    """`python tools/x.py` puts tools/ first on sys.path, where tools/inspect.py would hide the
-    standard library's inspect from everything the script imports (torch, dataclasses, ...)."""
+    """`python tools/x.py` puts tools/ first on sys.path, where a regular module or package named
+    inspect would hide the standard library's inspect from everything the script imports."""
     probe = (
         "import sys; sys.path.insert(0, 'tools'); import inspect; assert inspect.__file__.startswith(sys.base_prefix)"
     )
