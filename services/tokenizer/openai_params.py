@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from services.tokenizer.errors import APIError
-from services.tokenizer.params import GREEDY_TEMPERATURE, MAX_N, MAX_STOPS, TokenId
+from services.tokenizer.params import GREEDY_TEMPERATURE, MAX_N, TokenId, check_stops, check_top_k
 from shared.messages import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
@@ -62,19 +62,12 @@ class OpenAISampling(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        stops = [v] if isinstance(v, str) else (v or [])
-        if any(s == "" for s in stops):
-            raise ValueError("must not contain an empty string")
-        if len(stops) > MAX_STOPS:
-            raise ValueError(f"at most {MAX_STOPS} stop sequences")
-        return v
+        return check_stops(v)
 
     @field_validator("top_k")
     @classmethod
     def _top_k(cls, v: int | None) -> int | None:
-        if v is not None and (v == 0 or v < -1):
-            raise ValueError("must be -1 (the whole vocabulary) or >= 1")
-        return v
+        return check_top_k(v)
 
     @field_validator("logit_bias")
     @classmethod

@@ -15,6 +15,25 @@ from shared.messages import SamplingParams
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (as in LightLLM)
 MAX_N = 16  # most sequences one request may ask for (n, best_of)
 MAX_STOPS = 16
+
+
+def check_top_k(v: int | None) -> int | None:
+    """top_k is -1 (the whole vocabulary) or at least 1; None (not given) passes."""
+    if v is not None and (v == 0 or v < -1):
+        raise ValueError("must be -1 (the whole vocabulary) or >= 1")
+    return v
+
+
+def check_stops(v: str | list[str] | None) -> str | list[str] | None:
+    """Stop strings: none empty, at most MAX_STOPS of them."""
+    stops = [v] if isinstance(v, str) else (v or [])
+    if any(s == "" for s in stops):
+        raise ValueError("must not contain an empty string")
+    if len(stops) > MAX_STOPS:
+        raise ValueError(f"at most {MAX_STOPS} stop sequences")
+    return v
+
+
 TokenId = Annotated[int, Field(ge=0)]
 
 
@@ -42,19 +61,12 @@ class GenerateParameters(BaseModel):
     @field_validator("top_k")
     @classmethod
     def _top_k(cls, v: int) -> int:
-        if v == 0 or v < -1:
-            raise ValueError("must be -1 (the whole vocabulary) or >= 1")
-        return v
+        return check_top_k(v)  # type: ignore[return-value]
 
     @field_validator("stop_sequences")
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        stops = [v] if isinstance(v, str) else (v or [])
-        if any(s == "" for s in stops):
-            raise ValueError("must not contain an empty string")
-        if len(stops) > MAX_STOPS:
-            raise ValueError(f"at most {MAX_STOPS} stop sequences")
-        return v
+        return check_stops(v)
 
     @model_validator(mode="after")
     def _min_le_max(self) -> GenerateParameters:
