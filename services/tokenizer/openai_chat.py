@@ -92,7 +92,7 @@ async def _stream(
                 lp = None
                 if body.logprobs and item.token_ids:
                     lp = shape.chat_logprobs(ctx.tok, item.token_ids, item.logprobs, item.top_logprobs, k)
-                if item.text or lp is not None:
+                if item.text or item.token_ids:  # every step with tokens, as in completions
                     yield chunk([shape.chat_delta(i, {"content": item.text}, lp, "")])
                 if item.finish_reason:
                     yield chunk([shape.chat_delta(i, {}, None, item.finish_reason)])

@@ -105,7 +105,9 @@ async def _stream(
                     echoed[i] = True
                     text = echo[i // n] + text
                 lp = builders[i].of(item.token_ids, item.logprobs, item.top_logprobs) if k is not None else None
-                if text or item.finish_reason or (lp is not None and item.token_ids):
+                # one chunk per step that produced tokens, even when their bytes do not end a
+                # character yet (the text is then empty): the client sees every step, as vLLM's does
+                if text or item.finish_reason or item.token_ids:
                     yield chunk([shape.completion_choice(i, text, lp, item.finish_reason)])
                 nxt = await anext(stream, None)
             else:

@@ -247,6 +247,30 @@ def test_n_and_seed_are_reproducible_and_streaming_matches(stack: Stack) -> None
     assert chat_streamed == [c.message.content for c in chat.choices]
 
 
+def test_a_stream_has_one_chunk_per_generated_token(stack: Stack) -> None:
+    """Tokens whose bytes do not end a character yet still get their chunk (with empty text),
+    so a client timing the stream sees each step: the first token's time is not pushed to the
+    next one's."""
+
+    async def run() -> list:
+        async with _client(stack) as client:
+            stream = await client.completions.create(
+                model=stack.model_name,
+                prompt=PROMPTS[4],
+                max_tokens=24,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
+            return [c async for c in stream]
+
+    chunks = asyncio.run(run())
+    with_choice = [c for c in chunks if c.choices]
+    assert chunks[-1].usage.completion_tokens == 24
+    assert len(with_choice) == 24
+    assert with_choice[-1].choices[0].finish_reason == "length"
+
+
 def test_best_of_returns_the_highest_cumulative_logprob(stack: Stack) -> None:
     kw = {"model": stack.model_name, "prompt": PROMPTS[4], "max_tokens": 8, "temperature": 1.0, "logprobs": 0}
 
