@@ -11,25 +11,35 @@ device, at --shape (nothing can be downloaded). Parts:
   offline   the fixed ShareGPT-shaped workload, all requests at once, ignore_eos, max_new_tokens
             = the output length: requests/s and tokens/s
   lowload   the workload's first requests one at a time: time to first token and per output token
+--tp N runs the engine as a tensor-parallel group of N ranks (one process per GPU, as the
+worker service does). --shard I/N runs only every N-th request of the offline workload
+from the I-th, so that N processes, one per GPU, make N data-parallel groups; with
+--barrier DIR they start the timed run together (each reports its start and end time).
 Prints a summary and writes everything to --out as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
+import torch.distributed as dist
 
-from services.worker.build import build_engine
+from services.worker.build import build_engine, resolve_device
 from services.worker.engine import Engine
 from services.worker.models.random_weights import SHAPES, random_weights
+from services.worker.tp.channel import StepChannel
+from services.worker.tp.group import free_port, init_rank, start_followers
 from shared.config import WorkerConfig
 from shared.messages import GenerateReq, SamplingParams
 from shared.model_config import ModelConfig
@@ -70,7 +80,8 @@ def ceilings(device: torch.device) -> dict:
     return {"copy_bw_GBps": copy / 1e9, "matmul_TFLOPs": 2 * m**3 * 10 / (time.perf_counter() - t) / 1e12}
 
 
-def make_engine(args: argparse.Namespace) -> tuple[Engine, ModelConfig]:
+def make_engine(args: argparse.Namespace) -> tuple[Engine, ModelConfig, Callable[[], None]]:
+    """-> (rank 0's engine, the model's config, what stops the group's other ranks)."""
     cfg = WorkerConfig(
         model_dir=args.model_dir or "(random weights)",
         device=args.device,
@@ -81,15 +92,60 @@ def make_engine(args: argparse.Namespace) -> tuple[Engine, ModelConfig]:
         batch_max_tokens=args.batch_max_tokens,
         running_max_req_size=args.running_max_req_size,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
+        tp=args.tp,
     )
+    if args.tp > 1:
+        return _tp_engine(args, cfg)
     if args.model_dir:
         model_cfg = ModelConfig.from_dir(args.model_dir)
-        return build_engine(cfg), model_cfg
+        return build_engine(cfg), model_cfg, lambda: None
     model_cfg = ModelConfig.from_dict(SHAPES[args.shape])
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     weights = random_weights(model_cfg, dtype, device, seed=0)
-    return build_engine(cfg, weights=weights, model_cfg=model_cfg), model_cfg
+    return build_engine(cfg, weights=weights, model_cfg=model_cfg), model_cfg, lambda: None
+
+
+def _tp_engine(args: argparse.Namespace, cfg: WorkerConfig) -> tuple[Engine, ModelConfig, Callable[[], None]]:
+    """Rank 0 here, ranks 1..tp-1 as child processes: the worker service's own start-up."""
+    if not args.model_dir:
+        # the other ranks read the shape from a model directory: a config.json is all they need
+        model_dir = tempfile.mkdtemp(prefix="lightstream-shape-")
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(SHAPES[args.shape], f)
+        cfg = dataclasses.replace(cfg, model_dir=model_dir, random_weights=True)
+    port = free_port()
+    followers, pipes = start_followers(cfg, port)
+    tp = init_rank(cfg, 0, port)
+    channel = StepChannel(tp.group, resolve_device(cfg.device), pipes)
+    engine = build_engine(cfg, tp, channel=channel)
+
+    def stop() -> None:
+        channel.stop()
+        for p in followers:
+            p.join(30)
+        dist.destroy_process_group()
+
+    return engine, ModelConfig.from_dir(cfg.model_dir), stop
+
+
+def shard(items: list, spec: str) -> list:
+    """The I-th of N interleaved parts ("I/N"), as a router spreading requests in turn would."""
+    i, n = (int(x) for x in spec.split("/"))
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {spec}: want I/N with 0 <= I < N")
+    return items[i::n]
+
+
+def barrier(directory: str, parties: int, me: str, timeout_s: float = 600.0) -> None:
+    """Wait until `parties` processes have said they are ready in `directory`."""
+    os.makedirs(directory, exist_ok=True)
+    open(os.path.join(directory, f"ready-{me}"), "w").close()
+    deadline = time.monotonic() + timeout_s
+    while len([f for f in os.listdir(directory) if f.startswith("ready-")]) < parties:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"barrier {directory}: not all {parties} processes came")
+        time.sleep(0.001)
 
 
 def _req(rid: str, ids: list[int], max_new: int) -> GenerateReq:
@@ -161,7 +217,10 @@ def static_decode(engine: Engine, cfg: ModelConfig, batch: int, context: int, st
     drain(engine)
     layout = engine.runner.model.attn.cache.layout
     kv_read = batch * (context + steps // 2) * layout.bytes_per_token
-    floor_ms = 1000 * (weight_bytes(cfg) + kv_read) / copy_bw if copy_bw else None
+    # with tensor parallelism each GPU reads its share of the weights (and of the KV heads:
+    # the layout is the rank's already), in parallel with the others
+    ranks = engine.runner.model.tp.size
+    floor_ms = 1000 * (weight_bytes(cfg) / ranks + kv_read) / copy_bw if copy_bw else None
     return {
         "batch": batch,
         "context": context,
@@ -172,14 +231,23 @@ def static_decode(engine: Engine, cfg: ModelConfig, batch: int, context: int, st
     }
 
 
-def offline(engine: Engine, cfg: ModelConfig, n: int, workload: str) -> dict:
+def offline(
+    engine: Engine, cfg: ModelConfig, n: int, workload: str, part: str = "", ready: Callable[[], None] | None = None
+) -> dict:
+    """The workload's first n requests all at once (with part "I/N" only that share of them);
+    ready is called after the warm-up, just before the clock starts."""
     pairs = sharegpt_shaped(n, workload)
     prompts = random_prompts([i for i, _ in pairs], cfg.vocab_size, seed=1)
+    if part:
+        pairs, prompts = shard(pairs, part), shard(prompts, part)
     # warm up: a few short requests through every kind of step
-    for k in range(8):
+    for k in range(min(8, len(prompts))):
         engine.add(_req(f"w{k}", prompts[k][:32], 8))
     drain(engine)
     sync(engine.device)
+    if ready is not None:
+        ready()
+    started_unix = time.time()
     t = time.perf_counter()
     for k, (ids, (_, out_len)) in enumerate(zip(prompts, pairs, strict=True)):
         engine.add(_req(f"r{k}", ids, out_len))
@@ -187,9 +255,13 @@ def offline(engine: Engine, cfg: ModelConfig, n: int, workload: str) -> dict:
     steps, out_tokens = drain(engine, trace)
     sync(engine.device)
     dt = time.perf_counter() - t
+    n = len(pairs)
     in_tokens = sum(i for i, _ in pairs)
     return {
         "requests": n,
+        "part": part,
+        "started_unix": started_unix,
+        "ended_unix": started_unix + dt,
         "seconds": dt,
         "req_per_s": n / dt,
         "output_tok_per_s": out_tokens / dt,
@@ -245,6 +317,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--static", default="1x1024,64x1024,256x1024,64x2048")
     ap.add_argument("--static-steps", type=int, default=40)
     ap.add_argument("--workload", default="", help="path to workload.py (default: .peer/ or ../shared/bench/)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (one process per GPU)")
+    ap.add_argument("--shard", default="", help="I/N: only the I-th of N interleaved parts of the offline workload")
+    ap.add_argument("--barrier", default="", help="directory where the --shard processes meet before the timed run")
     return ap.parse_args(argv)
 
 
@@ -265,7 +340,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("ceilings", json.dumps(res["ceilings"]), flush=True)
         save()
     t = time.perf_counter()
-    engine, model_cfg = make_engine(args)
+    engine, model_cfg, stop_group = make_engine(args)
     res["engine"] = {"build_s": time.perf_counter() - t, "kv_capacity_tokens": engine.kv.capacity,
                      "shape": args.model_dir or args.shape}  # fmt: skip
     print("engine", json.dumps(res["engine"]), flush=True)
@@ -287,10 +362,15 @@ def main(argv: list[str] | None = None) -> dict:
         print("side_by_side", json.dumps(res["side_by_side"]), flush=True)
         save()
     if "offline" in parts:
-        res["offline"] = offline(engine, model_cfg, args.requests, args.workload)
+        ready = None
+        if args.barrier:
+            parties = int(args.shard.split("/")[1]) if args.shard else 1
+            ready = lambda: barrier(args.barrier, parties, args.shard.replace("/", "-") or "0")
+        res["offline"] = offline(engine, model_cfg, args.requests, args.workload, args.shard, ready)
         print("offline", json.dumps(res["offline"]), flush=True)
         save()
     save()
+    stop_group()
     return res
 
 

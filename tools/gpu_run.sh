@@ -2,6 +2,7 @@
 # The GPU runs behind docs/benchmarks.md, on the GPU machine (see README: Benchmarks).
 # Usage: bash tools/gpu_run.sh OUTDIR PART...
 #   PART: tests | kernels | kernel-sweep | engine | engine-int8 | profile | offline | static | pipeline | peer
+#         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 # pipeline needs a redis-server binary with its libraries in .redis/ (copied from Debian's package)
 # Needs the wheels the GPU image lacks in .whl/ (redis-py, fastapi, ...), installed to /tmp/site.
 set -u
@@ -28,6 +29,11 @@ for part in "$@"; do
               tar czf "$out/logs.tgz" -C /tmp/lightstream-bench logs 2>/dev/null ;;
     peer) timeout 200 python3 .peer/peer_hf.py --requests 300 --skip static_b1,static_b64 --out "$out/peer_hf.json" 2>&1 | tail -6 ;;
     engine-int8) timeout 300 python3 tools/benchmark_engine.py --kv-dtype int8 --parts static,offline --out "$out/engine_int8.json" 2>&1 | tail -8 ;;
+    tp-tests) timeout 300 python3 -m pytest -m gpu tests/worker/test_tp_cuda.py -q -s -p no:cacheprovider -rA 2>&1 \
+                | grep -v "it/s\]\|^$" | tail -25 | tee "$out/tp_tests.log" ;;
+    tp) timeout 300 python3 tools/benchmark_engine.py --tp 2 --parts ceilings,static,offline --static 1x1024,64x1024,256x1024 \
+          --running-max-req-size 2048 --out "$out/tp2.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -8 ;;
+    dp) timeout 240 python3 tools/bench_data_parallel.py --groups 2 --out "$out/dp2.json" -- --running-max-req-size 2048 2>&1 | tail -3 ;;
     *) echo "unknown part $part" ;;
   esac
   echo "== $part took $(( $(date +%s) - start ))s"

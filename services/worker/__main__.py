@@ -35,9 +35,9 @@ def main() -> None:
     tp, channel, followers = TensorParallel(), None, []
     if cfg.tp > 1:
         port = free_port()
-        followers = start_followers(cfg, port)
+        followers, pipes = start_followers(cfg, port)
         tp = init_rank(cfg, 0, port)
-        channel = StepChannel(tp.group, resolve_device(cfg.device))
+        channel = StepChannel(tp.group, resolve_device(cfg.device), pipes)
     engine = build_engine(cfg, tp, channel=channel)
     names = StreamNames(cfg.namespace)
     metrics = WorkerMetrics(cfg.group)

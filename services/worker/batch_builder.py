@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.forward_batch import ForwardBatch
+from services.worker.forward_batch import ForwardBatch, HostIndex
 from services.worker.host_copy import to_device
 from services.worker.scheduler import PLACEHOLDER, StepPlan
 
@@ -88,4 +88,5 @@ def build_batch(
         decode_seq_lens=i32(dec_lens),
         decode_max_len=max(dec_lens, default=0),
         sample_index=i64(sample_index),
+        host=HostIndex(pos, ext_rows, ext_starts, dec_rows, dec_lens, sample_index),
     )

@@ -91,10 +91,8 @@ def build_model_stack(
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, model_cfg, device)
     if weights is None and cfg.random_weights:
-        if tp.size > 1:
-            raise ValueError("random_weights is for single-rank benchmarks; with --tp give a model directory")
         log.warning("random weights (benchmark mode): outputs are meaningless")
-        weights = random_weights(model_cfg, dtype, device, seed=0)
+        weights = random_weights(model_cfg, dtype, device, seed=0, tp=tp)
     if weights is None:
         weights = load_weights(cfg.model_dir, model_cfg, dtype, device, tp)
     max_total_len = min(cfg.max_req_total_len or model_cfg.context_length, model_cfg.context_length)

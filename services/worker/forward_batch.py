@@ -8,9 +8,22 @@ from the pool through its request-table row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+
+@dataclass
+class HostIndex:
+    """The batch's index lists as the host built them: what the other ranks of a tensor-parallel
+    group need besides the device-made input ids and slots, sent to them without a device sync."""
+
+    positions: list[int] = field(default_factory=list)
+    extend_rows: list[int] = field(default_factory=list)
+    extend_starts: list[int] = field(default_factory=list)
+    decode_rows: list[int] = field(default_factory=list)
+    decode_seq_lens: list[int] = field(default_factory=list)
+    sample_index: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -36,6 +49,7 @@ class ForwardBatch:
     decode_max_len: int
 
     sample_index: torch.Tensor  # [S] int64, packed positions whose logits are sampled
+    host: HostIndex | None = None  # set by build_batch on rank 0
 
     @property
     def num_tokens(self) -> int:

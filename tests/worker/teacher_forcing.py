@@ -22,6 +22,8 @@ def prefill_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
     plan = StepPlan(extends=[(req, len(ids))], extend_slots=[engine.kv.allocate(req, len(ids))], new_rows=[req])
     batch = build_batch(plan, engine.kv.table.table, engine.device)
     batch.sample_index = torch.arange(len(ids), device=engine.device)
+    assert batch.host is not None
+    batch.host.sample_index = list(range(len(ids)))  # what the other ranks of a TP group are sent
     logits = engine.runner.forward(batch).clone()
     engine.kv.release(req)
     return logits

@@ -7,35 +7,52 @@ from __future__ import annotations
 import torch
 
 from services.worker.models.llama import LayerWeights, ModelWeights
+from services.worker.parallel import TensorParallel
 from shared.model_config import ModelConfig
 
 
-def random_weights(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0) -> ModelWeights:
-    g = torch.Generator(device=device).manual_seed(seed)
-    h, d = cfg.hidden_size, cfg.head_dim
-    qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * d
+def random_weights(
+    cfg: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0, tp: TensorParallel | None = None
+) -> ModelWeights:
+    """The whole model, or with tp of several ranks this rank's shard of one: the shapes
+    load_weights gives it (q, k, v, gate and up by output rows; o and down by input columns;
+    the vocabulary in equal padded parts). Weights every rank holds whole (the norms) come
+    from the same seed on every rank; each rank draws its shards from a seed of its own."""
+    tp = tp or TensorParallel()
+    if cfg.num_kv_heads % tp.size or cfg.num_heads % tp.size or cfg.intermediate_size % tp.size:
+        raise ValueError(f"{cfg.num_heads} heads, {cfg.num_kv_heads} KV heads and {cfg.intermediate_size} "
+                         f"MLP columns must all split over {tp.size} ranks")  # fmt: skip
+    whole = torch.Generator(device=device).manual_seed(seed)
+    own = whole if tp.size == 1 else torch.Generator(device=device).manual_seed(seed + 1000 * (tp.rank + 1))
+    h, d, n = cfg.hidden_size, cfg.head_dim, tp.size
+    qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * d // n
+    inter = cfg.intermediate_size // n
+    vocab = -(-cfg.vocab_size // n)
 
-    def normal(*shape: int, std: float) -> torch.Tensor:
+    def normal(*shape: int, std: float, g: torch.Generator = own) -> torch.Tensor:
         return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * std).to(dtype)
 
     def norm() -> torch.Tensor:
-        return 1.0 + normal(h, std=0.05)
+        return 1.0 + normal(h, std=0.05, g=whole)
 
     layers = [
         LayerWeights(
             attn_norm=norm(),
             qkv=normal(qkv_rows, h, std=h**-0.5),
             qkv_bias=normal(qkv_rows, std=0.02) if cfg.qkv_bias else None,
-            o=normal(h, cfg.num_heads * d, std=(cfg.num_heads * d) ** -0.5),
+            # the standard deviations are the whole matrix's: a shard is part of one
+            o=normal(h, cfg.num_heads * d // n, std=(cfg.num_heads * d) ** -0.5),
             mlp_norm=norm(),
-            gate_up=normal(2 * cfg.intermediate_size, h, std=h**-0.5),
-            down=normal(h, cfg.intermediate_size, std=cfg.intermediate_size**-0.5),
+            gate_up=normal(2 * inter, h, std=h**-0.5),
+            down=normal(h, inter, std=cfg.intermediate_size**-0.5),
         )
         for _ in range(cfg.num_layers)
     ]
-    embed = normal(cfg.vocab_size, h, std=1.0)
-    lm_head = embed if cfg.tie_word_embeddings else normal(cfg.vocab_size, h, std=4.0 * h**-0.5)
-    return ModelWeights(embed=embed, layers=layers, final_norm=norm(), lm_head=lm_head)
+    embed = normal(vocab, h, std=1.0)
+    lm_head = embed if cfg.tie_word_embeddings else normal(vocab, h, std=4.0 * h**-0.5)
+    return ModelWeights(
+        embed=embed, layers=layers, final_norm=norm(), lm_head=lm_head, vocab_start=tp.rank * vocab if n > 1 else 0
+    )
 
 
 # the shapes benchmarks use (config.json fields, as a Hugging Face directory would give them)

@@ -1,28 +1,41 @@
-"""Rank 0 -> the other ranks of a tensor-parallel group: each step's batch, by broadcast.
+"""Rank 0 -> the other ranks of a tensor-parallel group: each step's batch.
 
-Rank 0 alone talks to Redis and schedules; before every forward it broadcasts the batch:
-a fixed header of sizes, then every index tensor packed into one int64 tensor. The input
-ids go as they are on the device, so a step whose inputs are still being sampled on the
-device needs no host sync on rank 0. The other ranks rebuild their request-to-token
-tables from the batch (each new token's row, position and slot are all in it), so the
-tables of all ranks stay identical without any other message. Only rank 0 samples; every
-later input is broadcast from it, so all ranks agree on every token by construction.
+Rank 0 alone talks to Redis and schedules; before every forward it sends the batch in two
+parts, so that no rank's host ever waits for a device:
+- the index lists its host built (sizes, positions, rows, lengths, sampled positions) go
+  through a pipe to each other rank's host, which can then queue its own step at once,
+  while its device still runs the step before;
+- the input ids and KV slots, which rank 0 makes on its device (a decode input is the token
+  the step before sampled), go by a broadcast queued on the devices' streams.
+The other ranks rebuild their request-to-token tables from the batch (each new token's row,
+position and slot are all in it), so the tables of all ranks stay identical without any
+other message. Only rank 0 samples; every later input is broadcast from it, so all ranks
+agree on every token by construction. A pipe that closes (rank 0 died) ends a rank's loop.
 """
 
 from __future__ import annotations
 
+import contextlib
+from array import array
+from itertools import accumulate, pairwise
+from multiprocessing.connection import Connection
+
 import torch
 import torch.distributed as dist
 
-from services.worker.forward_batch import ForwardBatch
+from services.worker.forward_batch import ForwardBatch, HostIndex
+from services.worker.host_copy import to_device
 
-_HEADER = 8  # [kind, tokens, extend tokens, extend segments, decodes, samples, extend max, decode max]
+# [kind, tokens, extend tokens, extend segments, decodes, samples, extend max, decode max]
+_HEADER = 8
 _BATCH, _STOP = 1, 0
 
 
 class StepChannel:
-    def __init__(self, group: dist.ProcessGroup | None, device: torch.device) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, device: torch.device, pipes: list[Connection]) -> None:
+        """pipes: on rank 0, the writing end to each other rank; on the others, their reading end."""
         self.group = group
+        self.pipes = pipes
         # NCCL moves device tensors; gloo, host tensors
         self.comm_device = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
         self.device = device
@@ -30,39 +43,57 @@ class StepChannel:
     # ---------------------------------------------------------------- rank 0
 
     def send(self, b: ForwardBatch) -> None:
+        if b.host is None:
+            raise ValueError("StepChannel.send: the batch has no host index (build it with build_batch)")
+        h = b.host
         header = [_BATCH, b.num_tokens, b.num_extend_tokens, b.num_extends, b.num_decodes,
-                  int(b.sample_index.shape[0]), b.extend_max_len, b.decode_max_len]  # fmt: skip
-        self._broadcast(torch.tensor(header, dtype=torch.int64).to(self.comm_device))
-        parts = [b.input_ids, b.positions, b.out_slots, b.extend_rows, b.extend_starts, b.extend_lens,
-                 b.extend_prefix_lens, b.decode_rows, b.decode_seq_lens, b.sample_index]  # fmt: skip
-        self._broadcast(torch.cat([p.to(torch.int64) for p in parts]).to(self.comm_device))
+                  len(h.sample_index), b.extend_max_len, b.decode_max_len]  # fmt: skip
+        lists = [h.positions, h.extend_rows, h.extend_starts, b.extend_lens_host, b.extend_prefix_lens_host,
+                 h.decode_rows, h.decode_seq_lens, h.sample_index]  # fmt: skip
+        msg = array("q", header)
+        for values in lists:
+            msg.extend(values)
+        data = msg.tobytes()
+        for pipe in self.pipes:
+            pipe.send_bytes(data)
+        ids_and_slots = torch.cat([b.input_ids, b.out_slots.to(torch.int64)])
+        dist.broadcast(ids_and_slots.to(self.comm_device), src=0, group=self.group)
 
     def stop(self) -> None:
         """Tell the other ranks to leave their loops."""
-        self._broadcast(torch.tensor([_STOP] + [0] * (_HEADER - 1), dtype=torch.int64).to(self.comm_device))
+        data = array("q", [_STOP] + [0] * (_HEADER - 1)).tobytes()
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError):  # that rank is gone already
+                pipe.send_bytes(data)
 
     # ---------------------------------------------------------------- the other ranks
 
     def receive(self, req_table: torch.Tensor) -> ForwardBatch | None:
-        """The next batch (its tokens' slots written into req_table), or None when told to stop."""
-        header = torch.empty(_HEADER, dtype=torch.int64, device=self.comm_device)
-        self._broadcast(header)
-        kind, t, e, be, bd, s, ext_max, dec_max = header.tolist()
+        """The next batch (its tokens' slots written into req_table), or None when told to stop
+        or when rank 0 is gone."""
+        try:
+            data = self.pipes[0].recv_bytes()
+        except (EOFError, OSError):
+            return None
+        msg = array("q")
+        msg.frombytes(data)
+        kind, t, e, be, bd, s, ext_max, dec_max = msg[:_HEADER]
         if kind == _STOP:
             return None
-        packed = torch.empty(3 * t + 4 * be + 2 * bd + s, dtype=torch.int64, device=self.comm_device)
-        self._broadcast(packed)
-        packed = packed.to(self.device)
-        sizes = [t, t, t, be, be, be, be, bd, bd, s]
-        ids, pos, slots, rows, starts, lens, prefix, drows, dlens, sample = torch.split(packed, sizes)
+        sizes = [t, be, be, be, be, bd, bd, s]
+        ends = list(accumulate(sizes, initial=_HEADER))
+        pos, rows, starts, lens, prefix, drows, dlens, sample = (msg[a:z].tolist() for a, z in pairwise(ends))
+        ids_and_slots = torch.empty(2 * t, dtype=torch.int64, device=self.comm_device)
+        dist.broadcast(ids_and_slots, src=0, group=self.group)
+        ids_and_slots = ids_and_slots.to(self.device, non_blocking=True)
 
-        def i32(x: torch.Tensor) -> torch.Tensor:
-            return x.to(torch.int32)
+        def i32(values: list[int]) -> torch.Tensor:
+            return to_device(values, torch.int32, self.device)
 
         batch = ForwardBatch(
-            input_ids=ids,
-            positions=pos,
-            out_slots=i32(slots),
+            input_ids=ids_and_slots[:t],
+            positions=to_device(pos, torch.int64, self.device),
+            out_slots=ids_and_slots[t:].to(torch.int32),
             req_table=req_table,
             num_extend_tokens=e,
             extend_rows=i32(rows),
@@ -70,16 +101,14 @@ class StepChannel:
             extend_lens=i32(lens),
             extend_prefix_lens=i32(prefix),
             extend_max_len=ext_max,
-            extend_lens_host=lens.tolist(),
-            extend_prefix_lens_host=prefix.tolist(),
+            extend_lens_host=lens,
+            extend_prefix_lens_host=prefix,
             decode_rows=i32(drows),
             decode_seq_lens=i32(dlens),
             decode_max_len=dec_max,
-            sample_index=sample,
+            sample_index=to_device(sample, torch.int64, self.device),
+            host=HostIndex(pos, rows, starts, drows, dlens, sample),
         )
-        token_rows = torch.cat([torch.repeat_interleave(rows, lens), drows])  # [T], each token's table row
-        req_table[token_rows, pos] = batch.out_slots
+        token_rows = [r for r, n in zip(rows, lens, strict=True) for _ in range(n)] + drows
+        req_table[to_device(token_rows, torch.int64, self.device), batch.positions] = batch.out_slots
         return batch
-
-    def _broadcast(self, t: torch.Tensor) -> None:
-        dist.broadcast(t, src=0, group=self.group)

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing.connection import Connection
 
 import torch
 import torch.distributed as dist
@@ -56,19 +57,22 @@ def init_rank(cfg: WorkerConfig, rank: int, port: int) -> TensorParallel:
     return TensorParallel(rank=rank, size=cfg.tp, group=dist.group.WORLD)
 
 
-def start_followers(cfg: WorkerConfig, port: int) -> list[multiprocessing.Process]:
+def start_followers(cfg: WorkerConfig, port: int) -> tuple[list[multiprocessing.Process], list[Connection]]:
+    """-> the processes of ranks 1..tp-1, and the pipe that carries each one its batches."""
     ctx = multiprocessing.get_context("spawn")
-    procs = [
-        ctx.Process(target=follower_main, args=(cfg, rank, port, os.getpid()), name=f"tp-rank-{rank}")
-        for rank in range(1, cfg.tp)
-    ]
-    for p in procs:
-        p.start()
+    procs, pipes = [], []
+    for rank in range(1, cfg.tp):
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=follower_main, args=(cfg, rank, port, os.getpid(), reader), name=f"tp-rank-{rank}")
+        proc.start()
+        reader.close()  # the rank holds it now: its end closing is how the rank learns rank 0 is gone
+        procs.append(proc)
+        pipes.append(writer)
     log.info("started tensor-parallel ranks 1..%d (pids %s)", cfg.tp - 1, [p.pid for p in procs])
-    return procs
+    return procs, pipes
 
 
-def follower_main(cfg: WorkerConfig, rank: int, port: int, parent: int) -> None:
+def follower_main(cfg: WorkerConfig, rank: int, port: int, parent: int, pipe: Connection) -> None:
     """Ranks 1..tp-1: build the same model shard and run every batch rank 0 sends."""
     from services.worker.build import build_model_stack
     from services.worker.tp.channel import StepChannel
@@ -80,7 +84,7 @@ def follower_main(cfg: WorkerConfig, rank: int, port: int, parent: int) -> None:
     _exit_with_parent(parent)
     tp = init_rank(cfg, rank, port)
     stack = build_model_stack(cfg, tp)
-    channel = StepChannel(tp.group, stack.device)
+    channel = StepChannel(tp.group, stack.device, [pipe])
     log.info("rank %d ready", rank)
     steps = 0
     with torch.inference_mode():
