@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -62,6 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="JSON file for the results")
     p.add_argument("--sweep", action="store_true", help="also sweep launch configs of the attention kernels")
     p.add_argument("--sweep-seq", type=int, default=4096, help="extend length of the sweep")
+    p.add_argument(
+        "--split-sweep",
+        action="store_true",
+        help="decode attention over batch x context x (grid splits, split_tokens): data for the split rule",
+    )
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes under the Triton interpreter, on the CPU")
     return p.parse_args(argv)
 
@@ -296,6 +301,38 @@ def sweep(s: Shapes, dev, timer: Timer, seq: int, num_sms: int) -> dict:
     }  # fmt: skip
 
 
+def split_sweep(s: Shapes, dev, timer: Timer, copy_gbs: float, smoke: bool) -> dict:
+    """Decode attention at each batch x context for grids of 1..32 splits, each request using
+    min(grid, ceil(context / split_tokens)) of them: what the split rule is chosen from."""
+    from services.worker.kernels.decode_attention import decode_attention, decode_scratch
+
+    batches, contexts = ((2, 3), (40,)) if smoke else ((1, 16, 64, 256), (512, 1024, 2048, 4096))
+    rows = []
+    for b, ctx in itertools.product(batches, contexts):
+        sb = replace(s, decode_batch=b)
+        args = _decode_setup(sb, ctx, True, False, dev)
+        args["out"] = torch.empty_like(args["q"])
+        nbytes = _decode_bytes(sb, ctx, False)
+        for grid in (1, 2, 4, 8, 16, 32):
+            seen = set()
+            for tokens in (1, 256, 512, 1024):
+                used = min(grid, -(-ctx // tokens))
+                if used in seen:
+                    continue
+                seen.add(used)
+                mid_o, mid_lse = decode_scratch(b, s.hq, s.head_dim, grid, dev)
+                ms = timer(lambda a=args, g=grid, t=tokens, mo=mid_o, ml=mid_lse: decode_attention(
+                    num_splits=g, split_tokens=t, mid_o=mo, mid_lse=ml, **a))  # fmt: skip
+                gbs = nbytes / ms / 1e6
+                pct = 100 * gbs / copy_gbs
+                rows.append({"batch": b, "context": ctx, "grid_splits": grid, "used_splits": used,
+                             "split_tokens": tokens, "ms": ms, "GB/s": gbs, "pct_of_copy": pct})  # fmt: skip
+        best = max((r for r in rows if r["batch"] == b and r["context"] == ctx), key=lambda r: r["GB/s"])
+        print(f"split sweep batch {b} context {ctx}: best grid {best['grid_splits']} used {best['used_splits']} "
+              f"{best['pct_of_copy']:.1f}% of copy", flush=True)  # fmt: skip
+    return {"results": rows}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.cpu_smoke:
@@ -323,8 +360,10 @@ def main(argv: list[str] | None = None) -> None:
     report["extend"] = bench_extend(s, dev, timer)
     if args.sweep:
         report["sweep"] = sweep(s, dev, timer, min(args.sweep_seq, max(s.extend_seqs)), num_sms)
+    if args.split_sweep:
+        report["split_sweep"] = split_sweep(s, dev, timer, copy_gbs, args.cpu_smoke)
     report["seconds"] = time.time() - started
-    print(json.dumps({k: v for k, v in report.items() if k != "sweep"}, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if "sweep" not in k}, indent=1))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
 

@@ -49,6 +49,15 @@ def test_decode_more_splits_than_tiles(device, pooled, reference, tol) -> None:
     _check(LENS, 4, 2, 32, torch.float32, False, 8, device, pooled, reference, tol)
 
 
+@pytest.mark.parametrize("split_tokens", [20, 40, 1000])
+@pytest.mark.parametrize("quantized", [False, True])
+def test_decode_short_contexts_use_fewer_splits(split_tokens: int, quantized: bool, device, pooled, reference,
+                                                tol) -> None:  # fmt: skip
+    # a grid of 4 splits; each request uses as many as keep split_tokens a split (the 1-token
+    # request one, the 70-token one 2 or 4 or 1), and the reduce combines just those
+    _check(LENS, 4, 2, 32, torch.float32, quantized, 4, device, pooled, reference, tol, split_tokens=split_tokens)
+
+
 @pytest.mark.parametrize("group", [16, 32])
 def test_decode_large_group(group: int, device, pooled, reference, tol) -> None:
     _check([9, 40], group, 1, 16, torch.float32, False, 2, device, pooled, reference, tol)

@@ -17,7 +17,7 @@ import torch
 
 from services.worker.attention.base import AttentionBackend
 from services.worker.forward_batch import ForwardBatch
-from services.worker.kernels.decode_attention import choose_num_splits, decode_attention, decode_config
+from services.worker.kernels.decode_attention import SPLIT_TOKENS, choose_num_splits, decode_attention, decode_config
 from services.worker.kernels.extend_attention import extend_attention
 from services.worker.kernels.kv_store import store_kv
 from services.worker.kernels.kv_store_int8 import store_kv_int8
@@ -67,7 +67,7 @@ class TritonAttention(AttentionBackend):
             mid_lse = self._mid_lse[: bd * hq * splits].view(bd, hq, splits)
             decode_attention(
                 q[e:], k_pool, v_pool, batch.req_table, batch.decode_rows, batch.decode_seq_lens, self.scale, splits,
-                out=out[e:], k_scale=k_scale, v_scale=v_scale, mid_o=mid_o, mid_lse=mid_lse,
+                out=out[e:], split_tokens=SPLIT_TOKENS, k_scale=k_scale, v_scale=v_scale, mid_o=mid_o, mid_lse=mid_lse,
             )  # fmt: skip
         return out
 

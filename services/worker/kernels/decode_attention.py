@@ -23,6 +23,18 @@ from services.worker.kernels.extend_attention import check_pool, dot, online_sof
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
+# the fewest tokens a split of a request is given (see split_tokens): 1 splits every request
+# over the whole grid
+SPLIT_TOKENS = 1
+
+
+@triton.jit
+def _split_len(seq_len, num_splits, split_tokens, BLOCK_N: tl.constexpr):
+    """Tokens per split of one request: its context over the splits it uses, at most
+    num_splits (the grid's) and fewer for a short context, so no split has much under
+    split_tokens; whole tiles each. Splits past the last used one find nothing to do."""
+    used = tl.maximum(tl.minimum(num_splits, tl.cdiv(seq_len, split_tokens)), 1)
+    return tl.cdiv(tl.cdiv(seq_len, used), BLOCK_N) * BLOCK_N
 
 
 @triton.jit
@@ -30,14 +42,14 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
                          q_b_stride, q_h_stride, k_slot_stride, k_h_stride, v_slot_stride, v_h_stride,
                          ks_slot_stride, ks_h_stride, vs_slot_stride, vs_h_stride, table_stride,
                          o_b_stride, o_h_stride, o_s_stride, lse_b_stride, lse_h_stride, qk_scale, num_splits,
-                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         split_tokens, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                          QUANT: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    split_len = _split_len(seq_len, num_splits, split_tokens, BLOCK_N)
     begin = split * split_len
     if begin >= seq_len:
         return
@@ -82,13 +94,14 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
 
 @triton.jit
 def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, lens_ptr, out_ptr, o_b_stride, o_h_stride, o_s_stride,
-                          lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, num_splits, HEAD_DIM: tl.constexpr,
+                          lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, num_splits, split_tokens,
+                          HEAD_DIM: tl.constexpr,
                           BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
                           BLOCK_N: tl.constexpr):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     seq_len = tl.load(lens_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    split_len = _split_len(seq_len, num_splits, split_tokens, BLOCK_N)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     # the splits stage 1 ran: the same boundaries, recomputed
@@ -141,6 +154,7 @@ def decode_attention(
     scale: float,
     num_splits: int,
     out: torch.Tensor | None = None,
+    split_tokens: int = 1,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     mid_o: torch.Tensor | None = None,
@@ -149,6 +163,8 @@ def decode_attention(
 ) -> torch.Tensor:
     """q: [B, Hq, D] one token per request; pools: [C, Hkv, D]; rows, seq_lens: [B] int32, seq_lens
     counting the new token (already stored). k_scale, v_scale [C, Hkv] float32 mark an int8 pool.
+    num_splits is the grid's splits per request; a request whose context is short uses fewer,
+    none of under split_tokens tokens (so one captured grid suits every context length).
     mid_o / mid_lse: scratch from decode_scratch (allocated when None). config overrides
     BLOCK_N / num_warps / num_stages. Returns out [B, Hq, D]."""
     if q.dim() != 3 or q.stride(-1) != 1:
@@ -162,6 +178,8 @@ def decode_attention(
         raise ValueError("decode_attention: req_table must be a 2-d int32 tensor with a contiguous last dim")
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"decode_attention: num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    if split_tokens < 1:
+        raise ValueError(f"decode_attention: split_tokens must be at least 1, got {split_tokens}")
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
@@ -192,13 +210,13 @@ def decode_attention(
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), req_table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1), scale * LOG2E,
-        num_splits, GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        num_splits, split_tokens, GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], QUANT=quant, IEEE=q.dtype == torch.float32,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     _decode_reduce_kernel[(bsz, hq)](
         mid_o, mid_lse, seq_lens, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
-        mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), num_splits, HEAD_DIM=d,
+        mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), num_splits, split_tokens, HEAD_DIM=d,
         BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], num_warps=4,
     )  # fmt: skip
     return out
