@@ -33,13 +33,12 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
-import torch.distributed as dist
 
 from services.worker.build import build_engine, resolve_device
 from services.worker.engine import Engine
 from services.worker.models.random_weights import SHAPES, random_weights
 from services.worker.tp.channel import StepChannel
-from services.worker.tp.group import free_port, init_rank, start_followers
+from services.worker.tp.group import free_port, init_rank, leave_group, start_followers
 from shared.config import WorkerConfig
 from shared.messages import GenerateReq, SamplingParams
 from shared.model_config import ModelConfig
@@ -124,7 +123,7 @@ def _tp_engine(args: argparse.Namespace, cfg: WorkerConfig) -> tuple[Engine, Mod
         channel.stop()
         for p in followers:
             p.join(30)
-        dist.destroy_process_group()
+        leave_group()
 
     return engine, ModelConfig.from_dir(cfg.model_dir), stop
 

@@ -16,12 +16,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from services.worker.build import build_engine
 from services.worker.engine import Engine
 from services.worker.tp.channel import StepChannel
-from services.worker.tp.group import free_port, init_rank, start_followers
+from services.worker.tp.group import free_port, init_rank, leave_group, start_followers
 from shared.config import WorkerConfig
 from tests.worker.engine_driver import request
 from tests.worker.teacher_forcing import decode_logits, prefill_logits
@@ -64,7 +63,7 @@ def _with_engine(model_dir: str, tp: int, use: Callable[[Engine], object]) -> ob
         channel.stop()
         for p in followers:
             p.join(60)
-        dist.destroy_process_group()
+        leave_group()
         torch.cuda.empty_cache()
 
 

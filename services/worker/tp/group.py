@@ -11,6 +11,7 @@ once its new instance reports.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -92,7 +93,22 @@ def follower_main(cfg: WorkerConfig, rank: int, port: int, parent: int, pipe: Co
             stack.runner.forward(batch)
             steps += 1
     log.info("rank %d stopping after %d steps", rank, steps)
-    dist.destroy_process_group()
+    leave_group()
+
+
+def leave_group(timeout_s: float = 10.0) -> None:
+    """Tear the process group down, but never hang on it: NCCL's teardown can wait for peers
+    that have left already, and a process that is about to exit loses nothing by not waiting."""
+    done = threading.Event()
+
+    def destroy() -> None:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        done.set()
+
+    threading.Thread(target=destroy, name="leave-group", daemon=True).start()
+    if not done.wait(timeout_s):
+        log.warning("the process group did not tear down within %.0f s; leaving it", timeout_s)
 
 
 def _exit_with_parent(parent: int) -> None:
