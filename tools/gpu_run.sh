@@ -28,7 +28,7 @@ for part in "$@"; do
     pipeline) timeout 380 python3 tools/bench_pipeline.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" 2>&1 \
                 | grep -v "it/s\]" | tail -12
               tar czf "$out/logs.tgz" -C /tmp/lightstream-bench logs 2>/dev/null ;;
-    peer) timeout 200 python3 .peer/peer_hf.py --requests 300 --skip static_b1,static_b64 --out "$out/peer_hf.json" 2>&1 | tail -6 ;;
+    peer) timeout 280 python3 .peer/peer_hf.py --requests 300 --skip static_b1,static_b64 --out "$out/peer_hf.json" 2>&1 | tail -6 ;;
     engine-int8) timeout 300 python3 tools/benchmark_engine.py --kv-dtype int8 --parts static,offline --out "$out/engine_int8.json" 2>&1 | tail -8 ;;
     tp-tests) timeout 300 python3 -m pytest -m gpu tests/worker/test_tp_cuda.py -q -s -p no:cacheprovider -rA 2>&1 \
                 | grep -v "it/s\]\|^$" | tail -25 | tee "$out/tp_tests.log" ;;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.kernels.decode_attention import choose_num_splits, decode_attention, decode_scratch
+from services.worker.kernels.decode_attention import SPLIT_TOKENS, choose_num_splits, decode_attention, decode_scratch
 
 
 def _check(lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, quantized: bool, num_splits: int,
@@ -87,3 +87,7 @@ def test_decode_llama3_8b(quantized: bool, pooled, reference, tol) -> None:
     lens = [2048] * 60 + [1, 100, 1000, 2047]
     splits = choose_num_splits(len(lens), 8, 2048, torch.cuda.get_device_properties(0).multi_processor_count)
     _check(lens, 32, 8, 128, torch.bfloat16, quantized, splits, torch.device("cuda"), pooled, reference, tol)
+    # a few requests over a grid of many splits, short ones using fewer (as in a captured graph)
+    few = [1, 100, 300, 1000, 2047, 4000]
+    _check(few, 32, 8, 128, torch.bfloat16, quantized, 32, torch.device("cuda"), pooled, reference, tol,
+           split_tokens=SPLIT_TOKENS)  # fmt: skip

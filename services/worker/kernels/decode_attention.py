@@ -23,9 +23,11 @@ from services.worker.kernels.extend_attention import check_pool, dot, online_sof
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
-# the fewest tokens a split of a request is given (see split_tokens): 1 splits every request
-# over the whole grid
-SPLIT_TOKENS = 1
+# the fewest tokens a split of a request is given (see split_tokens). On an H200 (8B shape,
+# docs/benchmarks.md r7) a single request's 1024-token context ran fastest in 4 splits and
+# 16 requests' 1024 to 2048 in 2 to 4; 256 gives those, and batches of 64 or more already run
+# one split (the grid) at any context
+SPLIT_TOKENS = 256
 
 
 @triton.jit
