@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import replace
 from typing import TypeVar
 
 from starlette.requests import Request
@@ -21,7 +22,13 @@ from shared.messages import FINISH_ERROR, TextItem
 T = TypeVar("T")
 
 
-async def merged(ctx: FrontContext, gens: list[Generation]) -> AsyncIterator[tuple[int, TextItem]]:
+async def merged(
+    ctx: FrontContext, gens: list[Generation], coalesce: bool = False
+) -> AsyncIterator[tuple[int, TextItem]]:
+    """Every generation's items as they come, tagged with the generation's index. With
+    coalesce, the items of one generation that queued up while the consumer was busy (a client
+    reading slower than the worker steps) come as one: the stream sends fewer, larger chunks
+    under load instead of falling further behind, and one chunk a step when it keeps up."""
     out: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()
 
     async def pump(i: int, gen: Generation) -> None:
@@ -33,15 +40,41 @@ async def merged(ctx: FrontContext, gens: list[Generation]) -> AsyncIterator[tup
     left = len(gens)
     try:
         while left:
-            i, item = await out.get()
-            if item.finish_reason:
-                left -= 1
-            yield i, item
+            ready = [await out.get()]
+            while coalesce and not out.empty():
+                ready.append(out.get_nowait())
+            for i, item in _joined(ready) if coalesce else ready:
+                if item.finish_reason:
+                    left -= 1
+                yield i, item
     finally:
         # no await here: this may run inside a cancelled task
         for task in pumps:
             task.cancel()
         abandon(ctx, gens)
+
+
+def _joined(ready: list[tuple[int, TextItem]]) -> list[tuple[int, TextItem]]:
+    """One item per generation for consecutive items of it (an error stays on its own, so
+    the text before it is still sent)."""
+    out: list[tuple[int, TextItem]] = []
+    last: dict[int, int] = {}  # generation -> its position in out
+    for i, item in ready:
+        k = last.get(i)
+        if k is None or item.finish_reason == FINISH_ERROR or out[k][1].finish_reason:
+            last[i] = len(out)
+            out.append((i, item))
+            continue
+        a = out[k][1]
+        joined = replace(
+            item,
+            text=a.text + item.text,
+            token_ids=a.token_ids + item.token_ids,
+            logprobs=a.logprobs + item.logprobs,
+            top_logprobs=a.top_logprobs + item.top_logprobs,
+        )
+        out[k] = (i, joined)
+    return out
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
@@ -81,11 +114,11 @@ async def collect_all(ctx: FrontContext, gens: list[Generation], request: Reques
 
 
 async def first_items(
-    ctx: FrontContext, gens: list[Generation], request: Request
+    ctx: FrontContext, gens: list[Generation], request: Request, coalesce: bool = False
 ) -> tuple[AsyncIterator[tuple[int, TextItem]], tuple[int, TextItem]]:
     """Open a stream and wait for its first item before any byte is sent, so that a request
     the pipeline refuses at once (overloaded, too large) gets a proper status code."""
-    stream = merged(ctx, gens)
+    stream = merged(ctx, gens, coalesce)
     try:
         first = await unless_disconnected(request, anext(stream))
         _, item = first

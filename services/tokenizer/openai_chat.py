@@ -69,7 +69,7 @@ async def chat_completions(
 async def _stream(
     ctx: FrontContext, body: ChatCompletionRequest, request: Request, gens: list[Generation], rid: str, created: int
 ) -> EventStream:
-    stream, first = await first_items(ctx, gens, request)
+    stream, first = await first_items(ctx, gens, request, coalesce=True)
     k, route, with_usage = body.top_logprobs or 0, request.url.path, body.include_usage()
     output_tokens = [0] * len(gens)
 

@@ -80,7 +80,7 @@ async def _stream(
     created: int,
     echo: list[str],
 ) -> EventStream:
-    stream, first = await first_items(ctx, gens, request)
+    stream, first = await first_items(ctx, gens, request, coalesce=True)
     n, k, route = body.n or 1, body.logprobs, request.url.path
     builders = [shape.CompletionLogprobs(ctx.tok, k or 0, len(echo[i // n])) for i in range(len(gens))]
     echoed = [False] * len(gens)
