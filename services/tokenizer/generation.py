@@ -148,7 +148,13 @@ async def items(ctx: FrontContext, gen: Generation) -> AsyncIterator[TextItem]:
     try:
         while not gen.ended:
             try:
-                item = await asyncio.wait_for(pending.queue.get(), timeout=max(deadline - time.monotonic(), 0.0))
+                # what is queued already needs no timer (a stream behind its worker takes this path)
+                item = pending.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                item = None
+            try:
+                if item is None:
+                    item = await asyncio.wait_for(pending.queue.get(), timeout=max(deadline - time.monotonic(), 0.0))
             except TimeoutError:
                 ctx.pipeline.abort(pending.rid, "deadline exceeded")
                 item = TextItem(
