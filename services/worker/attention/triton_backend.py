@@ -6,9 +6,10 @@ attention over the decoding requests, each into its slice of one output tensor.
 
 CUDA graphs: the decode path reads no device value on the host and allocates nothing once
 the split scratch has reached its largest size (give ``max_decode_batch`` to size it up
-front, or run the largest batch once before capture). ``num_splits`` is picked on the host
-from ``batch.decode_max_len``, so a captured graph must be replayed only for batches that
-pick the same split count (capture with a fixed context bound, see ``choose_num_splits``).
+front, or run the largest batch once before capture). The grid's ``num_splits`` is picked on
+the host from ``batch.decode_max_len``, so a captured graph must be replayed only for batches
+that pick the same split count (capture with a fixed context bound, see ``choose_num_splits``);
+inside the grid each request uses as many splits as its own context warrants (SPLIT_TOKENS).
 """
 
 from __future__ import annotations
