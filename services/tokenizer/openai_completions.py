@@ -25,7 +25,7 @@ from services.tokenizer.generation import (
 )
 from services.tokenizer.openai_params import DEFAULT_COMPLETION_TOKENS, CompletionRequest
 from services.tokenizer.streaming import EventStream, sse
-from shared.messages import FINISH_ERROR
+from shared.messages import FINISH_ERROR, TextItem
 
 
 async def completions(
@@ -105,9 +105,7 @@ async def _stream(
                     echoed[i] = True
                     text = echo[i // n] + text
                 lp = builders[i].of(item.token_ids, item.logprobs, item.top_logprobs) if k is not None else None
-                # one chunk per step that produced tokens, even when their bytes do not end a
-                # character yet (the text is then empty): the client sees every step, as vLLM's does
-                if text or item.finish_reason or item.token_ids:
+                if has_news(text, item):
                     yield chunk([shape.completion_choice(i, text, lp, item.finish_reason)])
                 nxt = await anext(stream, None)
             else:
@@ -117,3 +115,10 @@ async def _stream(
             yield sse("[DONE]")
 
     return EventStream(events(), on_close=lambda: abandon(ctx, gens))
+
+
+def has_news(text: str, item: TextItem) -> bool:
+    """Whether a stream sends a chunk for this item: for every step that produced tokens, even
+    when their bytes do not end a character yet (the text is then empty), as vLLM's streams
+    do, so the client sees each step when it comes; and for the end."""
+    return bool(text or item.finish_reason or item.token_ids)

@@ -247,10 +247,11 @@ def test_n_and_seed_are_reproducible_and_streaming_matches(stack: Stack) -> None
     assert chat_streamed == [c.message.content for c in chat.choices]
 
 
-def test_a_stream_has_one_chunk_per_generated_token(stack: Stack) -> None:
-    """Tokens whose bytes do not end a character yet still get their chunk (with empty text),
-    so a client timing the stream sees each step: the first token's time is not pushed to the
-    next one's."""
+def test_a_stream_carries_every_token_and_no_empty_chunk(stack: Stack) -> None:
+    """Every generated token reaches the client in a chunk (tokens whose bytes do not end a
+    character yet included: their chunk's text is empty), and no chunk without a token is
+    sent. A stream that keeps up gets a chunk per step; one that falls behind (a loaded
+    machine) gets the queued steps joined, so the check counts tokens, not chunks."""
 
     async def run() -> list:
         async with _client(stack) as client:
@@ -258,6 +259,7 @@ def test_a_stream_has_one_chunk_per_generated_token(stack: Stack) -> None:
                 model=stack.model_name,
                 prompt=PROMPTS[4],
                 max_tokens=24,
+                logprobs=0,
                 stream=True,
                 stream_options={"include_usage": True},
                 extra_body={"ignore_eos": True},
@@ -267,7 +269,8 @@ def test_a_stream_has_one_chunk_per_generated_token(stack: Stack) -> None:
     chunks = asyncio.run(run())
     with_choice = [c for c in chunks if c.choices]
     assert chunks[-1].usage.completion_tokens == 24
-    assert len(with_choice) == 24
+    per_chunk = [len(c.choices[0].logprobs.tokens) for c in with_choice]
+    assert sum(per_chunk) == 24 and min(per_chunk) >= 1, per_chunk
     assert with_choice[-1].choices[0].finish_reason == "length"
 
 

@@ -1,5 +1,6 @@
-"""Coalescing a stream's queued items: one item per generation for the ones that queued up,
-in order, text and tokens joined, the end kept, an error never swallowing the text before it."""
+"""What a stream sends: a chunk for every step with tokens (empty text included), and, for
+items that queued up, one per generation (coalescing): in order, text and tokens joined, the
+end kept, an error never swallowing the text before it."""
 
 from __future__ import annotations
 
@@ -29,3 +30,12 @@ def test_an_error_stays_apart_from_the_text_before_it() -> None:
 def test_nothing_joins_after_an_end() -> None:
     out = _joined([(0, _item("a", [1], "stop")), (0, _item("b", [2]))])
     assert [it.text for _, it in out] == ["a", "b"]
+
+
+def test_a_step_whose_token_ends_mid_character_still_gets_its_chunk() -> None:
+    from services.tokenizer.openai_completions import has_news
+
+    assert has_news("", _item("", [200]))  # bytes of a character not complete yet
+    assert has_news("", _item("", [], "stop"))  # the end, with nothing new
+    assert has_news("é", _item("é", [201]))
+    assert not has_news("", _item("", []))  # nothing happened: no chunk
