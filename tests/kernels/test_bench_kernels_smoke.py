@@ -20,4 +20,4 @@ def test_bench_kernels_smoke_reports_every_part(tmp_path) -> None:
     assert {"ceilings", "elementwise", "decode", "extend", "split_sweep"} <= set(report)
     rows = report["split_sweep"]["results"]
     assert rows and all(1 <= r["used_splits"] <= r["grid_splits"] and r["ms"] > 0 for r in rows)
-    assert all(r["GB/s"] > 0 for r in report["decode"].values())
+    assert all(r["GB/s"] > 0 and r["graph_ms"] > 0 for r in report["decode"].values())
