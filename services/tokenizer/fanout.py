@@ -30,10 +30,8 @@ async def merged(
     reading slower than the worker steps) come as one: the stream sends fewer, larger chunks
     under load instead of falling further behind, and one chunk a step when it keeps up."""
     if len(gens) == 1:  # the common case: no pump task, no second queue
-        # closed with this generator, not whenever it is collected: closing abandons the request
-        async with contextlib.aclosing(_single(ctx, gens[0], coalesce)) as single:
-            async for pair in single:
-                yield pair
+        async for pair in _single(ctx, gens[0], coalesce):
+            yield pair
         return
     out: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()
 
