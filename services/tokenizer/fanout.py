@@ -29,10 +29,6 @@ async def merged(
     coalesce, the items of one generation that queued up while the consumer was busy (a client
     reading slower than the worker steps) come as one: the stream sends fewer, larger chunks
     under load instead of falling further behind, and one chunk a step when it keeps up."""
-    if len(gens) == 1:  # the common case: no pump task, no second queue
-        async for pair in _single(ctx, gens[0], coalesce):
-            yield pair
-        return
     out: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()
 
     async def pump(i: int, gen: Generation) -> None:
@@ -56,22 +52,6 @@ async def merged(
         for task in pumps:
             task.cancel()
         abandon(ctx, gens)
-
-
-async def _single(ctx: FrontContext, gen: Generation, coalesce: bool) -> AsyncIterator[tuple[int, TextItem]]:
-    """merged() of one generation, read straight from its items."""
-    try:
-        async with contextlib.aclosing(items(ctx, gen)) as source:
-            async for item in source:
-                ready = [(0, item)]
-                # taking what is queued already does not suspend (items() needs no timer for it)
-                while coalesce and not item.finish_reason and not gen.pending.queue.empty():
-                    item = await anext(source)
-                    ready.append((0, item))
-                for pair in _joined(ready) if coalesce else ready:
-                    yield pair
-    finally:
-        abandon(ctx, [gen])
 
 
 def _joined(ready: list[tuple[int, TextItem]]) -> list[tuple[int, TextItem]]:
