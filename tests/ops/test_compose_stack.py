@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import httpx
 import redis
@@ -34,7 +35,14 @@ def test_the_model_service_made_the_demo_model(compose_stack: LocalCompose) -> N
 
 
 def test_scaled_workers_form_their_own_groups_and_detokenizers_their_own_shards(compose_stack: LocalCompose) -> None:
-    health = httpx.get(compose_stack.url + "/health", timeout=10).json()
+    # a replica that has just turned healthy reaches the front end's view with its next
+    # liveness refresh (every second), so give the view a few of them
+    end = time.monotonic() + 5.0
+    while True:
+        health = httpx.get(compose_stack.url + "/health", timeout=10).json()
+        if (len(health["workers"]), len(health["detokenizers"])) == (2, 2) or time.monotonic() > end:
+            break
+        time.sleep(0.2)
     assert len(health["workers"]) == 2 and len(health["detokenizers"]) == 2, health
     # LS_GROUP=auto: each group is named after its replica (host name and pid; pid 1 in a container)
     pids = {str(p.proc.pid) for p in compose_stack.replicas("worker") if p.proc is not None}
