@@ -34,11 +34,10 @@ if __package__ in (None, ""):
 
 import torch
 
-from services.worker.build import build_engine, resolve_device
+from services.worker.build import build_engine
 from services.worker.engine import Engine
 from services.worker.models.random_weights import SHAPES, random_weights
-from services.worker.tp.channel import StepChannel
-from services.worker.tp.group import free_port, init_rank, leave_group, start_followers
+from services.worker.tp.group import leave_group, start_group
 from shared.config import WorkerConfig
 from shared.messages import GenerateReq, SamplingParams
 from shared.model_config import ModelConfig
@@ -113,16 +112,11 @@ def _tp_engine(args: argparse.Namespace, cfg: WorkerConfig) -> tuple[Engine, Mod
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(SHAPES[args.shape], f)
         cfg = dataclasses.replace(cfg, model_dir=model_dir, random_weights=True)
-    port = free_port()
-    followers, pipes = start_followers(cfg, port)
-    tp = init_rank(cfg, 0, port)
-    channel = StepChannel(tp.group, resolve_device(cfg.device), pipes)
-    engine = build_engine(cfg, tp, channel=channel)
+    group = start_group(cfg)
+    engine = build_engine(cfg, group.tp, channel=group.channel)
 
     def stop() -> None:
-        channel.stop()
-        for p in followers:
-            p.join(30)
+        group.stop(join_s=30)
         leave_group()
 
     return engine, ModelConfig.from_dir(cfg.model_dir), stop

@@ -5,12 +5,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from services.worker.build import build_engine, resolve_device
+from services.worker.build import build_engine
 from services.worker.metrics import WorkerCollector, WorkerMetrics
-from services.worker.parallel import TensorParallel
 from services.worker.service import WorkerService
-from services.worker.tp.channel import StepChannel
-from services.worker.tp.group import RankWatchdog, free_port, init_rank, start_followers
+from services.worker.tp.group import RankWatchdog, start_group
 from shared.cli import parse_config
 from shared.config import WorkerConfig
 from shared.heartbeat import HeartbeatPublisher
@@ -32,26 +30,24 @@ def main() -> None:
     setup_logging(SERVICE_WORKER, cfg.replica, cfg.log_level)
     link = RedisLink(cfg.redis_url)
     stop_on_signals(link)
-    tp, channel, followers = TensorParallel(), None, []
-    if cfg.tp > 1:
-        port = free_port()
-        followers, pipes = start_followers(cfg, port)
-        tp = init_rank(cfg, 0, port)
-        channel = StepChannel(tp.group, resolve_device(cfg.device), pipes)
-    engine = build_engine(cfg, tp, channel=channel)
+    group = start_group(cfg) if cfg.tp > 1 else None
+    if group is None:
+        engine = build_engine(cfg)
+    else:
+        engine = build_engine(cfg, group.tp, channel=group.channel)
     names = StreamNames(cfg.namespace)
     metrics = WorkerMetrics(cfg.group)
     service = WorkerService(engine, link, names, cfg.group, cfg.status_interval_s, cfg.stream_maxlen, metrics)
     serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine))  # after loading: serving means ready
     watchdog = None
-    if followers:
+    if group is not None:
 
         def rank_died(why: str) -> None:
             service.abandon(why)
             watchdog.stop_all()  # type: ignore[union-attr]
             os._exit(1)  # the group restarts as a whole
 
-        watchdog = RankWatchdog(followers, rank_died).start()
+        watchdog = RankWatchdog(group.followers, rank_died).start()
     kv = engine.kv
     beat = HeartbeatPublisher(
         link,
@@ -62,15 +58,11 @@ def main() -> None:
     )
 
     def stop_ranks() -> None:
-        if channel is None or watchdog is None:
+        if group is None or watchdog is None:
             return
         watchdog.stopped.set()
-        try:
-            channel.stop()
-        except RuntimeError:  # the group is broken already (a rank died): make sure all are gone
-            watchdog.stop_all()
-        for p in followers:
-            p.join(10)
+        # a rank stuck in a collective does not read its pipe: it goes when this process does
+        group.stop(join_s=10)
 
     run_beating("worker", beat, service.run, stop_ranks)
 

@@ -19,8 +19,7 @@ import torch
 
 from services.worker.build import build_engine
 from services.worker.engine import Engine
-from services.worker.tp.channel import StepChannel
-from services.worker.tp.group import free_port, init_rank, leave_group, start_followers
+from services.worker.tp.group import leave_group, start_group
 from shared.config import WorkerConfig
 from tests.worker.engine_driver import request
 from tests.worker.teacher_forcing import decode_logits, prefill_logits
@@ -51,18 +50,13 @@ def _with_engine(model_dir: str, tp: int, use: Callable[[Engine], object]) -> ob
         finally:
             del engine
             torch.cuda.empty_cache()
-    port = free_port()
-    followers, pipes = start_followers(cfg, port)
-    group = init_rank(cfg, 0, port)
-    channel = StepChannel(group.group, torch.device(cfg.device), pipes)
+    group = start_group(cfg)
     try:
-        engine = build_engine(cfg, group, channel=channel)
+        engine = build_engine(cfg, group.tp, channel=group.channel)
         with torch.inference_mode():
             return use(engine)
     finally:
-        channel.stop()
-        for p in followers:
-            p.join(60)
+        group.stop(join_s=60)
         leave_group()
         torch.cuda.empty_cache()
 

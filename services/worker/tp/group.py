@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from services.worker.parallel import TensorParallel
+from services.worker.tp.channel import StepChannel
 from shared.config import WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,32 @@ def init_rank(cfg: WorkerConfig, rank: int, port: int) -> TensorParallel:
     return TensorParallel(rank=rank, size=cfg.tp, group=dist.group.WORLD)
 
 
+@dataclass
+class RankGroup:
+    """Rank 0's side of a running group: its TensorParallel, the channel its batches go out
+    by, and the processes of the other ranks."""
+
+    tp: TensorParallel
+    channel: StepChannel
+    followers: list[multiprocessing.Process]
+
+    def stop(self, join_s: float) -> None:
+        """Tell the other ranks to leave, and wait up to join_s for each to exit."""
+        self.channel.stop()
+        for p in self.followers:
+            p.join(join_s)
+
+
+def start_group(cfg: WorkerConfig) -> RankGroup:
+    """Join a group of cfg.tp ranks as rank 0 here, the others started as child processes."""
+    from services.worker.build import resolve_device
+
+    port = free_port()
+    followers, pipes = start_followers(cfg, port)
+    tp = init_rank(cfg, 0, port)
+    return RankGroup(tp, StepChannel(tp.group, resolve_device(cfg.device), pipes), followers)
+
+
 def start_followers(cfg: WorkerConfig, port: int) -> tuple[list[multiprocessing.Process], list[Connection]]:
     """-> the processes of ranks 1..tp-1, and the pipe that carries each one its batches."""
     ctx = multiprocessing.get_context("spawn")
@@ -76,7 +104,6 @@ def start_followers(cfg: WorkerConfig, port: int) -> tuple[list[multiprocessing.
 def follower_main(cfg: WorkerConfig, rank: int, port: int, parent: int, pipe: Connection) -> None:
     """Ranks 1..tp-1: build the same model shard and run every batch rank 0 sends."""
     from services.worker.build import build_model_stack
-    from services.worker.tp.channel import StepChannel
     from shared.log import setup_logging
     from shared.streams import SERVICE_WORKER
 
