@@ -4,6 +4,8 @@ waits (the test machine may be slow and shared)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import Callable
 
@@ -85,3 +87,28 @@ def worker_beats(redis_url: str, namespace: str) -> dict[str, Heartbeat]:
         return live_replicas(link, StreamNames(namespace), SERVICE_WORKER)
     finally:
         link.close()
+
+
+async def stream_generate(
+    client: httpx.AsyncClient, prompt: str, max_new: int, started: asyncio.Event
+) -> tuple[dict, int, float]:
+    """Stream /generate_stream to its end: (its last event, tokens seen, when it ended);
+    started is set at the first token (the request has started)."""
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "ignore_eos": True}}
+    last: dict = {}
+    tokens = 0
+    async with client.stream("POST", "/generate_stream", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                last = json.loads(line[6:])
+                if (last.get("token") or {}).get("id") is not None:
+                    tokens += 1
+                    started.set()
+    return last, tokens, time.monotonic()
+
+
+async def plain_generate(client: httpx.AsyncClient, prompt: str, max_new: int) -> tuple[int, dict]:
+    """POST /generate: (status, body)."""
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "ignore_eos": True}}
+    r = await client.post("/generate", json=body)
+    return r.status_code, r.json()

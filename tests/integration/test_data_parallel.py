@@ -5,43 +5,25 @@ ended with an explicit error; nothing hangs; restarted, it takes requests again.
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 
 import httpx
 
 from tests.integration.conftest import start_stack
-from tests.integration.router_live import RouterProbe, _long_llama, admitted  # noqa: F401 (a fixture)
+from tests.integration.router_live import (  # noqa: F401 (_long_llama: a fixture)
+    RouterProbe,
+    _long_llama,
+    admitted,
+    plain_generate,
+    stream_generate,
+)
 from tools.redis_server import RedisServer, free_port
-
-
-async def _stream(
-    client: httpx.AsyncClient, prompt: str, max_new: int, started: asyncio.Event
-) -> tuple[dict, int, float]:
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "ignore_eos": True}}
-    last: dict = {}
-    tokens = 0
-    async with client.stream("POST", "/generate_stream", json=body) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                last = json.loads(line[6:])
-                if (last.get("token") or {}).get("id") is not None:
-                    tokens += 1
-                    started.set()  # the client has output: the request has started
-    return last, tokens, time.monotonic()
-
-
-async def _plain(client: httpx.AsyncClient, prompt: str, max_new: int) -> tuple[int, dict]:
-    r = await client.post(
-        "/generate", json={"inputs": prompt, "parameters": {"max_new_tokens": max_new, "ignore_eos": True}}
-    )
-    return r.status_code, r.json()
 
 
 async def _burst(url: str, n: int, max_new: int) -> list[tuple[int, dict]]:
     async with httpx.AsyncClient(base_url=url, timeout=90) as client:
-        return await asyncio.gather(*(_plain(client, f"Request number {i} says", max_new) for i in range(n)))
+        return await asyncio.gather(*(plain_generate(client, f"Request number {i} says", max_new) for i in range(n)))
 
 
 LONG = 3_000  # output tokens of the requests running when a group dies: two fit a pool, three do not
@@ -75,7 +57,8 @@ def test_two_worker_groups_share_the_load_survive_a_death_and_take_back_a_restar
             async with httpx.AsyncClient(base_url=stack.url, timeout=90) as client:
                 started = [asyncio.Event() for _ in range(4)]
                 longs = [
-                    asyncio.create_task(_stream(client, f"Long story {i} begins", LONG, started[i])) for i in range(4)
+                    asyncio.create_task(stream_generate(client, f"Long story {i} begins", LONG, started[i]))
+                    for i in range(4)
                 ]
                 await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
                 f = probe.figures()
@@ -88,7 +71,8 @@ def test_two_worker_groups_share_the_load_survive_a_death_and_take_back_a_restar
                 # prompts of about 500 tokens: each placement outweighs how far the two groups'
                 # running requests have drifted apart, so the router alternates between them
                 shorts = [
-                    asyncio.create_task(_plain(client, f"Short one {i}: " + "the river " * 250, 16)) for i in range(4)
+                    asyncio.create_task(plain_generate(client, f"Short one {i}: " + "the river " * 250, 16))
+                    for i in range(4)
                 ]
                 await asyncio.to_thread(
                     probe.wait_for,

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 
 import httpx
 
 from tests.integration.conftest import start_stack
-from tests.integration.router_live import RouterProbe, _long_llama, wait_until, worker_beats  # noqa: F401 (a fixture)
+from tests.integration.router_live import (  # noqa: F401 (_long_llama: a fixture)
+    RouterProbe,
+    _long_llama,
+    plain_generate,
+    stream_generate,
+    wait_until,
+    worker_beats,
+)
 from tools.redis_server import RedisServer, free_port
 
 HOG = 8_000  # output tokens of a request that runs until its client leaves
@@ -19,26 +25,6 @@ HOG = 8_000  # output tokens of a request that runs until its client leaves
 # probe looks on a loaded machine, short enough to fit the pool beside the two hogs
 SHORT = 450
 POOL = 2 * HOG + 500
-
-
-async def _stream(client: httpx.AsyncClient, prompt: str, max_new: int, started: asyncio.Event) -> tuple[dict, int]:
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "ignore_eos": True}}
-    last: dict = {}
-    tokens = 0
-    async with client.stream("POST", "/generate_stream", json=body) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                last = json.loads(line[6:])
-                if (last.get("token") or {}).get("id") is not None:
-                    tokens += 1
-                    started.set()
-    return last, tokens
-
-
-async def _plain(client: httpx.AsyncClient, prompt: str, max_new: int) -> tuple[int, dict]:
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "ignore_eos": True}}
-    r = await client.post("/generate", json=body)
-    return r.status_code, r.json()
 
 
 def test_router_killed_and_restarted_under_load(long_llama: str, redis_server: RedisServer, tmp_path) -> None:
@@ -59,11 +45,11 @@ def test_router_killed_and_restarted_under_load(long_llama: str, redis_server: R
                 started = [asyncio.Event() for _ in range(3)]
                 lengths = (HOG, HOG, SHORT)
                 running = [
-                    asyncio.create_task(_stream(client, f"Tale {i} opens", n, started[i]))
+                    asyncio.create_task(stream_generate(client, f"Tale {i} opens", n, started[i]))
                     for i, n in enumerate(lengths)
                 ]
                 await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
-                queued = [asyncio.create_task(_plain(client, f"Queued {i}", 12)) for i in range(3)]
+                queued = [asyncio.create_task(plain_generate(client, f"Queued {i}", 12)) for i in range(3)]
                 await asyncio.to_thread(probe.wait_for, lambda f: f["waiting_requests"] == 3, 30, "3 queued")
 
                 stack.kill_service("router")
@@ -85,12 +71,12 @@ def test_router_killed_and_restarted_under_load(long_llama: str, redis_server: R
                 # claimed from the dead router's pending entries once its lease ran out, then served
                 queued_results = await asyncio.wait_for(asyncio.gather(*queued), 120)
                 await asyncio.to_thread(stack.wait_ready, 60)
-                new = await _plain(client, "A new request after the restart", 6)
+                new = await plain_generate(client, "A new request after the restart", 6)
                 return [short_one], queued_results, new, rebuilt
 
         finished, queued, new, rebuilt = asyncio.run(scenario())
         print(f"the restarted router's first figures: {rebuilt}")
-        (last, tokens), *_ = finished
+        (last, tokens, _), *_ = finished
         assert (last["finish_reason"], tokens) == ("length", SHORT) or last["finish_reason"] == "error", last
         for status, body in queued:
             assert status == 200 and body["count_output_tokens"] == 12, body
