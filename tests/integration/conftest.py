@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tools import make_tiny_model
 from tools.redis_server import RedisServer, free_port
 from tools.stack import Stack, StackOptions
 
@@ -42,3 +43,12 @@ def stack(
     s.model_dir = tiny_models[request.param]  # type: ignore[attr-defined]
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def long_context_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model with room for the benchmark workload's longest requests (input + output
+    <= 2048), for the benchmark tools' CI runs."""
+    path = str(tmp_path_factory.mktemp("tiny-long"))
+    make_tiny_model.main(["--out", path, "--max-positions", "2048"])
+    return path

@@ -11,17 +11,8 @@ import sys
 
 import pytest
 
-from tools import make_tiny_model
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REQUESTS = 12
-
-
-@pytest.fixture(scope="module")
-def long_context_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = str(tmp_path_factory.mktemp("tiny-long"))
-    make_tiny_model.main(["--out", path, "--max-positions", "2048"])
-    return path
 
 
 def _tool(name: str, *args: str) -> None:

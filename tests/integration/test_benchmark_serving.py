@@ -6,19 +6,9 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-
 from tests.integration.conftest import start_stack
-from tools import benchmark_serving, make_tiny_model
+from tools import benchmark_serving
 from tools.redis_server import RedisServer
-
-
-@pytest.fixture(scope="module")
-def long_context_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The tiny model with room for the workload's longest requests (input + output <= 2048)."""
-    path = str(tmp_path_factory.mktemp("tiny-long"))
-    make_tiny_model.main(["--out", path, "--max-positions", "2048"])
-    return path
 
 
 def test_benchmark_serving_on_the_tiny_model(long_context_model: str, redis_server: RedisServer, tmp_path) -> None:
