@@ -1,35 +1,13 @@
-"""Helpers for the API tests: a stack that asks for API keys, Hugging Face logprobs and
-penalised greedy references, and Prometheus samples."""
+"""Helpers for the API tests: Hugging Face logprobs and penalised greedy references, and
+Prometheus samples."""
 
 from __future__ import annotations
 
 import functools
-import os
-from collections.abc import Iterator
 
 import httpx
-import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.integration.conftest import start_stack
-from tools.redis_server import RedisServer
-from tools.stack import Stack
-
-
-def keyed_stack(
-    request: pytest.FixtureRequest,
-    tiny_models: dict[str, str],
-    redis_server: RedisServer,
-    tmp_path_factory: pytest.TempPathFactory,
-    **kw,
-) -> Iterator[Stack]:
-    log_dir = str(tmp_path_factory.mktemp(f"logs-{request.param}"))
-    s = start_stack(tiny_models[request.param], redis_server, log_dir, **kw)
-    s.model_dir = tiny_models[request.param]  # type: ignore[attr-defined]
-    s.model_name = os.path.basename(os.path.normpath(s.model_dir))  # type: ignore[attr-defined]
-    yield s
-    s.stop()
 
 
 @functools.cache

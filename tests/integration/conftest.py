@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
@@ -30,6 +31,23 @@ def start_stack(model_dir: str, redis: RedisServer, log_dir: str, **kw) -> Stack
     return stack
 
 
+def keyed_stack(
+    request: pytest.FixtureRequest,
+    tiny_models: dict[str, str],
+    redis_server: RedisServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    **kw,
+) -> Iterator[Stack]:
+    """The body of a module's stack fixture parametrised by tiny model (request.param): kw go
+    to start_stack; the stack knows its model's directory and served name."""
+    log_dir = str(tmp_path_factory.mktemp(f"logs-{request.param}"))
+    s = start_stack(tiny_models[request.param], redis_server, log_dir, **kw)
+    s.model_dir = tiny_models[request.param]  # type: ignore[attr-defined]
+    s.model_name = os.path.basename(os.path.normpath(s.model_dir))  # type: ignore[attr-defined]
+    yield s
+    s.stop()
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def stack(
     request: pytest.FixtureRequest,
@@ -38,11 +56,7 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
     """One stack per tiny model, shared by a test module."""
-    log_dir = str(tmp_path_factory.mktemp(f"logs-{request.param}"))
-    s = start_stack(tiny_models[request.param], redis_server, log_dir)
-    s.model_dir = tiny_models[request.param]  # type: ignore[attr-defined]
-    yield s
-    s.stop()
+    yield from keyed_stack(request, tiny_models, redis_server, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from tests import hf_reference
-from tests.integration.api_helpers import hf_logprobs, hf_penalised_greedy, keyed_stack
+from tests.integration.api_helpers import hf_logprobs, hf_penalised_greedy
+from tests.integration.conftest import keyed_stack
 from tools.redis_server import RedisServer
 from tools.stack import Stack
 

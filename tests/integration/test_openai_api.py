@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from tests import hf_reference
-from tests.integration.api_helpers import delta, hf_logprobs, hf_penalised_greedy, keyed_stack, metric_samples
+from tests.integration.api_helpers import delta, hf_logprobs, hf_penalised_greedy, metric_samples
+from tests.integration.conftest import keyed_stack
 from tools.redis_server import RedisServer
 from tools.stack import Stack
 
