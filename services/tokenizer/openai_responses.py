@@ -63,13 +63,15 @@ def completion_choice(index: int, text: str, logprobs: dict | None, reason: str)
 def completion(
     rid: str, created: int, model: str, choices: list[dict], use: dict[str, int] | None, usage_key: bool = False
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": f"cmpl-{rid}",
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-    }
+    return _envelope(f"cmpl-{rid}", "text_completion", created, model, choices, use, usage_key)
+
+
+def _envelope(
+    rid: str, kind: str, created: int, model: str, choices: list[dict], use: dict[str, int] | None, usage_key: bool
+) -> dict[str, Any]:
+    """The fields every completion and chat body has; "usage" when given, or as null when
+    usage_key (OpenAI's chunks carry "usage": null when the client asked for usage)."""
+    body: dict[str, Any] = {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
     if use is not None or usage_key:
         body["usage"] = use
     return body
@@ -110,13 +112,5 @@ def chat(
 ) -> dict:
     """A chat completion, or one chunk of a streamed one. With usage_key, "usage" is there even
     when None (OpenAI's chunks carry "usage": null when the client asked for usage)."""
-    body: dict[str, Any] = {
-        "id": f"chatcmpl-{rid}",
-        "object": "chat.completion.chunk" if chunk else "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-    }
-    if use is not None or usage_key:
-        body["usage"] = use
-    return body
+    kind = "chat.completion.chunk" if chunk else "chat.completion"
+    return _envelope(f"chatcmpl-{rid}", kind, created, model, choices, use, usage_key)
