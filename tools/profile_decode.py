@@ -1,17 +1,23 @@
-"""Where a decode step's time goes: per-kernel device time of one step, by torch.profiler.
+"""Where a step's time goes: per-kernel device time of a decode step (torch.profiler), and
+the host's time in an eager prefill forward (cProfile).
 
     python tools/profile_decode.py --out FILE.json [--shape llama3-8b] [--cases 1x1024,64x1024,256x1024]
+        [--prefills 1x209,4x209]
 
 For each batch x context it builds requests in the decode state (KV filled by a real
 prefill), then profiles eager decode forwards and reports the device time per kernel
-name, summed over the step, next to the graph-replay step time.
+name, summed over the step, next to the graph-replay step time. For each --prefills
+batch x prompt length it times eager prefill forwards on the host (wall) and on the device
+(CUDA events), and lists the Python functions the host spends that time in.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import sys
 import time
 from collections import defaultdict
@@ -83,6 +89,51 @@ def profile_case(engine, cfg: ModelConfig, batch: int, context: int) -> dict:
     }
 
 
+def host_profile(engine, cfg: ModelConfig, batch: int, length: int, reps: int = 10) -> dict:
+    """An eager prefill forward of batch prompts of length tokens: host wall time, device time,
+    and the functions the host spent it in (cProfile, own time per forward)."""
+    prompts = random_prompts([length] * batch, cfg.vocab_size, seed=11)
+    reqs = [
+        Req(GenerateReq(f"h{k}", "p", "p", ids, SamplingParams(max_new_tokens=4, ignore_eos=True), 0.0, 0.0), k)
+        for k, ids in enumerate(prompts)
+    ]
+    slots = [engine.kv.allocate(r, length) for r in reqs]
+    plan = StepPlan(extends=[(r, length) for r in reqs], extend_slots=slots, new_rows=list(reqs))
+    fb = build_batch(plan, engine.kv.table.table, engine.device)
+    model = engine.runner.model
+    wall = _time(lambda: model.forward(fb), reps)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(reps):
+        model.forward(fb)
+    end.record()
+    torch.cuda.synchronize()
+    device = start.elapsed_time(end) / reps
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        model.forward(fb)
+    launch = 1000 * (time.perf_counter() - t) / reps  # host time to queue a forward, the device not waited for
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        model.forward(fb)
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:30]
+    top = [
+        [f"{os.path.basename(fn)}:{line}:{name}", ncalls // reps, round(1000 * tottime / reps, 4)]
+        for (fn, line, name), (_, ncalls, tottime, _, _) in rows
+    ]
+    for r in reqs:
+        engine.kv.release(r)
+    return {"batch": batch, "length": length, "wall_ms": wall, "device_ms": device, "host_queue_ms": launch,
+            "top_host_functions_ms": top}  # fmt: skip
+
+
 def _time(fn, reps: int = 20) -> float:
     for _ in range(3):
         fn()
@@ -99,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     ap.add_argument("--cases", default="1x1024,64x1024,256x1024")
+    ap.add_argument("--prefills", default="1x209,4x209,1x1024", help="eager prefill batch x length, host-profiled")
     args = ap.parse_args(argv)
     cfg = ModelConfig.from_dict(SHAPES[args.shape])
     device = torch.device("cuda")
@@ -108,7 +160,14 @@ def main(argv: list[str] | None = None) -> None:
         model_cfg=cfg,
     )  # fmt: skip
     out = []
-    for spec in args.cases.split(","):
+    for spec in filter(None, args.prefills.split(",")):
+        b, n = (int(x) for x in spec.split("x"))
+        row = host_profile(engine, cfg, b, n)
+        out.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "top_host_functions_ms"}), flush=True)
+        for name, calls, ms in row["top_host_functions_ms"][:18]:
+            print(f"   {ms:8.4f} ms  x{calls:<5d} {name}", flush=True)
+    for spec in filter(None, args.cases.split(",")):
         b, c = (int(x) for x in spec.split("x"))
         row = profile_case(engine, cfg, b, c)
         out.append(row)
