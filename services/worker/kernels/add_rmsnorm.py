@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.launch import launcher
 from services.worker.kernels.rmsnorm import row_launch_params
 
 
@@ -42,6 +43,9 @@ def _add_rmsnorm_kernel(
     tl.store(out_ptr + row * out_row_stride + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_add_rmsnorm_launch = launcher(_add_rmsnorm_kernel)
+
+
 def add_rmsnorm_(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -60,7 +64,7 @@ def add_rmsnorm_(
     if t == 0:
         return out
     block, num_warps = row_launch_params(h)
-    _add_rmsnorm_kernel[(t,)](
+    _add_rmsnorm_launch[(t,)](
         x,
         residual,
         weight,

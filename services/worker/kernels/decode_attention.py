@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.extend_attention import check_pool, dot, online_softmax_step
+from services.worker.kernels.launch import launcher
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
@@ -94,6 +95,9 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=gmask)
 
 
+_decode_split_launch = launcher(_decode_split_kernel)
+
+
 @triton.jit
 def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, lens_ptr, out_ptr, o_b_stride, o_h_stride, o_s_stride,
                           lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, num_splits, split_tokens,
@@ -117,6 +121,9 @@ def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, lens_ptr, out_ptr, o_b_stride,
     result = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
     out_ptrs = out_ptr + b * out_b_stride + h * out_h_stride + offs_d
     tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+_decode_reduce_launch = launcher(_decode_reduce_kernel)
 
 
 def decode_config(head_dim: int, dtype: torch.dtype, is_cuda: bool) -> dict[str, int]:
@@ -207,7 +214,7 @@ def decode_attention(
     vs = v_scale if quant else mid_lse
     group = hq // hkv
     block_d = max(16, triton.next_power_of_2(d))
-    _decode_split_kernel[(bsz, hkv, num_splits)](
+    _decode_split_launch[(bsz, hkv, num_splits)](
         q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, mid_o, mid_lse,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), req_table.stride(0),
@@ -216,7 +223,7 @@ def decode_attention(
         BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], QUANT=quant, IEEE=q.dtype == torch.float32,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
-    _decode_reduce_kernel[(bsz, hq)](
+    _decode_reduce_launch[(bsz, hq)](
         mid_o, mid_lse, seq_lens, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), num_splits, split_tokens, HEAD_DIM=d,
         BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], num_warps=4,

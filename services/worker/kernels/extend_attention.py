@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.launch import launcher
+
 LOG2E = 1.4426950408889634
 
 
@@ -148,6 +150,10 @@ _CUDA_FP32 = {16: (64, 32, 4, 2), 32: (64, 32, 4, 2), 64: (64, 32, 4, 2), 128: (
 # segments up to this long use _CUDA_16BIT_SHORT for head_dim 128: on an H200 (sweep of
 # tools/bench_kernels.py, causal, 4096 tokens) 64x64 tiles with 4 warps ran 395 TFLOP/s
 # against 384 for 128x64 with 8 warps, and waste less on the ragged ends of short prompts
+
+
+_extend_launch = launcher(_extend_kernel)
+
 SHORT_EXTEND = 4096
 _CUDA_16BIT_SHORT = {128: (64, 64, 4, 3)}
 # the interpreter: small tiles so the tests' short segments still cross several blocks
@@ -251,7 +257,7 @@ def extend_attention(
     vs = v_scale if quant else rows[:, None]
     num_m_blocks = triton.cdiv(max_extend_len, block_m)
     block_d = max(16, triton.next_power_of_2(d))
-    _extend_kernel[(num_m_blocks, hq, be)](
+    _extend_launch[(num_m_blocks, hq, be)](
         q, k_new, v_new, k_pool, v_pool, ks, vs, req_table, rows, starts, extend_lens, prefix_lens, out,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), ks.stride(0), ks.stride(1),

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.launch import launcher
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -44,6 +46,9 @@ def _store_kv_kernel(
     tl.store(vp, v.to(vp_ptr.dtype.element_ty), mask=mask)
 
 
+_store_kv_launch = launcher(_store_kv_kernel)
+
+
 def check_kv_store_args(
     name: str, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor
 ) -> None:
@@ -64,7 +69,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: tor
     t, h, d = k.shape
     if t == 0:
         return
-    _store_kv_kernel[(t,)](
+    _store_kv_launch[(t,)](
         k,
         v,
         k_pool,

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.kv_store import check_kv_store_args
+from services.worker.kernels.launch import launcher
 
 
 @triton.jit
@@ -51,6 +52,9 @@ def _store_kv_int8_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, slots_pt
                     vs_slot_stride, vs_head_stride, token, slot, num_heads, HEAD_DIM, BLOCK_H, BLOCK_D)  # fmt: skip
 
 
+_store_kv_int8_launch = launcher(_store_kv_int8_kernel)
+
+
 def store_kv_int8(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -70,7 +74,7 @@ def store_kv_int8(
     t, h, d = k.shape
     if t == 0:
         return
-    _store_kv_int8_kernel[(t,)](
+    _store_kv_int8_launch[(t,)](
         k,
         v,
         k_pool,

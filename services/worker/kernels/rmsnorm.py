@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.launch import launcher
+
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, hidden, eps, BLOCK: tl.constexpr):
@@ -22,6 +24,9 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, hidden,
     normed = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * out_row_stride + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_rmsnorm_launch = launcher(_rmsnorm_kernel)
 
 
 def row_launch_params(hidden: int) -> tuple[int, int]:
@@ -45,5 +50,5 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor
     if t == 0:
         return out
     block, num_warps = row_launch_params(h)
-    _rmsnorm_kernel[(t,)](x, weight, out, x.stride(0), out.stride(0), h, eps, BLOCK=block, num_warps=num_warps)
+    _rmsnorm_launch[(t,)](x, weight, out, x.stride(0), out.stride(0), h, eps, BLOCK=block, num_warps=num_warps)
     return out

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.launch import launcher
+
 
 @triton.jit
 def _rotate_heads(x_ptr, row_stride, head_stride, token, num_heads, cos, sin, HALF: tl.constexpr,
@@ -59,6 +61,9 @@ def _rotary_kernel(
     _rotate_heads(k_ptr, k_row_stride, k_head_stride, token, num_k_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HK)
 
 
+_rotary_launch = launcher(_rotary_kernel)
+
+
 def rotary_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] in place; positions [T] int; cos_sin [max_pos, D] float32."""
     if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
@@ -79,7 +84,7 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: 
     if t == 0:
         return
     half = d // 2
-    _rotary_kernel[(t,)](
+    _rotary_launch[(t,)](
         q,
         k,
         positions,

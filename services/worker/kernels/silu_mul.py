@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.launch import launcher
+
 BLOCK = 1024
 
 
@@ -22,6 +24,9 @@ def _silu_mul_kernel(x_ptr, out_ptr, x_row_stride, out_row_stride, inter, BLOCK:
     up = tl.load(x_ptr + row * x_row_stride + inter + offs, mask=mask, other=0.0).to(tl.float32)
     act = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + row * out_row_stride + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_silu_mul_launch = launcher(_silu_mul_kernel)
 
 
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -37,5 +42,5 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
         return out
     block = min(BLOCK, triton.next_power_of_2(inter))
     grid = (t, triton.cdiv(inter, block))
-    _silu_mul_kernel[grid](gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
+    _silu_mul_launch[grid](gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
     return out

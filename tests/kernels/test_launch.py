@@ -1,0 +1,93 @@
+"""The fast launcher: how it binds arguments and keys compiled kernels (CPU), and that kernels
+launched through it on the GPU compute what Triton's own launch computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from services.worker.kernels.launch import Launcher, launcher
+
+
+def _scale_rows(x_ptr, out_ptr, stride, n, factor, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x_ptr + row * stride + offs, mask=mask)
+    tl.store(out_ptr + row * stride + offs, v * factor, mask=mask)
+
+
+def _compiled() -> Launcher:
+    """A Launcher over a real JITFunction, whatever TRITON_INTERPRET says (bind and key need no GPU)."""
+    return Launcher(JITFunction(_scale_rows))
+
+
+def test_bind_orders_arguments_and_separates_launch_options() -> None:
+    la = _compiled()
+    x = torch.zeros(4, 8)
+    values, options = la.bind((x, x), {"n": 8, "stride": 8, "factor": 2.0, "BLOCK": 8, "num_warps": 2})
+    assert values == [x, x, 8, 8, 2.0, 8]
+    assert options == {"num_warps": 2}
+    with pytest.raises(TypeError, match="factor"):
+        la.bind((x, x, 8, 8), {"BLOCK": 8})
+
+
+def test_the_key_follows_what_triton_specialises_on() -> None:
+    la = _compiled()
+    x = torch.zeros(64)
+
+    def key(*values, device=0, **options):
+        return la.key(list(values), options, device)
+
+    base = key(x, x, 8, 3, 2.0, 8)
+    # integers: 1, multiples of 16 and other values compile differently; two "other" values do not
+    assert key(x, x, 8, 5, 2.0, 8) == base
+    assert key(x, x, 8, 1, 2.0, 8) != base
+    assert key(x, x, 8, 32, 2.0, 8) != base
+    assert key(x, x, 8, 2**40 + 3, 2.0, 8) != base  # a 64-bit integer
+    # floats are runtime fp32 values; constexprs and launch options are compiled in
+    assert key(x, x, 8, 3, 0.5, 8) == base
+    assert key(x, x, 8, 3, 2.0, 16) != base
+    assert key(x, x, 8, 3, 2.0, 8, num_warps=8) != base
+    # tensors: dtype and 16-byte alignment
+    assert key(x.half(), x, 8, 3, 2.0, 8) != base
+    assert key(x[1:], x, 8, 3, 2.0, 8) != base
+    assert key(x[4:], x, 8, 3, 2.0, 8) == base
+    # the device: each has its own loaded module
+    assert key(x, x, 8, 3, 2.0, 8, device=1) != base
+    # a type Triton may treat otherwise is not keyed: Triton's own call handles it
+    assert key(x, x, 8, 3, "2.0", 8) is None
+
+
+def test_under_the_interpreter_the_kernel_is_returned_as_is() -> None:
+    fn = triton.jit(_scale_rows)
+    la = launcher(fn)
+    assert (la is fn) == (not isinstance(fn, JITFunction))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fast_launches_compute_what_triton_launches_compute() -> None:
+    fn = triton.jit(_scale_rows)
+    la = launcher(fn)
+    assert isinstance(la, Launcher)
+    base = torch.randn(8, 33, device="cuda")
+    for x in (base, base.view(-1)[1:].view(-1)[: 8 * 32].view(8, 32)):  # aligned, then not
+        rows, n = x.shape
+        for factor in (2.0, -0.5, 3.0):  # the second and third calls of each key take the fast path
+            out = torch.full_like(x, float("nan"))
+            la[(rows,)](x, out, x.stride(0), n, factor, BLOCK=64, num_warps=2)
+            torch.testing.assert_close(out, x * factor)
+    assert len(la.compiled) == 2
+    # and inside a CUDA graph, on the capture stream
+    out = torch.zeros_like(base)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        la[(8,)](base, out, base.stride(0), 33, 4.0, BLOCK=64, num_warps=2)
+    base.copy_(torch.randn_like(base))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, base * 4.0)
