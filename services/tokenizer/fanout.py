@@ -1,7 +1,9 @@
 """The generations of one HTTP request, waited on as one, and the client's disconnect.
 
-``merged`` yields (index, item) from all of them as items arrive; closing it, or the
-client going away while a route waits, abandons (aborts) every generation not yet ended.
+``merged`` yields (index, item) from all of them as items arrive, reading the request's one
+queue that the pipeline's reply thread fills; closing it, the client going away while a
+route waits, or the request's deadline passing abandons (aborts) every generation not yet
+ended.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from starlette.requests import Request
 
 from services.tokenizer.collected import Collected
 from services.tokenizer.errors import CLIENT_CLOSED, APIError, pipeline_error
-from services.tokenizer.generation import FrontContext, Generation, abandon, items
+from services.tokenizer.generation import FrontContext, Generation, abandon, accept, deadline_s, expire
 from shared.messages import FINISH_ERROR, TextItem
 
 T = TypeVar("T")
@@ -29,28 +31,22 @@ async def merged(
     coalesce, the items of one generation that queued up while the consumer was busy (a client
     reading slower than the worker steps) come as one: the stream sends fewer, larger chunks
     under load instead of falling further behind, and one chunk a step when it keeps up."""
-    out: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()
-
-    async def pump(i: int, gen: Generation) -> None:
-        async with contextlib.aclosing(items(ctx, gen)) as source:
-            async for item in source:
-                out.put_nowait((i, item))
-
-    pumps = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    queue = gens[0].pending.queue  # shared by the request's generations (generation.submit_all)
+    timer = asyncio.get_running_loop().call_later(deadline_s(ctx), expire, ctx, gens)
     left = len(gens)
     try:
         while left:
-            ready = [await out.get()]
-            while coalesce and not out.empty():
-                ready.append(out.get_nowait())
+            ready = [await queue.get()]
+            while coalesce and not queue.empty():
+                ready.append(queue.get_nowait())
+            ready = [(i, item) for i, item in ready if accept(ctx, gens[i], item)]
             for i, item in _joined(ready) if coalesce else ready:
                 if item.finish_reason:
                     left -= 1
                 yield i, item
     finally:
         # no await here: this may run inside a cancelled task
-        for task in pumps:
-            task.cancel()
+        timer.cancel()
         abandon(ctx, gens)
 
 

@@ -12,7 +12,6 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from services.tokenizer.errors import APIError
@@ -57,6 +56,7 @@ class Generation:
     pending: PendingRequest
     arrival: float  # monotonic: when the HTTP request reached its route
     submitted: float  # monotonic: when it was handed to the pipeline
+    first_item: float = 0.0
     first_token: float = 0.0
     ended: bool = False  # its last item came, or it was abandoned
 
@@ -92,10 +92,11 @@ async def submit_all(
     rids = [base] if len(jobs) == 1 else [f"{base}-{i}" for i in range(len(jobs))]
     deadline = time.time() + ctx.cfg.request_timeout_s
     submitted = time.monotonic()
+    queue: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()  # every generation's items, tagged
     results = await asyncio.gather(
         *(
-            ctx.pipeline.submit(rid, j.prompt_ids, j.params, j.stops, j.skip_special_tokens, deadline)
-            for rid, j in zip(rids, jobs, strict=True)
+            ctx.pipeline.submit(rid, j.prompt_ids, j.params, j.stops, j.skip_special_tokens, deadline, queue, i)
+            for i, (rid, j) in enumerate(zip(rids, jobs, strict=True))
         ),
         return_exceptions=True,
     )
@@ -136,49 +137,48 @@ def _check_limits(ctx: FrontContext, job: Job, max_tokens_name: str, prompt_name
         )
 
 
-async def items(ctx: FrontContext, gen: Generation) -> AsyncIterator[TextItem]:
-    """The generation's text items until it ends; an explicit error item if its deadline passes.
+def accept(ctx: FrontContext, gen: Generation, item: TextItem) -> bool:
+    """Count an item of gen that came from the pipeline: its metrics, and its end. False when
+    gen has ended already (an item that was in flight when it was aborted or timed out)."""
+    if gen.ended:
+        return False
+    now = time.monotonic()
+    if not gen.first_item:
+        gen.first_item = now
+        ctx.metrics.queue_time.observe(now - gen.submitted)
+    if item.token_ids and not gen.first_token:
+        gen.first_token = now
+        ctx.metrics.ttft.observe(now - gen.arrival)
+    if item.finish_reason:
+        gen.ended = True
+        ctx.pipeline.done(gen.pending.rid)
+        _ended(ctx, gen, item.finish_reason, item.output_tokens, now)
+    return True
 
-    Closing this early (the client went away, the task was cancelled) abandons the
-    generation, so the worker frees its KV at its next step.
-    """
-    pending = gen.pending
-    deadline = time.monotonic() + ctx.cfg.request_timeout_s + 5.0
-    first = True
-    try:
-        while not gen.ended:
-            try:
-                # what is queued already needs no timer (a stream behind its worker takes this path)
-                item = pending.queue.get_nowait()
-            except asyncio.QueueEmpty:
-                item = None
-            try:
-                if item is None:
-                    item = await asyncio.wait_for(pending.queue.get(), timeout=max(deadline - time.monotonic(), 0.0))
-            except TimeoutError:
-                ctx.pipeline.abort(pending.rid, "deadline exceeded")
-                item = TextItem(
-                    pending.rid,
-                    "",
-                    finish_reason=FINISH_ERROR,
-                    error="deadline exceeded",
-                    error_kind=ERR_DEADLINE,
-                    prompt_tokens=pending.prompt_tokens,
-                )
-            now = time.monotonic()
-            if first:
-                first = False
-                ctx.metrics.queue_time.observe(now - gen.submitted)
-            if item.token_ids and not gen.first_token:
-                gen.first_token = now
-                ctx.metrics.ttft.observe(now - gen.arrival)
-            if item.finish_reason:
-                gen.ended = True
-                ctx.pipeline.done(pending.rid)
-                _ended(ctx, gen, item.finish_reason, item.output_tokens, now)
-            yield item
-    finally:
-        abandon(ctx, [gen])
+
+def expire(ctx: FrontContext, gens: list[Generation]) -> None:
+    """The request's deadline passed (a timer calls this): each generation still running is
+    aborted and gets an explicit error item, so its reader ends with a deadline error."""
+    for gen in gens:
+        if gen.ended:
+            continue
+        pending = gen.pending
+        ctx.pipeline.abort(pending.rid, "deadline exceeded")
+        error = TextItem(
+            pending.rid,
+            "",
+            finish_reason=FINISH_ERROR,
+            error="deadline exceeded",
+            error_kind=ERR_DEADLINE,
+            prompt_tokens=pending.prompt_tokens,
+        )
+        pending.queue.put_nowait((pending.index, error))
+
+
+def deadline_s(ctx: FrontContext) -> float:
+    """How long after submission a front end waits for a request before failing it itself:
+    the pipeline's own deadline, plus time for its error to come back."""
+    return ctx.cfg.request_timeout_s + 5.0
 
 
 def abandon(ctx: FrontContext, gens: list[Generation]) -> None:

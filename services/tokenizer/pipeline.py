@@ -3,7 +3,8 @@
 Submitting registers the request with a detokenizer shard and then sends it to the
 router (in that order, in one round trip, so the shard knows it before any token can
 arrive). A reader thread takes TextBatch messages from this front end's stream and hands
-each item to the asyncio queue of the request waiting for it. A watchdog thread fails
+each item, tagged with its generation's index, to the asyncio queue of the HTTP request
+waiting for it (one queue for all the generations of a request). A watchdog thread fails
 in-flight requests when no worker group or their detokenizer shard is alive any more.
 """
 
@@ -48,7 +49,8 @@ class PendingRequest:
     detok: str
     detok_started: float  # the shard's start time, to notice a restart
     prompt_tokens: int
-    queue: asyncio.Queue[TextItem] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[tuple[int, TextItem]] = field(default_factory=asyncio.Queue)  # shared by siblings
+    index: int = 0  # this generation's index among its request's, the tag of its items in the queue
     finished: bool = False
 
 
@@ -102,6 +104,8 @@ class Pipeline:
         stop: list[str],
         skip_special_tokens: bool,
         deadline: float,
+        queue: asyncio.Queue[tuple[int, TextItem]] | None = None,
+        index: int = 0,
     ) -> PendingRequest:
         if not self.live.workers:
             raise Unavailable("no worker is alive")
@@ -109,7 +113,7 @@ class Pipeline:
             raise Unavailable("the router is not alive")
         self._refuse_early(len(input_ids) + params.max_new_tokens)
         shard = self._pick_detok(rid)
-        pending = PendingRequest(rid, shard.replica, shard.started, len(input_ids))
+        pending = PendingRequest(rid, shard.replica, shard.started, len(input_ids), queue or asyncio.Queue(), index)
         self.pending[rid] = pending
         register = DetokRegister(rid, self.front_id, len(input_ids), stop, skip_special_tokens, deadline)
         gen = GenerateReq(rid, self.front_id, shard.replica, input_ids, params, time.time(), deadline)
@@ -180,7 +184,7 @@ class Pipeline:
     def _deliver(self, deliveries: list[tuple[PendingRequest, TextItem]]) -> None:
         def put_all() -> None:
             for pending, item in deliveries:
-                pending.queue.put_nowait(item)
+                pending.queue.put_nowait((pending.index, item))
 
         assert self.loop is not None
         self.loop.call_soon_threadsafe(put_all)
