@@ -2,6 +2,12 @@
 
 The step loop only touches in-process queues, so a slow or absent Redis never stalls
 a GPU step; the outbox keeps the order in which messages were handed to it.
+
+Handing a message to an idle outbox thread waits (at most HAND_OFF_S) until that thread
+has taken it. The step loop is Python that rarely lets go of the interpreter lock before
+it waits for the device, so without this the thread would get to send a step's tokens
+only then, up to a step later; while the loop waits here, the thread takes the lock and
+starts sending at once.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from shared.redis_link import Stopping
 from shared.redis_streams import Entry, StreamReader, StreamWriter
 
 log = logging.getLogger(__name__)
+
+HAND_OFF_S = 0.002  # the longest the step loop waits for an idle outbox thread to take a message
 
 
 class Inbox:
@@ -59,14 +67,21 @@ class Outbox:
         self.stop = stop
         self.queue: queue.Queue[tuple[list[tuple[str, Any]], list[Entry]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
+        self._idle = False  # the thread waits for a job
+        self._taken = threading.Event()  # the thread has taken the last job handed to it
 
     def start(self) -> Outbox:
         self._thread.start()
         return self
 
     def send(self, items: list[tuple[str, Any]], acks: list[Entry] | None = None) -> None:
-        if items or acks:
-            self.queue.put((items, acks or []))
+        if not items and not acks:
+            return
+        idle = self._idle
+        self._taken.clear()
+        self.queue.put((items, acks or []))
+        if idle:
+            self._taken.wait(HAND_OFF_S)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is queued, then stop."""
@@ -75,7 +90,10 @@ class Outbox:
 
     def _run(self) -> None:
         while True:
+            self._idle = True
             job = self.queue.get()
+            self._idle = False
+            self._taken.set()
             if job is None:
                 return
             items, acks = job

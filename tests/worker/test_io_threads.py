@@ -1,0 +1,71 @@
+"""The worker's Redis threads against a real redis-server: the inbox delivers what was sent,
+the outbox sends in order, and a message handed to an idle outbox is on its way before the
+step loop goes on."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from services.worker.io_threads import Inbox, Outbox
+from shared.messages import AbortReqs
+from shared.redis_link import RedisLink
+from shared.redis_streams import StreamReader, StreamWriter
+
+
+class RecordingWriter(StreamWriter):
+    """A real StreamWriter that also notes when each send began."""
+
+    def __init__(self, link: RedisLink) -> None:
+        super().__init__(link)
+        self.started: list[float] = []
+
+    def send_many(self, items, acks=()) -> None:  # type: ignore[override]
+        self.started.append(time.perf_counter())
+        super().send_many(items, acks)
+
+
+def _busy(seconds: float) -> None:
+    """Python that holds the interpreter lock, as the step loop does between device waits."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_outbox_sends_in_order_and_starts_before_the_loop_goes_on(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    stop = threading.Event()
+    writer = RecordingWriter(link)
+    outbox = Outbox(writer, stop).start()
+    reader = StreamReader(link, "t:outbox", "g", consumer="c")
+    time.sleep(0.05)  # the thread is waiting for work
+    handed = []
+    for k in range(20):
+        handed.append(time.perf_counter())
+        outbox.send([("t:outbox", AbortReqs([f"r{k}"], "test"))])
+        _busy(0.02)  # a step's worth of Python before the loop would wait for the device
+    outbox.close()
+    got = []
+    while len(got) < 20:
+        entries = reader.read(count=100, block_ms=1000)
+        assert entries, "the outbox lost messages"
+        got += [e.msg.rids[0] for e in entries]
+    assert got == [f"r{k}" for k in range(20)]
+    # every send began while its step was still running, not when the busy loop let go of the lock
+    delays = sorted(s - h for s, h in zip(writer.started, handed, strict=True))
+    assert delays[len(delays) // 2] < 0.005, delays
+
+
+def test_inbox_delivers_entries_and_waits_for_the_first(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    stop = threading.Event()
+    inbox = Inbox(StreamReader(link, "t:inbox", "g", consumer="c"), stop).start()
+    try:
+        assert inbox.drain(wait_s=0.05) == []
+        StreamWriter(link).send_many([("t:inbox", AbortReqs(["a"], "test")), ("t:inbox", AbortReqs(["b"], "test"))])
+        got = inbox.drain(wait_s=2.0)
+        while len(got) < 2:
+            got += inbox.drain(wait_s=2.0)
+        assert [e.msg.rids[0] for e in got] == ["a", "b"]
+    finally:
+        stop.set()
