@@ -25,41 +25,44 @@ def _compiled() -> Launcher:
     return Launcher(JITFunction(_scale_rows))
 
 
-def test_bind_orders_arguments_and_separates_launch_options() -> None:
+def test_a_call_form_plans_the_kernels_argument_order() -> None:
     la = _compiled()
-    x = torch.zeros(4, 8)
-    values, options = la.bind((x, x), {"n": 8, "stride": 8, "factor": 2.0, "BLOCK": 8, "num_warps": 2})
-    assert values == [x, x, 8, 8, 2.0, 8]
-    assert options == {"num_warps": 2}
+    x, y = torch.zeros(4, 8), torch.ones(4, 8)
+    args, kwargs = (x, y), {"n": 8, "stride": 16, "factor": 2.0, "BLOCK": 8, "num_warps": 2}
+    plan = la.plan(len(args), tuple(kwargs))
+    assert la.values(plan, args, kwargs) == [x, y, 16, 8, 2.0, 8]  # launch options are not kernel arguments
     with pytest.raises(TypeError, match="factor"):
-        la.bind((x, x, 8, 8), {"BLOCK": 8})
+        la.plan(4, ("BLOCK",))
 
 
 def test_the_key_follows_what_triton_specialises_on() -> None:
     la = _compiled()
     x = torch.zeros(64)
 
-    def key(*values, device=0, **options):
-        return la.key(list(values), options, device)
+    def key(*args, device=0, **kwargs):
+        return la.key(args, kwargs, device)
 
-    base = key(x, x, 8, 3, 2.0, 8)
+    base = key(x, x, 8, 3, 2.0, BLOCK=8)
     # integers: 1, multiples of 16 and other values compile differently; two "other" values do not
-    assert key(x, x, 8, 5, 2.0, 8) == base
-    assert key(x, x, 8, 1, 2.0, 8) != base
-    assert key(x, x, 8, 32, 2.0, 8) != base
-    assert key(x, x, 8, 2**40 + 3, 2.0, 8) != base  # a 64-bit integer
+    assert key(x, x, 8, 5, 2.0, BLOCK=8) == base
+    assert key(x, x, 8, 1, 2.0, BLOCK=8) != base
+    assert key(x, x, 8, 32, 2.0, BLOCK=8) != base
+    assert key(x, x, 8, 2**40 + 3, 2.0, BLOCK=8) != base  # a 64-bit integer
     # floats are runtime fp32 values; constexprs and launch options are compiled in
-    assert key(x, x, 8, 3, 0.5, 8) == base
-    assert key(x, x, 8, 3, 2.0, 16) != base
-    assert key(x, x, 8, 3, 2.0, 8, num_warps=8) != base
+    assert key(x, x, 8, 3, 0.5, BLOCK=8) == base
+    assert key(x, x, 8, 3, 2.0, BLOCK=16) != base
+    assert key(x, x, 8, 3, 2.0, 8) != base  # a constexpr by position: keyed by value, and another form
+    assert key(x, x, 8, 3, 2.0, BLOCK=8, num_warps=8) != base
     # tensors: dtype and 16-byte alignment
-    assert key(x.half(), x, 8, 3, 2.0, 8) != base
-    assert key(x[1:], x, 8, 3, 2.0, 8) != base
-    assert key(x[4:], x, 8, 3, 2.0, 8) == base
+    assert key(x.half(), x, 8, 3, 2.0, BLOCK=8) != base
+    assert key(x[1:], x, 8, 3, 2.0, BLOCK=8) != base
+    assert key(x[4:], x, 8, 3, 2.0, BLOCK=8) == base
+    # the same values by name are another call form
+    assert key(x, x, 8, 3, factor=2.0, BLOCK=8) != base
     # the device: each has its own loaded module
-    assert key(x, x, 8, 3, 2.0, 8, device=1) != base
+    assert key(x, x, 8, 3, 2.0, BLOCK=8, device=1) != base
     # a type Triton may treat otherwise is not keyed: Triton's own call handles it
-    assert key(x, x, 8, 3, "2.0", 8) is None
+    assert key(x, x, 8, 3, "2.0", BLOCK=8) is None
 
 
 def test_under_the_interpreter_the_kernel_is_returned_as_is() -> None:
@@ -81,7 +84,7 @@ def test_fast_launches_compute_what_triton_launches_compute() -> None:
             out = torch.full_like(x, float("nan"))
             la[(rows,)](x, out, x.stride(0), n, factor, BLOCK=64, num_warps=2)
             torch.testing.assert_close(out, x * factor)
-    assert len(la.compiled) == 2
+    assert len(la.compiled) == 2 and la.direct == 4
     # and inside a CUDA graph, on the capture stream
     out = torch.zeros_like(base)
     graph = torch.cuda.CUDAGraph()

@@ -7,51 +7,52 @@ so a lone prompt's prefill was bound by the host (18 ms for 209 tokens, the devi
 needing a third of that).
 
 ``launcher(kernel)[grid](...)`` takes the same arguments. It keys the compiled kernel by
-everything Triton specialises a compiled kernel on, more finely than Triton does:
+the call's form (which arguments come by position, which by name) and by everything
+Triton specialises a compiled kernel on, more finely than Triton does:
   - a tensor by its dtype and whether its address is 16-byte aligned;
   - an integer by whether it is 1, whether it divides by 16, and its width (32 or 64 bit);
   - a float by its type only (passed as fp32, never specialised);
   - a constexpr, or a launch option such as num_warps, by its value.
 A key seen before calls the compiled kernel's launcher directly; a new key goes through
-Triton, which compiles (or finds) and launches the kernel, and is remembered. Under
-TRITON_INTERPRET=1 (the CPU tests), with a launch hook installed (a profiler), or for an
-argument of any other type, it is Triton's own call.
+Triton, which compiles (or finds) and launches the kernel, and is remembered with how to
+put the call's arguments in the kernel's order. Under TRITON_INTERPRET=1 (the CPU tests),
+with a launch hook installed (a profiler), or for an argument of any other type, it is
+Triton's own call.
 """
 
 from __future__ import annotations
 
 import inspect
+from functools import partial
 from typing import Any
 
 import torch
 import triton
 
 _MISSING = object()
-_INT32 = (-(2**31), 2**31)
+_ARG, _KWARG, _DEFAULT = 0, 1, 2
 
 
-def _arg_key(value: Any, constexpr: bool) -> Any:
-    """What of one argument the compiled kernel depends on; _MISSING when unknown."""
-    if constexpr:
-        return ("c", value)
-    if isinstance(value, torch.Tensor):
-        return (value.dtype, value.data_ptr() % 16 == 0)
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return ("b", value)
-    if isinstance(value, int):
-        width = 32 if _INT32[0] <= value < _INT32[1] else (64 if value < 2**63 else 65)
-        return (value == 1, value % 16 == 0, width)
-    if isinstance(value, float):
+def _arg_key(v: Any) -> Any:
+    """What of a runtime argument a compiled kernel depends on; _MISSING when unknown."""
+    t = type(v)
+    if t is int:
+        width = 32 if -(2**31) <= v < 2**31 else (64 if -(2**63) <= v < 2**63 else 65)
+        return (v == 1, v % 16 == 0, width)
+    if t is float:
         return "f"
+    if t is bool:
+        return ("b", v)
+    if v is None:
+        return None
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
     return _MISSING
 
 
-def _hooks_installed() -> bool:
-    knobs = getattr(triton, "knobs", None)
-    runtime = getattr(knobs, "runtime", None)
-    return runtime is None or runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None
+def _hook_set(hook: Any) -> bool:
+    """A launch hook is installed: None, or Triton's HookChain with no calls, means none."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 class Launcher:
@@ -62,54 +63,73 @@ class Launcher:
         self.index = {p.name: i for i, p in enumerate(params)}
         self.defaults = [p.default for p in params]
         self.constexpr = [bool(kp.is_constexpr) for kp in fn.params]
-        self.compiled: dict[tuple, Any] = {}
+        # keyword arguments keyed by value: constexprs and launch options (num_warps, ...)
+        self.by_value = {n for n, c in zip(self.names, self.constexpr, strict=True) if c}
+        self.compiled: dict[tuple, tuple[Any, list[tuple[int, Any]]]] = {}
+        self.direct = 0  # launches that took the direct path
 
     def __getitem__(self, grid: tuple[int, ...]):
-        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+        return partial(self.launch, grid)
 
-    def bind(self, args: tuple, kwargs: dict) -> tuple[list, dict]:
-        """-> every parameter's value in order (defaults filled in), and the launch options."""
-        values = list(args) + [_MISSING] * (len(self.names) - len(args))
-        options = {}
-        for name, v in kwargs.items():
-            i = self.index.get(name)
-            if i is None:
-                options[name] = v
+    def key(self, args: tuple, kwargs: dict, device: int) -> tuple | None:
+        """The call's form and specialisation; None when an argument's type is not one this
+        module knows how Triton specialises."""
+        pos = []
+        for i, v in enumerate(args):
+            k = ("c", v) if self.constexpr[i] else _arg_key(v)
+            if k is _MISSING:
+                return None
+            pos.append(k)
+        named = []
+        for n, v in kwargs.items():
+            k = ("c", v) if n in self.by_value or n not in self.index else _arg_key(v)
+            if k is _MISSING:
+                return None
+            named.append((n, k))
+        return (device, tuple(pos), tuple(named))
+
+    def plan(self, nargs: int, names: tuple[str, ...]) -> list[tuple[int, Any]]:
+        """Where each of the kernel's parameters comes from in a call of this form: a
+        position, a name, or the parameter's default."""
+        out: list[tuple[int, Any]] = []
+        for i, name in enumerate(self.names):
+            if i < nargs:
+                out.append((_ARG, i))
+            elif name in names:
+                out.append((_KWARG, name))
+            elif self.defaults[i] is not inspect.Parameter.empty:
+                out.append((_DEFAULT, self.defaults[i]))
             else:
-                values[i] = v
-        for i, v in enumerate(values):
-            if v is _MISSING:
-                if self.defaults[i] is inspect.Parameter.empty:
-                    raise TypeError(f"{self.names[i]} is missing")
-                values[i] = self.defaults[i]
-        return values, options
+                raise TypeError(f"{self.names[i]} is missing")
+        return out
 
-    def key(self, values: list, options: dict, device: int) -> tuple | None:
-        """None when an argument's type is not one this module knows how Triton specialises."""
-        parts = [_arg_key(v, c) for v, c in zip(values, self.constexpr, strict=True)]
-        if any(p is _MISSING for p in parts):
-            return None
-        return (device, tuple(parts), tuple(sorted(options.items())))
+    @staticmethod
+    def values(plan: list[tuple[int, Any]], args: tuple, kwargs: dict) -> list:
+        return [args[x] if s == _ARG else kwargs[x] if s == _KWARG else x for s, x in plan]
 
-    def launch(self, grid: tuple[int, ...], args: tuple, kwargs: dict) -> None:
-        values, options = self.bind(args, kwargs)
-        device = torch.cuda.current_device()
-        key = self.key(values, options, device)
-        kernel = self.compiled.get(key) if key is not None else None
-        if kernel is None or _hooks_installed():
+    def launch(self, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+        device = torch._C._cuda_getDevice()
+        key = self.key(args, kwargs, device)
+        entry = self.compiled.get(key) if key is not None else None
+        runtime = triton.knobs.runtime
+        if entry is None or _hook_set(runtime.launch_enter_hook) or _hook_set(runtime.launch_exit_hook):
             kernel = self.fn[grid](*args, **kwargs)
             if key is not None and getattr(kernel, "function", None) is not None:
-                self.compiled[key] = kernel
+                self.compiled[key] = (kernel, self.plan(len(args), tuple(kwargs)))
             return
-        g0 = grid[0]
+        kernel, plan = entry
+        self.direct += 1
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         stream = torch._C._cuda_getCurrentRawStream(device)  # the capture stream while a CUDA graph records
-        kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *values)
+        kernel.run(
+            grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None,
+            *self.values(plan, args, kwargs),
+        )  # fmt: skip
 
 
 def launcher(fn: Any) -> Any:
     """A fast launcher for a @triton.jit kernel; the kernel itself under the interpreter."""
-    if not isinstance(fn, triton.runtime.jit.JITFunction):
-        return fn  # an InterpretedFunction (TRITON_INTERPRET=1): nothing to bypass
+    if not isinstance(fn, triton.runtime.jit.JITFunction) or not hasattr(triton, "knobs"):
+        return fn  # an InterpretedFunction (TRITON_INTERPRET=1), or a Triton without knobs: nothing to bypass
     return Launcher(fn)
