@@ -35,6 +35,9 @@ class TokenizerConfig(CommonConfig):
     model_name: str = ""  # the name clients use; empty: the model directory's base name
     host: str = "0.0.0.0"
     port: int = 8000
+    # share host:port with other front-end processes of this host (SO_REUSEPORT); the kernel
+    # spreads new connections among them, so one port scales past one Python process
+    reuse_port: bool = False
     max_req_total_len: int = 0  # prompt + output tokens; 0: the model's context length
     max_body_bytes: int = 4 * 1024 * 1024
     request_timeout_s: float = 600.0  # no request outlives this, queued or running

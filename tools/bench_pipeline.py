@@ -1,11 +1,13 @@
 """The serving benchmark in one job: the whole stack on this machine's GPU, then the engine alone.
 
     python tools/bench_pipeline.py --out-dir DIR [--requests 2000] [--rates 4,16,32]
-        [--online-requests 300] [--low-load 20] [--side-by-side 300] [--redis-server PATH]
+        [--online-requests 300] [--low-load 20] [--side-by-side 300] [--redis-server PATH] [--fronts 2]
 
 1. Writes a Llama-3-8B-shaped model directory (config and a synthetic 128k tokenizer;
    the worker draws random weights on the GPU) and starts redis-server and the four
-   services as processes (tools/stack.py), the worker on CUDA.
+   services as processes (tools/stack.py), the worker on CUDA and --fronts front-end
+   processes sharing the HTTP port (a front end is one Python process: at thousands of
+   streamed tokens a second, one alone becomes the limit).
 2. Runs tools/benchmark_serving.py against it: one request at a time (low load), the
    first --side-by-side requests all at once (for the Hugging Face peer's ratio), the full
    --requests all at once (offline), then Poisson arrivals at each of --rates, with a plot.
@@ -52,11 +54,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--low-load", type=int, default=20)
     ap.add_argument("--side-by-side", type=int, default=300)
     ap.add_argument("--redis-server", default="redis-server")
+    ap.add_argument("--fronts", type=int, default=2, help="front-end processes sharing the port (SO_REUSEPORT)")
     ap.add_argument("--skip-engine", action="store_true")
     args = ap.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     os.makedirs(args.work_dir, exist_ok=True)
-    res: dict = {"date": time.strftime("%Y-%m-%d"), "worker_args": WORKER_ARGS, "router_args": ROUTER_ARGS}
+    res: dict = {"date": time.strftime("%Y-%m-%d"), "worker_args": WORKER_ARGS, "router_args": ROUTER_ARGS,
+                 "fronts": args.fronts}  # fmt: skip
     path = os.path.join(args.out_dir, "pipeline.json")
 
     def save() -> None:
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     redis = RedisServer(binary=args.redis_server).start()
     stack = Stack(StackOptions(model_dir=model_dir, redis_url=redis.url, port=free_port(),
                                log_dir=os.path.join(args.work_dir, "logs"), worker_args=WORKER_ARGS,
-                               router_args=ROUTER_ARGS))  # fmt: skip
+                               router_args=ROUTER_ARGS, fronts=args.fronts))  # fmt: skip
     try:
         t = time.perf_counter()
         stack.start()

@@ -1,6 +1,6 @@
 """Run the whole LightStream stack on this machine as processes.
 
-    python tools/run_local.py [--model-dir DIR] [--port 8000] [--workers G] [--detokenizers K]
+    python tools/run_local.py [--model-dir DIR] [--port 8000] [--workers G] [--detokenizers K] [--fronts F]
                               [--log-dir DIR] [-- extra worker flags]
 
 Starts redis-server on a free port unless REDIS_URL is set, then the detokenizer(s),
@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--workers", type=int, default=1, help="worker groups (data parallelism)")
     ap.add_argument("--detokenizers", type=int, default=1)
+    ap.add_argument("--fronts", type=int, default=1, help="front-end processes sharing --port (SO_REUSEPORT)")
     ap.add_argument("--log-dir", default="", help="write each service's log to DIR/<service>.log")
     ap.add_argument("--worker-arg", action="append", default=[], help="extra flag for each worker (repeatable)")
     ap.add_argument("--router-arg", action="append", default=[], help="extra flag for the router (repeatable)")
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             workers=args.workers,
             detokenizers=args.detokenizers,
+            fronts=args.fronts,
             log_dir=args.log_dir,
             worker_args=args.worker_arg,
             router_args=args.router_arg,

@@ -30,6 +30,7 @@ class StackOptions:
     port: int
     workers: int = 1
     detokenizers: int = 1
+    fronts: int = 1  # front-end processes; more than one share the port (--reuse-port)
     namespace: str = "ls"
     log_dir: str = ""
     tokenizer_args: list[str] = field(default_factory=list)
@@ -66,22 +67,25 @@ class Stack:
                     *opts.worker_args,
                 ],
             )
-        self._add(
-            "tokenizer",
-            "services.tokenizer",
-            [
-                *common,
-                "--model-dir",
-                opts.model_dir,
-                "--port",
-                str(opts.port),
-                "--host",
-                "127.0.0.1",
-                "--replica",
-                "front-0",
-                *opts.tokenizer_args,
-            ],
-        )
+        shared_port = ["--reuse-port", "true"] if opts.fronts > 1 else []
+        for f in range(opts.fronts):
+            self._add(
+                "tokenizer" if f == 0 else f"tokenizer-{f}",
+                "services.tokenizer",
+                [
+                    *common,
+                    "--model-dir",
+                    opts.model_dir,
+                    "--port",
+                    str(opts.port),
+                    "--host",
+                    "127.0.0.1",
+                    "--replica",
+                    f"front-{f}",
+                    *shared_port,
+                    *opts.tokenizer_args,
+                ],
+            )
 
     @property
     def url(self) -> str:

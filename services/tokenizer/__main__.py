@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 
 import uvicorn
@@ -48,12 +49,24 @@ def main() -> None:
     )
     log.info("serving %s on %s:%d (max request length %d tokens)", ctx.model_name, cfg.host, cfg.port, max_total_len)
     app = create_app(ctx)
-    # uvicorn handles SIGTERM and SIGINT itself
-    run_beating(
-        "front end",
-        beat,
-        lambda: uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level.lower(), log_config=None),
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level.lower(), log_config=None)
     )
+    sockets = [shared_listener(cfg.host, cfg.port)] if cfg.reuse_port else None
+    # uvicorn handles SIGTERM and SIGINT itself
+    run_beating("front end", beat, lambda: server.run(sockets=sockets))
+
+
+def shared_listener(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port that other processes may bind too (SO_REUSEPORT)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 if __name__ == "__main__":
