@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from services.worker.kernels.launch import Launcher, launcher
+from services.worker.kernels.launch import Launcher, cdiv, launcher, next_pow2
 
 
 def _scale_rows(x_ptr, out_ptr, stride, n, factor, BLOCK: tl.constexpr):
@@ -94,3 +94,10 @@ def test_fast_launches_compute_what_triton_launches_compute() -> None:
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, base * 4.0)
+
+
+def test_host_integer_helpers_match_tritons() -> None:
+    assert [next_pow2(n) for n in (1, 2, 3, 64, 65, 14336)] == [
+        triton.next_power_of_2(n) for n in (1, 2, 3, 64, 65, 14336)
+    ]
+    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 200) for b in range(1, 20))

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.extend_attention import check_pool, dot, online_softmax_step
-from services.worker.kernels.launch import launcher
+from services.worker.kernels.launch import cdiv, launcher, next_pow2
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
@@ -140,7 +140,7 @@ def choose_num_splits(batch: int, kv_heads: int, max_len: int, num_sms: int = 13
     at least 2 * block_n tokens (shorter splits cost more in the reduce than they save). On an
     H200 at batch 64, context 2048, one split (3.9 programs per SM) beat two by 4%."""
     programs = max(1, batch * kv_heads)
-    want = triton.cdiv(2 * num_sms, programs)
+    want = cdiv(2 * num_sms, programs)
     return max(1, min(want, max_len // (2 * block_n), MAX_SPLITS))
 
 
@@ -213,19 +213,19 @@ def decode_attention(
     ks = k_scale if quant else mid_lse  # any float32 tensor: the kernel does not read it
     vs = v_scale if quant else mid_lse
     group = hq // hkv
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = max(16, next_pow2(d))
     _decode_split_launch[(bsz, hkv, num_splits)](
         q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, mid_o, mid_lse,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), req_table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1), scale * LOG2E,
-        num_splits, split_tokens, GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        num_splits, split_tokens, GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)),
         BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], QUANT=quant, IEEE=q.dtype == torch.float32,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     _decode_reduce_launch[(bsz, hq)](
         mid_o, mid_lse, seq_lens, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), num_splits, split_tokens, HEAD_DIM=d,
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], num_warps=4,
+        BLOCK_S=max(2, next_pow2(num_splits)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], num_warps=4,
     )  # fmt: skip
     return out

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.launch import launcher
+from services.worker.kernels.launch import cdiv, launcher, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -163,7 +163,7 @@ _INTERPRETER = (32, 16, 4, 1)
 def extend_config(head_dim: int, dtype: torch.dtype, is_cuda: bool, max_len: int = 0) -> dict[str, int]:
     """Launch config for (head_dim, dtype, device, longest segment); a fixed table, no autotuning
     at serving time."""
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, next_pow2(head_dim))
     if not is_cuda:
         cfg = _INTERPRETER
     elif dtype != torch.float32 and max_len <= SHORT_EXTEND and block_d in _CUDA_16BIT_SHORT:
@@ -255,8 +255,8 @@ def extend_attention(
     quant = k_scale is not None
     ks = k_scale if quant else rows[:, None]  # any 2-d tensor: the kernel does not read it
     vs = v_scale if quant else rows[:, None]
-    num_m_blocks = triton.cdiv(max_extend_len, block_m)
-    block_d = max(16, triton.next_power_of_2(d))
+    num_m_blocks = cdiv(max_extend_len, block_m)
+    block_d = max(16, next_pow2(d))
     _extend_launch[(num_m_blocks, hq, be)](
         q, k_new, v_new, k_pool, v_pool, ks, vs, req_table, rows, starts, extend_lens, prefix_lens, out,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.launch import launcher
+from services.worker.kernels.launch import launcher, next_pow2
 
 
 @triton.jit
@@ -85,7 +85,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: tor
         v_pool.stride(1),
         h,
         HEAD_DIM=d,
-        BLOCK_H=triton.next_power_of_2(h),
-        BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_H=next_pow2(h),
+        BLOCK_D=next_pow2(d),
         num_warps=4,
     )

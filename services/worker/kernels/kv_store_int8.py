@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.kv_store import check_kv_store_args
-from services.worker.kernels.launch import launcher
+from services.worker.kernels.launch import launcher, next_pow2
 
 
 @triton.jit
@@ -96,7 +96,7 @@ def store_kv_int8(
         v_scale.stride(1),
         h,
         HEAD_DIM=d,
-        BLOCK_H=triton.next_power_of_2(h),
-        BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_H=next_pow2(h),
+        BLOCK_D=next_pow2(d),
         num_warps=4,
     )

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.launch import launcher
+from services.worker.kernels.launch import launcher, next_pow2
 
 
 @triton.jit
@@ -31,7 +31,7 @@ _rmsnorm_launch = launcher(_rmsnorm_kernel)
 
 def row_launch_params(hidden: int) -> tuple[int, int]:
     """(BLOCK, num_warps) for a kernel that keeps one row of `hidden` elements in registers."""
-    block = triton.next_power_of_2(hidden)
+    block = next_pow2(hidden)
     num_warps = 4 if block <= 1024 else 8 if block <= 4096 else 16
     return block, num_warps
 

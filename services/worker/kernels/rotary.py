@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.launch import launcher
+from services.worker.kernels.launch import launcher, next_pow2
 
 
 @triton.jit
@@ -97,8 +97,8 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: 
         hq,
         k.shape[1],
         HALF=half,
-        BLOCK_HALF=triton.next_power_of_2(half),
-        BLOCK_HQ=triton.next_power_of_2(hq),
-        BLOCK_HK=triton.next_power_of_2(k.shape[1]),
+        BLOCK_HALF=next_pow2(half),
+        BLOCK_HQ=next_pow2(hq),
+        BLOCK_HK=next_pow2(k.shape[1]),
         num_warps=4,
     )

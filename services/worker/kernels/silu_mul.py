@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.launch import launcher
+from services.worker.kernels.launch import cdiv, launcher, next_pow2
 
 BLOCK = 1024
 
@@ -40,7 +40,7 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
         raise ValueError(f"silu_mul: out must be [{t}, {inter}] {gate_up.dtype} with a contiguous last dim")
     if t == 0:
         return out
-    block = min(BLOCK, triton.next_power_of_2(inter))
-    grid = (t, triton.cdiv(inter, block))
+    block = min(BLOCK, next_pow2(inter))
+    grid = (t, cdiv(inter, block))
     _silu_mul_launch[grid](gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
     return out
