@@ -1,0 +1,20 @@
+"""tools/trace_lowload.py finds every hop of a lone request's first token on the tiny model,
+so the tool behind docs/benchmarks.md's per-hop figures cannot rot."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from tools import trace_lowload
+
+
+def test_trace_finds_every_hop(long_context_model: str, tmp_path) -> None:
+    out = tmp_path / "trace.json"
+    result = trace_lowload.main(
+        ["--out", str(out), "--requests", "3", "--model-dir", long_context_model, "--work-dir", str(tmp_path)]
+    )
+    assert len(result["rows"]) == 3 and all(row["ttft"] > 0 for row in result["rows"])
+    median = json.loads(out.read_text())["median_ms"]
+    assert not any(math.isnan(median[h]) for h in trace_lowload.HOPS), result["rows"]
+    assert median["router"] > 0 and median["worker_step"] > 0 and median["detok"] > 0, median
