@@ -145,6 +145,15 @@ def _time(fn, reps: int = 20) -> float:
     return 1000 * (time.perf_counter() - t) / reps
 
 
+def _report(row: dict, top: str, lines: int) -> dict:
+    """Print a case's figures and its top entries (name, count, ms); -> the row."""
+    print(json.dumps({k: v for k, v in row.items() if k != top}), flush=True)
+    for entry in row[top][:lines]:
+        name, count, ms = (entry[0], entry[2], entry[1]) if top == "top_kernels_ms" else entry
+        print(f"   {ms:8.4f} ms  x{count:<5d} {name}", flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -162,18 +171,10 @@ def main(argv: list[str] | None = None) -> None:
     out = []
     for spec in filter(None, args.prefills.split(",")):
         b, n = (int(x) for x in spec.split("x"))
-        row = host_profile(engine, cfg, b, n)
-        out.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "top_host_functions_ms"}), flush=True)
-        for name, calls, ms in row["top_host_functions_ms"][:18]:
-            print(f"   {ms:8.4f} ms  x{calls:<5d} {name}", flush=True)
+        out.append(_report(host_profile(engine, cfg, b, n), "top_host_functions_ms", 18))
     for spec in filter(None, args.cases.split(",")):
         b, c = (int(x) for x in spec.split("x"))
-        row = profile_case(engine, cfg, b, c)
-        out.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "top_kernels_ms"}), flush=True)
-        for name, ms, n in row["top_kernels_ms"][:12]:
-            print(f"   {ms:8.4f} ms  x{n:<4d} {name}", flush=True)
+        out.append(_report(profile_case(engine, cfg, b, c), "top_kernels_ms", 12))
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
 
