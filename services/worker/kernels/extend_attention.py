@@ -144,16 +144,14 @@ def _extend_kernel(q_ptr, kn_ptr, vn_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, table_
     tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
 
 
+_extend_launch = launcher(_extend_kernel)
+
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) on CUDA, by padded head dim, for 16-bit and float32 inputs
 _CUDA_16BIT = {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}
 _CUDA_FP32 = {16: (64, 32, 4, 2), 32: (64, 32, 4, 2), 64: (64, 32, 4, 2), 128: (32, 32, 4, 2), 256: (32, 16, 4, 1)}
 # segments up to this long use _CUDA_16BIT_SHORT for head_dim 128: on an H200 (sweep of
 # tools/bench_kernels.py, causal, 4096 tokens) 64x64 tiles with 4 warps ran 395 TFLOP/s
 # against 384 for 128x64 with 8 warps, and waste less on the ragged ends of short prompts
-
-
-_extend_launch = launcher(_extend_kernel)
-
 SHORT_EXTEND = 4096
 _CUDA_16BIT_SHORT = {128: (64, 64, 4, 3)}
 # the interpreter: small tiles so the tests' short segments still cross several blocks
