@@ -49,8 +49,8 @@ class PendingRequest:
     detok: str
     detok_started: float  # the shard's start time, to notice a restart
     prompt_tokens: int
-    queue: asyncio.Queue[tuple[int, TextItem]] = field(default_factory=asyncio.Queue)  # shared by siblings
-    index: int = 0  # this generation's index among its request's, the tag of its items in the queue
+    queue: asyncio.Queue[tuple[int, TextItem]]  # shared by the generations of one HTTP request
+    index: int  # this generation's index among its request's, the tag of its items in the queue
     finished: bool = False
 
 
@@ -104,8 +104,8 @@ class Pipeline:
         stop: list[str],
         skip_special_tokens: bool,
         deadline: float,
-        queue: asyncio.Queue[tuple[int, TextItem]] | None = None,
-        index: int = 0,
+        queue: asyncio.Queue[tuple[int, TextItem]],
+        index: int,
     ) -> PendingRequest:
         if not self.live.workers:
             raise Unavailable("no worker is alive")
@@ -113,7 +113,7 @@ class Pipeline:
             raise Unavailable("the router is not alive")
         self._refuse_early(len(input_ids) + params.max_new_tokens)
         shard = self._pick_detok(rid)
-        pending = PendingRequest(rid, shard.replica, shard.started, len(input_ids), queue or asyncio.Queue(), index)
+        pending = PendingRequest(rid, shard.replica, shard.started, len(input_ids), queue, index)
         self.pending[rid] = pending
         register = DetokRegister(rid, self.front_id, len(input_ids), stop, skip_special_tokens, deadline)
         gen = GenerateReq(rid, self.front_id, shard.replica, input_ids, params, time.time(), deadline)
