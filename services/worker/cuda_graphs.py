@@ -4,7 +4,8 @@ A decode step of an 8B model is a few hundred small kernels; launched one by one
 cost about as much host time as the step takes on the device. Each bucket's forward is
 captured once over static input buffers; a step copies its inputs into the buffers and
 replays the smallest bucket that holds it. Rows past the real batch are padding: they
-read and write only the pool's scratch slot through the table's scratch row.
+read and write only the pool's scratch slot through the table's scratch row. Before a
+bucket is captured, each projection's BLAS library is chosen by timing (blas_choice.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 
 import torch
 
+from services.worker.blas_choice import choose_libraries
 from services.worker.forward_batch import ForwardBatch
 from services.worker.models.llama import LlamaModel
 
@@ -53,6 +55,7 @@ class DecodeGraphs:
         self.sample_index = torch.arange(n, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.blas: dict[int, dict[str, str]] = {}  # bucket -> projection -> library it was captured with
         self._capture_all(device)
 
     def fits(self, batch_size: int) -> bool:
@@ -99,16 +102,27 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device)
         for bs in reversed(self.buckets):  # largest first: the smaller ones reuse its memory
-            batch = self._batch(bs)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # compile kernels and settle allocations outside the graph
-                    self.model.forward(batch)
-            torch.cuda.current_stream(device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                self.logits[bs] = self.model.forward(batch)
-            self.graphs[bs] = graph
+            self.blas[bs] = self.model.blas = choose_libraries(self.model.projections(), bs)
+            try:
+                self.graphs[bs] = self._capture(bs, pool, stream, device)
+            finally:
+                self.model.blas = None
         torch.cuda.synchronize(device)
-        log.info("captured %d decode graphs (batch %d..%d) in %.1fs", len(self.graphs), self.buckets[0],
-                 self.buckets[-1], time.perf_counter() - t0)  # fmt: skip
+        lt = sum(lib == "cublaslt" for choice in self.blas.values() for lib in choice.values())
+        total = sum(len(choice) for choice in self.blas.values())
+        log.info("captured %d decode graphs (batch %d..%d) in %.1fs; %d of %d projections on cuBLASLt",
+                 len(self.graphs), self.buckets[0], self.buckets[-1], time.perf_counter() - t0, lt, total)  # fmt: skip
+
+    def _capture(
+        self, bs: int, pool: tuple[int, int], stream: torch.cuda.Stream, device: torch.device
+    ) -> torch.cuda.CUDAGraph:
+        batch = self._batch(bs)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compile kernels and settle allocations outside the graph
+                self.model.forward(batch)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            self.logits[bs] = self.model.forward(batch)
+        return graph

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.attention.base import AttentionBackend
+from services.worker.blas_choice import prefer
 from services.worker.forward_batch import ForwardBatch
 from services.worker.ops import LayerOps
 from services.worker.parallel import TensorParallel
@@ -60,6 +61,20 @@ class LlamaModel:
         self.head_dim = cfg.head_dim
         self.q_size = self.q_heads * cfg.head_dim
         self.kv_size = self.kv_heads * cfg.head_dim
+        # projection name -> BLAS library, set while a decode graph is captured (blas_choice.py)
+        self.blas: dict[str, str] | None = None
+
+    def projections(self) -> dict[str, list[torch.Tensor]]:
+        """Each projection's weights [N, K], one per layer (the LM head's once)."""
+        names = ("qkv", "o", "gate_up", "down")
+        out = {n: [getattr(layer, n) for layer in self.w.layers] for n in names}
+        return out | {"lm_head": [self.w.lm_head]}
+
+    def _proj(self, name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self.blas is None:
+            return x @ w.t()
+        with prefer(self.blas[name]):
+            return x @ w.t()
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -76,12 +91,12 @@ class LlamaModel:
             h = self._mlp(layer, x)
         idx = batch.sample_index
         last = self.ops.add_rmsnorm(h[idx], residual[idx].clone(), self.w.final_norm, eps)  # [S, H]
-        logits = self.tp.gather_vocab(last @ self.w.lm_head.t())
+        logits = self.tp.gather_vocab(self._proj("lm_head", last, self.w.lm_head))
         return logits[:, : self.cfg.vocab_size].float()
 
     def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         t = x.shape[0]
-        qkv = x @ layer.qkv.t()  # [T, (Hq + 2 Hkv) D]
+        qkv = self._proj("qkv", x, layer.qkv)  # [T, (Hq + 2 Hkv) D]
         if layer.qkv_bias is not None:
             qkv += layer.qkv_bias
         q = qkv[:, : self.q_size].view(t, self.q_heads, self.head_dim)
@@ -89,8 +104,8 @@ class LlamaModel:
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         self.ops.rotary_(q, k, batch.positions, self.cos_sin)
         o = self.attn.forward(i, q, k, v, batch)  # [T, Hq, D]
-        return self.tp.all_reduce(o.reshape(t, self.q_size) @ layer.o.t())
+        return self.tp.all_reduce(self._proj("o", o.reshape(t, self.q_size), layer.o))
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        a = self.ops.silu_mul(x @ layer.gate_up.t())  # [T, I]
-        return self.tp.all_reduce(a @ layer.down.t())
+        a = self.ops.silu_mul(self._proj("gate_up", x, layer.gate_up))  # [T, I]
+        return self.tp.all_reduce(self._proj("down", a, layer.down))
