@@ -10,7 +10,9 @@ instead of load-issue-bound. Stage 2 combines the splits of each (request, query
 
 Nothing here reads device data on the host and the grid depends only on Python ints, so
 both launches can be captured in a CUDA graph. Splits past the end of a shorter request
-exit at once; the reduce recomputes the same split boundaries and ignores them.
+exit at once; the reduce recomputes the same split boundaries and ignores them. With one
+split per request (batches that fill the GPU on their own) stage 1 writes the output
+itself and the reduce is not launched.
 """
 
 from __future__ import annotations
@@ -47,15 +49,17 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
                          o_b_stride, o_h_stride, o_s_stride, lse_b_stride, lse_h_stride, qk_scale, num_splits,
                          split_tokens, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         QUANT: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+                         QUANT: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
+    """DIRECT (one split): mid_o_ptr and its b/h strides are the output's; no log-sum-exp."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
     split_len = _split_len(seq_len, num_splits, split_tokens, BLOCK_N)
     begin = split * split_len
-    if begin >= seq_len:
-        return
+    if not DIRECT:  # noqa: SIM102 (a compile-time branch: Triton drops it whole for DIRECT)
+        if begin >= seq_len:
+            return
     end = tl.minimum(begin + split_len, seq_len)
     row = tl.load(rows_ptr + b).to(tl.int64)
 
@@ -89,10 +93,14 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
 
-    o_ptrs = mid_o_ptr + b.to(tl.int64) * o_b_stride + heads[:, None] * o_h_stride + split * o_s_stride
-    tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=gmask[:, None] & dmask[None, :])
-    lse_ptrs = mid_lse_ptr + b.to(tl.int64) * lse_b_stride + heads * lse_h_stride + split
-    tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=gmask)
+    o_ptrs = mid_o_ptr + b.to(tl.int64) * o_b_stride + heads[:, None] * o_h_stride + offs_d[None, :]
+    if DIRECT:  # an empty request (a padded graph row) gets zeros, not NaN, as from the reduce
+        result = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptrs, result.to(mid_o_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
+    else:
+        tl.store(o_ptrs + split * o_s_stride, acc / l_i[:, None], mask=gmask[:, None] & dmask[None, :])
+        lse_ptrs = mid_lse_ptr + b.to(tl.int64) * lse_b_stride + heads * lse_h_stride + split
+        tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=gmask)
 
 
 _decode_split_launch = launcher(_decode_split_kernel)
@@ -214,15 +222,19 @@ def decode_attention(
     vs = v_scale if quant else mid_lse
     group = hq // hkv
     block_d = max(16, next_pow2(d))
+    direct = num_splits == 1
+    o, o_strides = (out, (out.stride(0), out.stride(1), 0)) if direct else (mid_o, mid_o.stride()[:3])
     _decode_split_launch[(bsz, hkv, num_splits)](
-        q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, mid_o, mid_lse,
+        q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, o, mid_lse,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), req_table.stride(0),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1), scale * LOG2E,
+        *o_strides, mid_lse.stride(0), mid_lse.stride(1), scale * LOG2E,
         num_splits, split_tokens, GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)),
-        BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], QUANT=quant, IEEE=q.dtype == torch.float32,
+        BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], QUANT=quant, IEEE=q.dtype == torch.float32, DIRECT=direct,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
+    if direct:
+        return out
     _decode_reduce_launch[(bsz, hq)](
         mid_o, mid_lse, seq_lens, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), num_splits, split_tokens, HEAD_DIM=d,
