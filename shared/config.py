@@ -116,6 +116,7 @@ class WorkerConfig(CommonConfig):
     status_interval_s: float = 0.5
     cuda_graph_max_bs: int = 512  # decode batches up to this size replay CUDA graphs; 0: none
     random_weights: bool = False  # draw weights from a seed on the device (benchmarks: no checkpoint needed)
+    warmup: bool = True  # on CUDA, run a few prompts before serving so no request waits for a compile
     tp: int = 1  # tensor-parallel ranks of this group: one process per GPU (gloo on the CPU)
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ from services.worker.build import build_engine
 from services.worker.metrics import WorkerCollector, WorkerMetrics
 from services.worker.service import WorkerService
 from services.worker.tp.group import RankWatchdog, start_group
+from services.worker.warmup import warm_up
 from shared.cli import parse_config
 from shared.config import WorkerConfig
 from shared.heartbeat import HeartbeatPublisher
@@ -35,6 +36,8 @@ def main() -> None:
         engine = build_engine(cfg)
     else:
         engine = build_engine(cfg, group.tp, channel=group.channel)
+    if cfg.warmup and engine.device.type == "cuda":
+        warm_up(engine, engine.runner.model.cfg.vocab_size)
     names = StreamNames(cfg.namespace)
     metrics = WorkerMetrics(cfg.group)
     service = WorkerService(engine, link, names, cfg.group, cfg.status_interval_s, cfg.stream_maxlen, metrics)

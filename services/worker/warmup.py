@@ -1,0 +1,81 @@
+"""A few prompts through a new engine before it serves, so no user request pays for a compile.
+
+Triton compiles a kernel again for each new specialisation of its integer arguments (equal
+to 1, divisible by 16, other), and cuBLAS settles its choice per new shape. On a fresh
+H200 worker a lone 16-token prompt took 1.93 s to its first token where its neighbours took
+about 25 ms (docs/benchmarks.md, r20): the first prompt whose token count was a multiple of
+16. The warm-up runs prompts of 1, 16 and 17 tokens alone, then a batch of them with a
+prompt arriving while the others decode (a mixed step), each for a few greedy tokens, and
+leaves the engine as it found it: nothing queued, every KV slot free.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from services.worker.engine import Engine
+from shared.messages import GenerateReq, SamplingParams
+
+log = logging.getLogger(__name__)
+
+ALONE = (1, 16, 17)  # prompt lengths run one at a time
+TOGETHER = (16, 17, 33)  # then these in one batch ...
+LATE = 16  # ... and this one while they decode
+NEW_TOKENS = 4
+
+
+def _request(k: int, length: int, vocab_size: int) -> GenerateReq:
+    ids = [(7 + 31 * (k + i)) % vocab_size for i in range(length)]
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    return GenerateReq(f"warmup-{k}", "warmup", "warmup", ids, params, time.time(), 0.0)
+
+
+@dataclass
+class WarmupReport:
+    prompts: int = 0
+    steps: int = 0
+    mixed_steps: int = 0  # steps that ran a prefill beside decodes
+    seconds: float = 0.0
+
+
+def _step(engine: Engine, report: WarmupReport) -> None:
+    out = engine.step()
+    report.steps += 1
+    report.mixed_steps += 0 < out.num_decodes < out.num_tokens
+
+
+def _drain(engine: Engine, report: WarmupReport, max_steps: int = 1000) -> None:
+    for _ in range(max_steps):
+        if not engine.has_work():
+            return
+        _step(engine, report)
+    raise RuntimeError(f"warm-up: the engine is still busy after {max_steps} steps")
+
+
+def warm_up(engine: Engine, vocab_size: int) -> WarmupReport:
+    """Run the warm-up prompts to completion."""
+    t0 = time.perf_counter()
+    free_before = engine.kv.free_tokens
+    report = WarmupReport()
+
+    def add(length: int) -> None:
+        engine.add(_request(report.prompts, length, vocab_size))
+        report.prompts += 1
+
+    for length in ALONE:
+        add(length)
+        _drain(engine, report)
+    for length in TOGETHER:
+        add(length)
+    for _ in range(2):  # the batch's prefill, then a decode step under way
+        _step(engine, report)
+    add(LATE)
+    _drain(engine, report)
+    if engine.kv.free_tokens != free_before:
+        raise RuntimeError(f"warm-up left {free_before - engine.kv.free_tokens} KV slots held")
+    report.seconds = time.perf_counter() - t0
+    log.info("warm-up: %d prompts in %d steps (%d mixed), %.1fs", report.prompts, report.steps,
+             report.mixed_steps, report.seconds)  # fmt: skip
+    return report

@@ -1,0 +1,29 @@
+"""The start-up warm-up: it runs its prompts alone, together and in a mixed step, then leaves
+the engine as it found it, so what the engine serves next is what a fresh engine would."""
+
+from __future__ import annotations
+
+from services.worker.build import build_engine
+from services.worker.warmup import ALONE, TOGETHER, warm_up
+from shared.config import WorkerConfig
+from tests.worker.engine_driver import request, run
+
+
+def _engine(model_dir: str):
+    return build_engine(WorkerConfig(model_dir=model_dir, device="cpu", running_max_req_size=8))
+
+
+def test_warm_up_runs_every_shape_and_leaves_the_engine_as_it_was(tiny_llama: str) -> None:
+    engine = _engine(tiny_llama)
+    free = engine.kv.free_tokens
+    report = warm_up(engine, engine.runner.model.cfg.vocab_size)
+    assert report.prompts == len(ALONE) + len(TOGETHER) + 1
+    assert report.mixed_steps >= 1  # the late prompt's prefill ran beside the batch's decodes
+    assert report.steps >= len(ALONE) * 2
+    assert not engine.has_work() and engine.kv.free_tokens == free
+
+    reqs = [request("a", [5, 9, 200, 14], max_new_tokens=12), request("b", list(range(3, 40)), max_new_tokens=7)]
+    warmed = run(engine, reqs)
+    fresh = run(_engine(tiny_llama), reqs)
+    for r in reqs:
+        assert warmed[r.rid].tokens == fresh[r.rid].tokens and len(fresh[r.rid].tokens) == r.params.max_new_tokens
