@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs behind docs/benchmarks.md, on the GPU machine (see README: Benchmarks).
 # Usage: bash tools/gpu_run.sh OUTDIR PART...
-#   PART: tests | kernels | kernel-sweep | split-sweep | engine | engine-int8 | profile | offline | static | pipeline | peer | trace
+#   PART: tests | kernels | blas | kernel-sweep | split-sweep | engine | engine-int8 | profile | offline | static | pipeline | peer | trace
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 # pipeline needs a redis-server binary with its libraries in .redis/ (copied from Debian's package)
 # Needs the wheels the GPU image lacks in .whl/ (redis-py, fastapi, ...), installed to /tmp/site.
@@ -19,6 +19,7 @@ for part in "$@"; do
     tests) timeout 200 python3 -m pytest -m gpu tests/kernels tests/worker -q -p no:cacheprovider -rA 2>&1 \
              | grep -v "^PASSED\|^$" | tail -60 | tee "$out/gpu_tests.log" ;;
     kernels) timeout 150 python3 tools/bench_kernels.py --out "$out/kernels.json" > "$out/kernels.log" 2>&1; tail -5 "$out/kernels.log" ;;
+    blas) timeout 200 python3 tools/bench_blas.py --out "$out/blas.json" 2>&1 | grep -v Warning | tail -3 ;;
     split-sweep) timeout 300 python3 tools/bench_kernels.py --split-sweep --out "$out/split_sweep.json" > "$out/split_sweep.log" 2>&1; grep "split sweep\|Error" "$out/split_sweep.log" | tail -20 ;;
     kernel-sweep) timeout 420 python3 tools/bench_kernels.py --sweep --out "$out/kernels_sweep.json" > "$out/kernels_sweep.log" 2>&1; tail -30 "$out/kernels_sweep.log" ;;
     engine) timeout 230 python3 tools/benchmark_engine.py --out "$out/engine.json" 2>&1 | grep -v "it/s\]" | tail -20 ;;

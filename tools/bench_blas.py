@@ -1,0 +1,89 @@
+"""cuBLAS against cuBLASLt on a decode step's projections (what services/worker/blas_choice.py
+chooses between), at the Llama-3-8B shape, per batch size. GPU only.
+
+    python tools/bench_blas.py --out FILE.json [--batches 1,8,32,64,128,256,512] [--layers 32]
+
+Each projection's weights are drawn for every layer, so the L2 cache cannot hold them, and
+the x @ w.t() of all layers is captured in a CUDA graph whose replays are timed, as a decode
+step runs them. Reports µs per layer and the share of the measured copy bandwidth, for
+weights stored [N, K] (LightStream's layout) and, for comparison, [K, N].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+
+from services.worker.blas_choice import LIBRARIES, prefer
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}  # [N, K]
+
+
+def graph_ms(fn, reps: int = 10) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def copy_gbps() -> float:
+    a = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = graph_ms(lambda: b.copy_(a))
+    return 2 * a.numel() / (ms / 1e3) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batches", default="1,8,32,64,128,256,512")
+    ap.add_argument("--layers", type=int, default=32)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_blas.py needs a CUDA GPU")
+    bw = copy_gbps()
+    print(f"copy {bw:.0f} GB/s", flush=True)
+    rows = []
+    for name, (n, k) in SHAPES.items():
+        nk = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(args.layers)]
+        layouts = {"nk": nk, "kn": [w.t().contiguous().t() for w in nk]}  # same shape, [K, N] storage
+        for m in (int(b) for b in args.batches.split(",")):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            row = {"projection": name, "batch": m}
+            for lib in LIBRARIES:
+                for layout, ws in layouts.items():
+                    with prefer(lib):
+                        ms = graph_ms(lambda x=x, ws=ws: [x @ w.t() for w in ws])
+                    us = ms * 1000 / args.layers
+                    row[f"{lib}/{layout}_us"] = round(us, 2)
+                    row[f"{lib}/{layout}_pct_copy"] = round(100 * n * k * 2 / (us / 1e6) / 1e9 / bw, 1)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        del nk, layouts
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "copy_GBps": bw, "torch": torch.__version__, "rows": rows}, f,
+                  indent=1)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
