@@ -60,8 +60,11 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmupReport:
     free_before = engine.kv.free_tokens
     report = WarmupReport()
 
+    # a prompt must leave room in the request's table row (the front end enforces this for users)
+    longest = max(1, engine.scheduler.limits.max_total_len - NEW_TOKENS)
+
     def add(length: int) -> None:
-        engine.add(_request(report.prompts, length, vocab_size))
+        engine.add(_request(report.prompts, min(length, longest), vocab_size))
         report.prompts += 1
 
     for length in ALONE:

@@ -3,6 +3,8 @@ the engine as it found it, so what the engine serves next is what a fresh engine
 
 from __future__ import annotations
 
+import pytest
+
 from services.worker.build import build_engine
 from services.worker.warmup import ALONE, TOGETHER, warm_up
 from shared.config import WorkerConfig
@@ -27,3 +29,16 @@ def test_warm_up_runs_every_shape_and_leaves_the_engine_as_it_was(tiny_llama: st
     fresh = run(_engine(tiny_llama), reqs)
     for r in reqs:
         assert warmed[r.rid].tokens == fresh[r.rid].tokens and len(fresh[r.rid].tokens) == r.params.max_new_tokens
+
+
+SMALL = [{"max_req_total_len": 20}, {"max_req_total_len": 3}, {"running_max_req_size": 1}, {"max_total_token_num": 64}]
+
+
+@pytest.mark.parametrize("limits", SMALL)
+def test_warm_up_fits_a_small_worker(tiny_llama: str, limits: dict) -> None:
+    # short request rows, one request at a time, a pool smaller than the prompts together
+    engine = build_engine(WorkerConfig(model_dir=tiny_llama, device="cpu", **limits))
+    free = engine.kv.free_tokens
+    report = warm_up(engine, engine.runner.model.cfg.vocab_size)
+    assert report.prompts == len(ALONE) + len(TOGETHER) + 1
+    assert not engine.has_work() and engine.kv.free_tokens == free
