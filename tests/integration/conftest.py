@@ -31,32 +31,22 @@ def start_stack(model_dir: str, redis: RedisServer, log_dir: str, **kw) -> Stack
     return stack
 
 
-def keyed_stack(
-    request: pytest.FixtureRequest,
-    tiny_models: dict[str, str],
-    redis_server: RedisServer,
-    tmp_path_factory: pytest.TempPathFactory,
-    **kw,
-) -> Iterator[Stack]:
+def keyed_stack(request: pytest.FixtureRequest, **kw) -> Iterator[Stack]:
     """The body of a module's stack fixture parametrised by tiny model (request.param): kw go
     to start_stack; the stack knows its model's directory and served name."""
-    log_dir = str(tmp_path_factory.mktemp(f"logs-{request.param}"))
-    s = start_stack(tiny_models[request.param], redis_server, log_dir, **kw)
-    s.model_dir = tiny_models[request.param]  # type: ignore[attr-defined]
+    model_dir = request.getfixturevalue("tiny_models")[request.param]
+    log_dir = str(request.getfixturevalue("tmp_path_factory").mktemp(f"logs-{request.param}"))
+    s = start_stack(model_dir, request.getfixturevalue("redis_server"), log_dir, **kw)
+    s.model_dir = model_dir  # type: ignore[attr-defined]
     s.model_name = os.path.basename(os.path.normpath(s.model_dir))  # type: ignore[attr-defined]
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
-def stack(
-    request: pytest.FixtureRequest,
-    tiny_models: dict[str, str],
-    redis_server: RedisServer,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Stack]:
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     """One stack per tiny model, shared by a test module."""
-    yield from keyed_stack(request, tiny_models, redis_server, tmp_path_factory)
+    yield from keyed_stack(request)
 
 
 @pytest.fixture(scope="session")

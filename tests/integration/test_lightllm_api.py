@@ -14,7 +14,6 @@ import pytest
 from tests import hf_reference
 from tests.integration.api_helpers import hf_logprobs, hf_penalised_greedy
 from tests.integration.conftest import keyed_stack
-from tools.redis_server import RedisServer
 from tools.stack import Stack
 
 KEY = "ls-key-b"
@@ -25,13 +24,8 @@ EOS_CANDIDATES = ["Mathematics is the study of numbers, shapes and patterns. One
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
-def stack(
-    request: pytest.FixtureRequest,
-    tiny_models: dict[str, str],
-    redis_server: RedisServer,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Stack]:
-    yield from keyed_stack(request, tiny_models, redis_server, tmp_path_factory, env={"LS_API_KEYS": f"ls-key-a,{KEY}"})
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    yield from keyed_stack(request, env={"LS_API_KEYS": f"ls-key-a,{KEY}"})
 
 
 def _http(stack: Stack) -> httpx.Client:

@@ -15,7 +15,6 @@ import torch
 from tests import hf_reference
 from tests.integration.api_helpers import delta, hf_logprobs, hf_penalised_greedy, metric_samples
 from tests.integration.conftest import keyed_stack
-from tools.redis_server import RedisServer
 from tools.stack import Stack
 
 KEY = "sk-test-0123"
@@ -41,15 +40,8 @@ CHATS = [
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
-def stack(
-    request: pytest.FixtureRequest,
-    tiny_models: dict[str, str],
-    redis_server: RedisServer,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Stack]:
-    yield from keyed_stack(
-        request, tiny_models, redis_server, tmp_path_factory, tokenizer_args=["--api-key", "other", "--api-key", KEY]
-    )
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    yield from keyed_stack(request, tokenizer_args=["--api-key", "other", "--api-key", KEY])
 
 
 def _client(stack: Stack) -> openai.AsyncOpenAI:
