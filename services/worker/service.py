@@ -51,6 +51,7 @@ class WorkerService:
         self.admit_seq = 0
         self._last_status = 0.0
         self._changed = False
+        self._acks: list[Entry] = []  # taken in, acknowledged with the next message sent
 
     def run(self) -> None:
         self.inbox.start()
@@ -69,6 +70,7 @@ class WorkerService:
                     self._publish_tokens(out.items)
                     self._changed |= out.changed
                 self._maybe_status()
+                self._flush_acks()
         except Exception as e:  # a step failed (a tensor-parallel rank died, the device failed, ...)
             log.exception("the step loop failed")
             why = f"the worker failed: {type(e).__name__}: {str(e)[:200]}"
@@ -110,15 +112,23 @@ class WorkerService:
                     self.engine.abort(rid)
             else:
                 log.error("unexpected %s on the worker stream", type(msg).__name__)
-        # the side effect (the engine holds them) is done: acknowledge
-        self.outbox.send([], acks=entries)
+        # the side effect (the engine holds them) is done; the acknowledgement rides with the
+        # step's tokens rather than going out on its own first: a hand-off to the outbox thread
+        # here would sit between an admission and its prefill step
+        self._acks += entries
+
+    def _flush_acks(self) -> None:
+        if self._acks:
+            self.outbox.send([], acks=self._acks)
+            self._acks = []
 
     def _publish_tokens(self, items: list[tuple[str, TokenItem]]) -> None:
         by_shard: dict[str, list[TokenItem]] = {}
         for shard, item in items:
             by_shard.setdefault(shard, []).append(item)
         source = f"worker:{self.group}"
-        self.outbox.send([(self.names.detok(s), TokenBatch(source, its)) for s, its in by_shard.items()])
+        acks, self._acks = self._acks, []
+        self.outbox.send([(self.names.detok(s), TokenBatch(source, its)) for s, its in by_shard.items()], acks=acks)
 
     def _idle_wait(self) -> float:
         """How long the loop may sleep waiting for messages: not at all with work in hand, and
