@@ -2,6 +2,7 @@
 
     python tools/bench_pipeline.py --out-dir DIR [--requests 2000] [--rates 4,16,32]
         [--online-requests 300] [--low-load 20] [--side-by-side 300] [--redis-server PATH] [--fronts 2]
+        [--parts lowload,side,offline,online]
 
 1. Writes a Llama-3-8B-shaped model directory (config and a synthetic 128k tokenizer;
    the worker draws random weights on the GPU) and starts redis-server and the four
@@ -10,9 +11,10 @@
    streamed tokens a second, one alone becomes the limit).
 2. Runs tools/benchmark_serving.py against it: one request at a time (low load), the
    first --side-by-side requests all at once (for the Hugging Face peer's ratio), the full
-   --requests all at once (offline), then Poisson arrivals at each of --rates, with a plot.
+   --requests all at once (offline), then Poisson arrivals at each of --rates, with a plot
+   (--parts picks some of these four).
 3. Stops the stack and runs tools/benchmark_engine.py on the same workload: the engine
-   alone, no Redis and no HTTP, offline and at low load.
+   alone, no Redis and no HTTP, offline and at low load (those of the two that ran).
 Everything goes to DIR/pipeline.json (and each part's own JSON) and a summary is printed.
 """
 
@@ -34,6 +36,7 @@ from tools.stack import Stack, StackOptions
 WORKER_ARGS = ["--device", "cuda", "--random-weights", "true", "--running-max-req-size", "2048",
                "--batch-max-tokens", "16384"]  # fmt: skip
 ROUTER_ARGS = ["--running-max-req-size", "4096", "--max-waiting", "20000"]
+PARTS = ("lowload", "side", "offline", "online")
 
 
 def serving(url: str, out: str, **kw) -> dict | list:
@@ -56,7 +59,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--redis-server", default="redis-server")
     ap.add_argument("--fronts", type=int, default=2, help="front-end processes sharing the port (SO_REUSEPORT)")
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"some of {','.join(PARTS)}")
     args = ap.parse_args(argv)
+    parts = args.parts.split(",")
+    if unknown := set(parts) - set(PARTS):
+        ap.error(f"unknown parts {sorted(unknown)}: choose from {','.join(PARTS)}")
     os.makedirs(args.out_dir, exist_ok=True)
     os.makedirs(args.work_dir, exist_ok=True)
     res: dict = {"date": time.strftime("%Y-%m-%d"), "worker_args": WORKER_ARGS, "router_args": ROUTER_ARGS,
@@ -81,30 +88,38 @@ def main(argv: list[str] | None = None) -> dict:
         print("stack ready in", round(res["stack_ready_s"], 1), "s", flush=True)
         d = args.work_dir
         serving(stack.url, os.path.join(d, "warmup.json"), requests=16)
-        res["low_load"] = serving(stack.url, os.path.join(d, "low_load.json"), requests=args.low_load,
-                                  max_concurrency=1)  # fmt: skip
-        save()
-        res["side_by_side"] = serving(stack.url, os.path.join(d, "side_by_side.json"), requests=args.side_by_side)
-        save()
-        res["offline"] = serving(stack.url, os.path.join(d, "offline.json"), requests=args.requests)
-        save()
-        res["online"] = serving(stack.url, os.path.join(d, "online.json"), requests=args.online_requests,
-                                rates=args.rates, plot=os.path.join(args.out_dir, "latency_vs_rate.png"))  # fmt: skip
-        save()
+        if "lowload" in parts:
+            res["low_load"] = serving(stack.url, os.path.join(d, "low_load.json"), requests=args.low_load,
+                                      max_concurrency=1)  # fmt: skip
+            save()
+        if "side" in parts:
+            res["side_by_side"] = serving(stack.url, os.path.join(d, "side_by_side.json"), requests=args.side_by_side)
+            save()
+        if "offline" in parts:
+            res["offline"] = serving(stack.url, os.path.join(d, "offline.json"), requests=args.requests)
+            save()
+        if "online" in parts:
+            plot = os.path.join(args.out_dir, "latency_vs_rate.png")
+            res["online"] = serving(stack.url, os.path.join(d, "online.json"), requests=args.online_requests,
+                                    rates=args.rates, plot=plot)  # fmt: skip
+            save()
     finally:
         stack.stop()
         redis.stop()
-    if not args.skip_engine:
+    engine_parts = ["ceilings"] + [p for p in ("lowload", "offline") if p in parts]
+    if not args.skip_engine and len(engine_parts) > 1:
+        side = args.side_by_side if "side" in parts else 0
         engine = benchmark_engine.main(
-            ["--out", os.path.join(args.out_dir, "engine_alone.json"), "--parts", "ceilings,lowload,offline",
+            ["--out", os.path.join(args.out_dir, "engine_alone.json"), "--parts", ",".join(engine_parts),
              "--requests", str(args.requests), "--low-load-requests", str(args.low_load),
-             "--side-by-side", str(args.side_by_side), "--running-max-req-size", "2048"]
+             "--side-by-side", str(side), "--running-max-req-size", "2048"]
         )  # fmt: skip
         res["engine_alone"] = {k: engine.get(k) for k in ("ceilings", "engine", "low_load", "side_by_side", "offline")}
-        save()
-        pipe, alone = res["offline"]["req_per_s"], engine["offline"]["req_per_s"]
-        res["pipeline_over_engine"] = pipe / alone
-        res["low_load_ttft_added_ms"] = res["low_load"]["ttft_ms"]["median"] - engine["low_load"]["ttft_ms"]["median"]
+        if "offline" in parts:
+            res["pipeline_over_engine"] = res["offline"]["req_per_s"] / engine["offline"]["req_per_s"]
+        if "lowload" in parts:
+            added = res["low_load"]["ttft_ms"]["median"] - engine["low_load"]["ttft_ms"]["median"]
+            res["low_load_ttft_added_ms"] = added
         save()
     print(json.dumps({k: res.get(k) for k in ("pipeline_over_engine", "low_load_ttft_added_ms")}), flush=True)
     return res
