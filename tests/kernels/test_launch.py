@@ -101,3 +101,16 @@ def test_host_integer_helpers_match_tritons() -> None:
         triton.next_power_of_2(n) for n in (1, 2, 3, 64, 65, 14336)
     ]
     assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 200) for b in range(1, 20))
+
+
+def test_a_slow_call_through_triton_is_logged_with_the_kernel_and_its_constexprs(caplog) -> None:
+    la = _compiled()
+    key = la.key((torch.zeros(8), torch.zeros(8)), {"stride": 8, "n": 8, "factor": 1.0, "BLOCK": 64}, 0)
+    with caplog.at_level("INFO", logger="services.worker.kernels.launch"):
+        la._note(0.0005, key)  # a cached specialisation: nothing to say
+        assert not caplog.records and not la.slow
+        la._note(0.9, key)
+    assert la.slow == [(0.9, key)]
+    (record,) = caplog.records
+    assert "_scale_rows" in record.getMessage() and "900 ms" in record.getMessage()
+    assert "BLOCK=64" in record.getMessage()

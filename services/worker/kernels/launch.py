@@ -18,19 +18,28 @@ Triton, which compiles (or finds) and launches the kernel, and is remembered wit
 put the call's arguments in the kernel's order. Under TRITON_INTERPRET=1 (the CPU tests),
 with a launch hook installed (a profiler), or for an argument of any other type, it is
 Triton's own call.
+
+A call through Triton that takes over SLOW_LAUNCH_S compiled (or loaded from Triton's disk
+cache) a specialisation: it is logged with the kernel's name, so a compile that stalls
+requests while serving can be seen and added to the start-up warm-up.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
+import time
 from functools import partial
 from typing import Any
 
 import torch
 import triton
 
+log = logging.getLogger(__name__)
+
 _MISSING = object()
 _ARG, _KWARG, _DEFAULT = 0, 1, 2
+SLOW_LAUNCH_S = 0.02  # a cached specialisation launches in microseconds; a compile takes 100s of ms
 
 
 def _arg_key(v: Any) -> Any:
@@ -67,6 +76,7 @@ class Launcher:
         self.by_value = {n for n, c in zip(self.names, self.constexpr, strict=True) if c}
         self.compiled: dict[tuple, tuple[Any, list[tuple[int, Any]]]] = {}
         self.direct = 0  # launches that took the direct path
+        self.slow: list[tuple[float, tuple | None]] = []  # (seconds, key) of each slow call through Triton
 
     def __getitem__(self, grid: tuple[int, ...]):
         return partial(self.launch, grid)
@@ -103,6 +113,15 @@ class Launcher:
                 raise TypeError(f"{self.names[i]} is missing")
         return out
 
+    def _note(self, seconds: float, key: tuple | None) -> None:
+        if seconds < SLOW_LAUNCH_S:
+            return
+        self.slow.append((seconds, key))
+        named = dict(key[2]) if key is not None else {}
+        consts = {n: v[1] for n, v in named.items() if isinstance(v, tuple) and v[:1] == ("c",)}
+        log.info("%s: a new specialisation took %.0f ms to compile or load (%s)", self.fn.fn.__name__, 1000 * seconds,
+                 ", ".join(f"{n}={v}" for n, v in consts.items()) or "no constexprs by name")  # fmt: skip
+
     @staticmethod
     def values(plan: list[tuple[int, Any]], args: tuple, kwargs: dict) -> list:
         return [args[x] if s == _ARG else kwargs[x] if s == _KWARG else x for s, x in plan]
@@ -113,9 +132,11 @@ class Launcher:
         entry = self.compiled.get(key) if key is not None else None
         runtime = triton.knobs.runtime
         if entry is None or _hook_set(runtime.launch_enter_hook) or _hook_set(runtime.launch_exit_hook):
+            t0 = time.perf_counter()
             kernel = self.fn[grid](*args, **kwargs)
             if key is not None and getattr(kernel, "function", None) is not None:
                 self.compiled[key] = (kernel, self.plan(len(args), tuple(kwargs)))
+            self._note(time.perf_counter() - t0, key)
             return
         kernel, plan = entry
         self.direct += 1
