@@ -4,9 +4,12 @@ Triton compiles a kernel again for each new specialisation of its integer argume
 to 1, divisible by 16, other), and cuBLAS settles its choice per new shape. On a fresh
 H200 worker a lone 16-token prompt took 1.93 s to its first token where its neighbours took
 about 25 ms (docs/benchmarks.md, r20): the first prompt whose token count was a multiple of
-16. The warm-up runs prompts of 1, 16 and 17 tokens alone, then a batch of them with a
-prompt arriving while the others decode (a mixed step), each for a few greedy tokens, and
-leaves the engine as it found it: nothing queued, every KV slot free.
+16. A prompt longer than one query block of the prefill kernel (64 tokens) is another: the
+kernel's block count stops being 1 (1.56 s for the first 137-token prompt after the first
+version of this warm-up). The warm-up runs prompts of 1, 16, 17 and 129 tokens alone, then
+a batch of them with a prompt arriving while the others decode (a mixed step), each for a
+few greedy tokens, and leaves the engine as it found it: nothing queued, every KV slot free.
+Kernels that still compile while serving are logged by services/worker/kernels/launch.py.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from shared.messages import GenerateReq, SamplingParams
 
 log = logging.getLogger(__name__)
 
-ALONE = (1, 16, 17)  # prompt lengths run one at a time
-TOGETHER = (16, 17, 33)  # then these in one batch ...
+ALONE = (1, 16, 17, 129)  # prompt lengths run one at a time
+TOGETHER = (16, 17, 33, 129)  # then these in one batch ...
 LATE = 16  # ... and this one while they decode
 NEW_TOKENS = 4
 
