@@ -11,6 +11,8 @@ device, at --shape (nothing can be downloaded). Parts:
   offline   the fixed ShareGPT-shaped workload, all requests at once, ignore_eos, max_new_tokens
             = the output length: requests/s and tokens/s
   lowload   the workload's first requests one at a time: time to first token and per output token
+On CUDA the engine runs the worker service's start-up warm-up first (services/worker/warmup.py),
+so neither it nor the pipeline pays kernel compiles inside a timed part.
 --tp N runs the engine as a tensor-parallel group of N ranks (one process per GPU, as the
 worker service does). --shard I/N runs only every N-th request of the offline workload
 from the I-th, so that N processes, one per GPU, make N data-parallel groups; with
@@ -38,6 +40,7 @@ from services.worker.build import build_engine
 from services.worker.engine import Engine
 from services.worker.models.random_weights import SHAPES, random_weights
 from services.worker.tp.group import leave_group, start_group
+from services.worker.warmup import warm_up
 from shared.config import WorkerConfig
 from shared.messages import GenerateReq, SamplingParams
 from shared.model_config import ModelConfig
@@ -336,6 +339,8 @@ def main(argv: list[str] | None = None) -> dict:
     engine, model_cfg, stop_group = make_engine(args)
     res["engine"] = {"build_s": time.perf_counter() - t, "kv_capacity_tokens": engine.kv.capacity,
                      "shape": args.model_dir or args.shape}  # fmt: skip
+    if engine.device.type == "cuda":  # as the worker service does before it serves
+        res["engine"]["warmup_s"] = warm_up(engine, model_cfg.vocab_size).seconds
     print("engine", json.dumps(res["engine"]), flush=True)
     copy_bw = res.get("ceilings", {}).get("copy_bw_GBps", 0.0) * 1e9
     if "static" in parts:
