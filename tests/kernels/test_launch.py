@@ -114,3 +114,15 @@ def test_a_slow_call_through_triton_is_logged_with_the_kernel_and_its_constexprs
     (record,) = caplog.records
     assert "_scale_rows" in record.getMessage() and "900 ms" in record.getMessage()
     assert "BLOCK=64" in record.getMessage()
+
+
+def test_an_argument_the_kernel_does_not_specialise_on_is_keyed_by_its_width_only() -> None:
+    la = Launcher(JITFunction(_scale_rows, do_not_specialize=["n"]))
+    x = torch.zeros(64)
+
+    def key(n: int, stride: int) -> tuple | None:
+        return la.key((x, x, stride, n, 1.0), {"BLOCK": 64}, 0)
+
+    assert key(1, 8) == key(16, 8) == key(17, 8)  # one compiled kernel for every count
+    assert key(17, 8) != key(17, 16)  # the others still specialise
+    assert key(17, 8) != key(2**40, 8)  # and a 64-bit count is another kernel

@@ -42,7 +42,9 @@ def _split_len(seq_len, num_splits, split_tokens, BLOCK_N: tl.constexpr):
     return tl.cdiv(tl.cdiv(seq_len, used), BLOCK_N) * BLOCK_N
 
 
-@triton.jit
+# the split counts change with the batch and its context in eager steps: not specialised on, so
+# a new count costs no compile while serving
+@triton.jit(do_not_specialize=["num_splits", "split_tokens"])
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
                          q_b_stride, q_h_stride, k_slot_stride, k_h_stride, v_slot_stride, v_h_stride,
                          ks_slot_stride, ks_h_stride, vs_slot_stride, vs_h_stride, table_stride,
@@ -106,7 +108,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
 _decode_split_launch = launcher(_decode_split_kernel)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "split_tokens"])
 def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, lens_ptr, out_ptr, o_b_stride, o_h_stride, o_s_stride,
                           lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, num_splits, split_tokens,
                           HEAD_DIM: tl.constexpr,

@@ -68,7 +68,9 @@ def _load(ptrs, row_mask, col_mask, MASK_ROWS: tl.constexpr, MASK_COLS: tl.const
         return tl.load(ptrs)
 
 
-@triton.jit
+# num_m_blocks changes with every batch: specialising on it (1, a multiple of 16, other) made
+# a fresh worker compile again, 1.5 s, for the first batch whose block count divided by 16
+@triton.jit(do_not_specialize=["num_m_blocks"])
 def _extend_kernel(q_ptr, kn_ptr, vn_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, table_ptr, rows_ptr, starts_ptr,
                    lens_ptr, prefix_ptr, out_ptr, q_t_stride, q_h_stride, kn_t_stride, kn_h_stride, vn_t_stride,
                    vn_h_stride, kp_slot_stride, kp_h_stride, vp_slot_stride, vp_h_stride, ks_slot_stride,

@@ -10,7 +10,8 @@ needing a third of that).
 the call's form (which arguments come by position, which by name) and by everything
 Triton specialises a compiled kernel on, more finely than Triton does:
   - a tensor by its dtype and whether its address is 16-byte aligned;
-  - an integer by whether it is 1, whether it divides by 16, and its width (32 or 64 bit);
+  - an integer by whether it is 1, whether it divides by 16, and its width (32 or 64 bit),
+    or by its width only when the kernel says not to specialise on it (do_not_specialize);
   - a float by its type only (passed as fp32, never specialised);
   - a constexpr, or a launch option such as num_warps, by its value.
 A key seen before calls the compiled kernel's launcher directly; a new key goes through
@@ -42,12 +43,13 @@ _ARG, _KWARG, _DEFAULT = 0, 1, 2
 SLOW_LAUNCH_S = 0.02  # a cached specialisation launches in microseconds; a compile takes 100s of ms
 
 
-def _arg_key(v: Any) -> Any:
-    """What of a runtime argument a compiled kernel depends on; _MISSING when unknown."""
+def _arg_key(v: Any, plain: bool = False) -> Any:
+    """What of a runtime argument a compiled kernel depends on; _MISSING when unknown. plain:
+    the kernel does not specialise on this argument's value."""
     t = type(v)
     if t is int:
         width = 32 if -(2**31) <= v < 2**31 else (64 if -(2**63) <= v < 2**63 else 65)
-        return (v == 1, v % 16 == 0, width)
+        return ("n", width) if plain else (v == 1, v % 16 == 0, width)
     if t is float:
         return "f"
     if t is bool:
@@ -72,6 +74,7 @@ class Launcher:
         self.index = {p.name: i for i, p in enumerate(params)}
         self.defaults = [p.default for p in params]
         self.constexpr = [bool(kp.is_constexpr) for kp in fn.params]
+        self.plain = {kp.name for kp in fn.params if getattr(kp, "do_not_specialize", False)}
         # keyword arguments keyed by value: constexprs and launch options (num_warps, ...)
         self.by_value = {n for n, c in zip(self.names, self.constexpr, strict=True) if c}
         self.compiled: dict[tuple, tuple[Any, list[tuple[int, Any]]]] = {}
@@ -86,13 +89,13 @@ class Launcher:
         module knows how Triton specialises."""
         pos = []
         for i, v in enumerate(args):
-            k = ("c", v) if self.constexpr[i] else _arg_key(v)
+            k = ("c", v) if self.constexpr[i] else _arg_key(v, self.names[i] in self.plain)
             if k is _MISSING:
                 return None
             pos.append(k)
         named = []
         for n, v in kwargs.items():
-            k = ("c", v) if n in self.by_value or n not in self.index else _arg_key(v)
+            k = ("c", v) if n in self.by_value or n not in self.index else _arg_key(v, n in self.plain)
             if k is _MISSING:
                 return None
             named.append((n, k))
