@@ -42,6 +42,7 @@ class TokenizerConfig(CommonConfig):
     max_body_bytes: int = 4 * 1024 * 1024
     request_timeout_s: float = 600.0  # no request outlives this, queued or running
     pipeline_dead_after_s: float = 3.0  # a service whose heartbeat is older than this is dead
+    pipeline_check_s: float = 1.0  # how often the heartbeats are read: who is alive, how full the router's queue is
     tokenizer_threads: int = 2
     # clients must send one of these as "Authorization: Bearer <key>"; empty: no keys asked
     api_keys: tuple[str, ...] = ()
@@ -58,6 +59,7 @@ class TokenizerConfig(CommonConfig):
         _check(all(k and k == k.strip() for k in self.api_keys), "api_keys must be non-empty, without spaces around")
         _check(self.max_req_total_len >= 0, "max_req_total_len must be >= 0")
         _check(self.request_timeout_s > 0, "request_timeout_s must be > 0")
+        _check(self.pipeline_check_s > 0, "pipeline_check_s must be > 0")
         _check(self.tokenizer_threads >= 1, "tokenizer_threads must be >= 1")
         for name in ("fastchat_controller", "worker_address"):
             url = getattr(self, name)

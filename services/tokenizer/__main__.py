@@ -33,7 +33,7 @@ def main() -> None:
     max_total_len = min(cfg.max_req_total_len or model.context_length, model.context_length)
     link = RedisLink(cfg.redis_url)
     names = StreamNames(cfg.namespace)
-    pipeline = Pipeline(link, names, cfg.replica, cfg.stream_maxlen, cfg.pipeline_dead_after_s)
+    pipeline = Pipeline(link, names, cfg.replica, cfg.stream_maxlen, cfg.pipeline_dead_after_s, cfg.pipeline_check_s)
     ctx = FrontContext(
         cfg=cfg,
         pipeline=pipeline,

@@ -66,11 +66,14 @@ class Liveness:
 
 
 class Pipeline:
-    def __init__(self, link: RedisLink, names: StreamNames, front_id: str, maxlen: int, dead_after_s: float) -> None:
+    def __init__(
+        self, link: RedisLink, names: StreamNames, front_id: str, maxlen: int, dead_after_s: float, check_s: float
+    ) -> None:
         self.link = link
         self.names = names
         self.front_id = front_id
         self.dead_after_s = dead_after_s
+        self.check_s = check_s
         self.writer = StreamWriter(link, maxlen)
         self.reader = StreamReader(link, names.front(front_id), GROUP_FRONT, consumer=front_id)
         self.pending: dict[str, PendingRequest] = {}
@@ -190,7 +193,7 @@ class Pipeline:
         self.loop.call_soon_threadsafe(put_all)
 
     def _watch(self) -> None:
-        while not self.link.stop.wait(1.0):
+        while not self.link.stop.wait(self.check_s):
             try:
                 self._refresh_liveness()
                 self._fail_orphans()

@@ -32,6 +32,10 @@ def stack(long_llama: str, redis_server: RedisServer, tmp_path_factory: pytest.T
         redis_server,
         str(tmp_path_factory.mktemp("logs-admission")),
         worker_args=["--max-total-token-num", str(POOL)],
+        # the front end reads the router's queue figures every 4 s instead of every second, so
+        # the first requests after the queue fills reach the router (which refuses them) before
+        # the front end knows to refuse by itself, even on a loaded machine
+        tokenizer_args=["--pipeline-check-s", "4"],
         router_args=[
             *("--metrics-port", str(port), "--running-max-req-size", "1"),  # one request at a time: the rest queue
             *("--max-waiting", "2", "--max-queue-time-s", str(QUEUE_TIME_S)),
