@@ -1,0 +1,188 @@
+"""Host-side diagnostics for the services, loaded by Python at start-up when this folder is on
+PYTHONPATH (it patches classes from outside; nothing here is imported by LightStream).
+
+    LS_PROF=DIR    the worker (and a benchmark_engine or bench_pipeline process) adds up the
+                   wall time per (thread, function) of its step loop, Redis threads, message
+                   encoding and garbage collection, and writes DIR/<role>-<pid>.json every 5 s
+    LS_STAMPS=DIR  every service appends "unix-time event detail" lines to DIR/<pid>.txt when a
+                   stream read returns, a send starts and ends, a step starts and ends, and the
+                   front end takes, submits and answers a request (tools/diag/hops.py reads them)
+
+Used for docs/benchmarks.md r24 (why a lone request's first token takes longer through the
+pipeline than through the engine alone).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import gc
+import importlib
+import json
+import os
+import sys
+import threading
+import time
+
+with open("/proc/self/cmdline", "rb") as _f:
+    _CMD = _f.read().replace(b"\0", b" ").decode()
+_LOCK = threading.Lock()
+
+
+def _wrap(mod: str, cls: str, meth: str, before, after) -> None:
+    c = getattr(importlib.import_module(mod), cls)
+    f = getattr(c, meth)
+
+    @functools.wraps(f)
+    def g(*a, **k):
+        t = before(a)
+        out = f(*a, **k)
+        after(t, a, out)
+        return out
+
+    setattr(c, meth, g)
+
+
+def _profile(out_dir: str) -> None:
+    acc: dict[tuple[str, str], list] = {}
+    t0 = time.time()
+    role = "worker" if "services.worker" in _CMD else "engine"
+    path = os.path.join(out_dir, f"{role}-{os.getpid()}.json")
+
+    def add(label: str, dt: float) -> None:
+        with _LOCK:
+            v = acc.setdefault((threading.current_thread().name, label), [0, 0.0])
+            v[0] += 1
+            v[1] += dt
+
+    def dump() -> None:
+        with _LOCK:
+            out = {"wall": time.time() - t0, "acc": {f"{k[0]}|{k[1]}": v for k, v in acc.items()}}
+        with open(path, "w") as f:
+            json.dump(out, f, indent=0)
+
+    def every_5s() -> None:
+        while True:
+            time.sleep(5)
+            dump()
+
+    atexit.register(dump)
+    threading.Thread(target=every_5s, daemon=True).start()
+    for mod, cls, meth in [
+        ("services.worker.engine", "Engine", "step"),
+        ("services.worker.engine", "Engine", "_launch"),
+        ("services.worker.engine", "Engine", "_collect"),
+        ("services.worker.engine", "Engine", "running_reqs"),
+        ("services.worker.service", "WorkerService", "publish_status"),
+        ("services.worker.service", "WorkerService", "_publish_tokens"),
+        ("services.worker.service", "WorkerService", "_take"),
+        ("services.worker.io_threads", "Inbox", "drain"),
+        ("services.worker.io_threads", "Outbox", "send"),
+        ("shared.redis_streams", "StreamWriter", "send_many"),
+        ("shared.redis_streams", "StreamReader", "read"),
+        ("services.worker.model_runner", "ModelRunner", "forward"),
+        ("services.worker.scheduler", "Scheduler", "schedule"),
+    ]:
+        label = f"{cls}.{meth}"
+        _wrap(
+            mod,
+            cls,
+            meth,
+            lambda a: time.perf_counter(),
+            lambda t, a, o, label=label: add(label, time.perf_counter() - t),
+        )
+    messages = importlib.import_module("shared.messages")
+    streams = importlib.import_module("shared.redis_streams")
+    encode = messages.encode
+
+    def timed_encode(msg):
+        t = time.perf_counter()
+        data = encode(msg)
+        add("encode:" + type(msg).__name__, time.perf_counter() - t)
+        return data
+
+    messages.encode = streams.encode = timed_encode
+    started: dict[str, float] = {}
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started["t"] = time.perf_counter()
+        elif "t" in started:
+            add(f"gc{info['generation']}", time.perf_counter() - started.pop("t"))
+
+    gc.callbacks.append(on_gc)
+    _wrap("torch.cuda", "Event", "synchronize", lambda a: time.perf_counter(),
+          lambda t, a, o: add("Event.synchronize", time.perf_counter() - t))  # fmt: skip
+
+
+def _stamps(out_dir: str) -> None:
+    f = open(os.path.join(out_dir, f"{os.getpid()}.txt"), "a", buffering=1)  # noqa: SIM115 (open for the process's life)
+
+    def stamp(name: str, info: str = "") -> None:
+        with _LOCK:
+            f.write(f"{time.time():.6f} {name} {info}\n")
+
+    def rid(msg) -> str:
+        if hasattr(msg, "rid"):
+            return f"{type(msg).__name__}:{msg.rid}"
+        for field in ("reqs", "items"):
+            xs = getattr(msg, field, None)
+            if xs:
+                return f"{type(msg).__name__}:{xs[0].rid}"
+        return type(msg).__name__
+
+    def after_read(t, a, out) -> None:
+        if out:
+            stamp("read", a[0].stream + " " + ",".join(rid(e.msg) for e in out[:3]))
+
+    _wrap("shared.redis_streams", "StreamReader", "read", lambda a: None, after_read)
+    streams = importlib.import_module("shared.redis_streams")
+    send_many = streams.StreamWriter.send_many
+
+    def stamped_send(self, items, acks=()):
+        items, acks = list(items), list(acks)
+        stamp("send0", ",".join(rid(m) for _, m in items[:3]) + f" acks={len(acks)}")
+        send_many(self, items, acks)
+        stamp("send1")
+
+    streams.StreamWriter.send_many = stamped_send
+    if "services.worker" in _CMD:
+        _wrap("services.worker.engine", "Engine", "step", lambda a: stamp("step0"),
+              lambda t, a, o: stamp("step1", str(sum(1 for _, it in o.items if it.token_ids))))  # fmt: skip
+    if "services.tokenizer" in _CMD:
+        pipeline = importlib.import_module("services.tokenizer.pipeline")
+        submit = pipeline.Pipeline.submit
+
+        async def stamped_submit(self, request_id, *a, **k):
+            stamp("submit0", request_id)
+            return await submit(self, request_id, *a, **k)
+
+        pipeline.Pipeline.submit = stamped_submit
+        deliver = pipeline.Pipeline._deliver
+
+        def stamped_deliver(self, deliveries):
+            first = deliveries[0][1].rid
+            self.loop.call_soon_threadsafe(stamp, "delivered", first)
+            return deliver(self, deliveries)
+
+        pipeline.Pipeline._deliver = stamped_deliver
+        http = importlib.import_module("uvicorn.protocols.http.httptools_impl")
+        _wrap("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol", "on_message_begin",
+              lambda a: stamp("http_begin"), lambda t, a, o: None)  # fmt: skip
+        send = http.RequestResponseCycle.send
+
+        async def stamped_http_send(self, message):
+            await send(self, message)
+            stamp("uv_send", message.get("type"))
+
+        http.RequestResponseCycle.send = stamped_http_send
+
+
+if os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())  # the services' modules, for a tool started as a script
+if os.environ.get("LS_PROF") and any(s in _CMD for s in ("services.worker", "benchmark_engine", "bench_pipeline")):
+    os.makedirs(os.environ["LS_PROF"], exist_ok=True)
+    _profile(os.environ["LS_PROF"])
+if os.environ.get("LS_STAMPS") and "services." in _CMD:
+    os.makedirs(os.environ["LS_STAMPS"], exist_ok=True)
+    _stamps(os.environ["LS_STAMPS"])
