@@ -30,6 +30,7 @@ import pytest
 from tests.integration.conftest import start_stack
 from tests.integration.fastchat_helpers import FastChatServer, controller_models, fastchat_python
 from tests.integration.test_disconnect import Watch, _check_freed
+from tests.polling import until
 from tools import make_tiny_model
 from tools.redis_server import RedisServer, free_port
 from tools.stack import Stack
@@ -301,17 +302,17 @@ def test_killing_the_caller_frees_the_kv_within_a_step(fc: FastChat, caller: str
     proc = subprocess.Popen([sys.executable, "-c", script, url, MODEL, LONG_PROMPT, str(LONG)], stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"chunk\n"
-        rid = _until(watch.rid, 10, "the request reached the router")
-        _until(lambda: watch.holding(rid), 10, "the worker is generating")
+        rid = until(watch.rid, 10, "the request reached the router")
+        until(lambda: watch.holding(rid), 10, "the worker is generating")
         proc.send_signal(signal.SIGKILL)
         left_at = time.time()
     finally:
         proc.kill()
         proc.wait()
-    _until(watch.free, 3, "the worker's KV tokens are all free")
+    until(watch.free, 3, "the worker's KV tokens are all free")
     time.sleep(0.1)  # a step that was to come would have come by now
     _check_freed(watch, rid, left_at)
-    _until(lambda: fc.worker("/worker_get_status")["queue_length"] == 0, 3, "the slot released")
+    until(lambda: fc.worker("/worker_get_status")["queue_length"] == 0, 3, "the slot released")
 
 
 def test_slots_are_released_on_every_exit_path(fc: FastChat) -> None:
@@ -369,16 +370,6 @@ def _stop_in(text: str) -> str:
 
 def _queue(fc: FastChat) -> int:
     return httpx.post(fc.stack.url + "/worker_get_status", timeout=10).json()["queue_length"]
-
-
-def _until(check: Any, timeout_s: float, what: str) -> Any:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"not within {timeout_s}s: {what}")
 
 
 async def _until_async(check: Any, what: str, timeout_s: float = 10.0) -> None:

@@ -5,7 +5,6 @@ launching that step), and a message that starts no step is acknowledged at once.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 from services.worker.build import build_engine
@@ -15,17 +14,8 @@ from shared.messages import AbortReqs, AdmitReqs, TokenBatch
 from shared.redis_link import RedisLink
 from shared.redis_streams import StreamReader, StreamWriter
 from shared.streams import GROUP_DETOK, GROUP_WORKER, StreamNames
+from tests.polling import until
 from tests.worker.engine_driver import request
-
-
-def _until(what, timeout_s: float = 20.0):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.01)
-    raise AssertionError("timed out")
 
 
 def test_admissions_are_acknowledged_with_their_first_tokens_and_idle_messages_at_once(
@@ -54,18 +44,20 @@ def test_admissions_are_acknowledged_with_their_first_tokens_and_idle_messages_a
         writer.send(names.worker("0"), admit)
         tokens = []
         while sum(len(i.token_ids) for i in tokens) < 3:
-            tokens += [i for e in _until(lambda: detok.read(block_ms=100)) if isinstance(e.msg, TokenBatch)
-                       for i in e.msg.items]  # fmt: skip
+            entries = until(lambda: detok.read(block_ms=100), 20, "token batches")
+            tokens += [i for e in entries if isinstance(e.msg, TokenBatch) for i in e.msg.items]
         assert [t for i in tokens for t in i.token_ids] and tokens[-1].finish_reason == "length"
         acked = next(k for k, (_, acks, _) in enumerate(sends) if acks)
         assert sends[acked][1] == 1 and sends[acked][2] == 1  # once, right after the prefill was launched
         assert all(steps == 0 for _, _, steps in sends[:acked])  # only the start-up status went out before
-        _until(lambda: worker_stream.pending_count() == 0)
+        until(lambda: worker_stream.pending_count() == 0, 20, "nothing pending")
 
         # an abort of a request the worker does not hold starts no step: acknowledged at once
         writer.send(names.worker("0"), AbortReqs(["nobody"], "aborted"))
-        _until(lambda: any(acks == 1 and not types for types, acks, _ in sends[acked + 1 :]))
-        _until(lambda: worker_stream.pending_count() == 0)
+        until(
+            lambda: any(acks == 1 and not types for types, acks, _ in sends[acked + 1 :]), 20, "the abort acknowledged"
+        )
+        until(lambda: worker_stream.pending_count() == 0, 20, "nothing pending")
     finally:
         link.stop.set()
         thread.join(10)
