@@ -112,9 +112,9 @@ class WorkerService:
                     self.engine.abort(rid)
             else:
                 log.error("unexpected %s on the worker stream", type(msg).__name__)
-        # the side effect (the engine holds them) is done; the acknowledgement rides with the
-        # step's tokens rather than going out on its own first: a hand-off to the outbox thread
-        # here would sit between an admission and its prefill step
+        # the side effect (the engine holds them) is done; the acknowledgement goes out with the
+        # first send after the next step (its tokens, or on its own) rather than before it: a
+        # hand-off to the outbox thread here would sit between an admission and its prefill
         self._acks += entries
 
     def _flush_acks(self) -> None:
