@@ -16,6 +16,7 @@ Streams (names in shared/streams.py):
 from __future__ import annotations
 
 import dataclasses
+import operator
 import types
 import typing
 from dataclasses import dataclass, field
@@ -264,22 +265,39 @@ def _fields(cls: type) -> list[tuple[str, Any, Any]]:
     return spec
 
 
-def _struct_to_wire(obj: Any) -> list[Any]:
-    out = []
-    for name, enc, _ in _fields(type(obj)):
-        value = getattr(obj, name)
-        out.append(value if enc is None else enc(value))
-    return out
+_PLANS: dict[type, tuple[Any, bool]] = {}
+
+
+def _plan(cls: type) -> tuple[Any, bool]:
+    """(a getter of every field's value as a tuple, in order; whether every field goes on the
+    wire as it is). A status lists thousands of requests and a token batch one item per
+    request, so the flat structs skip the per-field loop both ways."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        spec = _fields(cls)
+        names = [name for name, _, _ in spec]
+        getter = operator.attrgetter(*names) if len(names) > 1 else (lambda obj, n=names[0]: (getattr(obj, n),))
+        plan = (getter, all(enc is None for _, enc, _ in spec))
+        _PLANS[cls] = plan
+    return plan
+
+
+def _struct_to_wire(obj: Any) -> Any:
+    """The struct's fields in declaration order (a tuple or a list; msgpack writes both as an array)."""
+    getter, flat = _plan(type(obj))
+    values = getter(obj)
+    if flat:
+        return values
+    return [v if enc is None else enc(v) for (_, enc, _), v in zip(_fields(type(obj)), values, strict=True)]
 
 
 def _struct_from_wire(cls: type, values: Any) -> Any:
     spec = _fields(cls)
     if not isinstance(values, list) or len(values) != len(spec):
         raise WireError(f"{cls.__name__}: expected {len(spec)} fields, got {values!r:.200}")
-    kwargs = {}
-    for (name, _, dec), value in zip(spec, values, strict=True):
-        kwargs[name] = value if dec is None else dec(value)
-    return cls(**kwargs)
+    if _plan(cls)[1]:
+        return cls(*values)  # fields in declaration order are the dataclass's positional arguments
+    return cls(*[v if dec is None else dec(v) for (_, _, dec), v in zip(spec, values, strict=True)])
 
 
 _BY_TAG: dict[str, type] = {cls.TAG: cls for cls in MESSAGE_TYPES}

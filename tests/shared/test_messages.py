@@ -95,3 +95,15 @@ def test_sampling_greedy_flag() -> None:
     assert m.SamplingParams().greedy
     assert not m.SamplingParams(do_sample=True, temperature=0.8).greedy
     assert m.SamplingParams(do_sample=True, top_k=1).greedy
+
+
+def test_the_wire_layout_is_fields_in_declaration_order_nested_as_arrays() -> None:
+    # pinned by hand: a service built before or after a change to the codec reads the same bytes
+    status = m.WorkerStatus("0", "x", 100, 40, 8, 3, [m.RunningReq("r1", "d0", 5, 9, 7, True)], 1.5)
+    assert m.encode(status) == msgpack.packb(
+        [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, [["r1", "d0", 5, 9, 7, True]], 1.5], use_bin_type=True
+    )
+    gen = m.GenerateReq("r", "f", "d", [1, 2], m.SamplingParams(max_new_tokens=4), 1.0, 2.0)
+    raw = msgpack.unpackb(m.encode(gen))
+    assert raw[:6] == [m.SCHEMA_VERSION, "gen", "r", "f", "d", [1, 2]] and raw[6][0] == 4
+    assert m.decode(m.encode(status)) == status and m.decode(m.encode(gen)) == gen
