@@ -17,6 +17,7 @@ from shared.heartbeat import live_replicas
 from shared.messages import Heartbeat
 from shared.redis_link import RedisLink
 from shared.streams import SERVICE_WORKER, StreamNames
+from tests.polling import until
 from tools import make_tiny_model
 
 LONG_CONTEXT = 16_384
@@ -40,11 +41,7 @@ Figures = dict[str, float]  # "waiting_requests", 'admitted_total{group="1"}', .
 
 
 def wait_until(cond: Callable[[], bool], timeout_s: float, what: str | Callable[[], str], every_s: float = 0.1) -> None:
-    end = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() >= end:
-            raise AssertionError(f"not within {timeout_s}s: {what() if callable(what) else what}")
-        time.sleep(every_s)
+    until(cond, timeout_s, what, every_s)
 
 
 class RouterProbe:
