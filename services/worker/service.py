@@ -70,7 +70,7 @@ class WorkerService:
                     self._publish_tokens(out.items)
                     self._changed |= out.changed
                 self._maybe_status()
-                self._flush_acks()
+                self._send([])  # acknowledgements no step carried
         except Exception as e:  # a step failed (a tensor-parallel rank died, the device failed, ...)
             log.exception("the step loop failed")
             why = f"the worker failed: {type(e).__name__}: {str(e)[:200]}"
@@ -117,18 +117,17 @@ class WorkerService:
         # hand-off to the outbox thread here would sit between an admission and its prefill
         self._acks += entries
 
-    def _flush_acks(self) -> None:
-        if self._acks:
-            self.outbox.send([], acks=self._acks)
-            self._acks = []
+    def _send(self, items: list[tuple[str, object]]) -> None:
+        """Hand items to the outbox with the acknowledgements taken in since the last send."""
+        acks, self._acks = self._acks, []
+        self.outbox.send(items, acks=acks)
 
     def _publish_tokens(self, items: list[tuple[str, TokenItem]]) -> None:
         by_shard: dict[str, list[TokenItem]] = {}
         for shard, item in items:
             by_shard.setdefault(shard, []).append(item)
         source = f"worker:{self.group}"
-        acks, self._acks = self._acks, []
-        self.outbox.send([(self.names.detok(s), TokenBatch(source, its)) for s, its in by_shard.items()], acks=acks)
+        self._send([(self.names.detok(s), TokenBatch(source, its)) for s, its in by_shard.items()])
 
     def _idle_wait(self) -> float:
         """How long the loop may sleep waiting for messages: not at all with work in hand, and
