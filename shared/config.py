@@ -117,6 +117,8 @@ class WorkerConfig(CommonConfig):
     max_req_total_len: int = 0  # 0: the model's context length
     status_interval_s: float = 0.5
     cuda_graph_max_bs: int = 512  # decode batches up to this size replay CUDA graphs; 0: none
+    # steps with prompt tokens, up to this many tokens in all, replay CUDA graphs of everything but attention; 0: none
+    cuda_graph_max_tokens: int = 2048
     random_weights: bool = False  # draw weights from a seed on the device (benchmarks: no checkpoint needed)
     warmup: bool = True  # on CUDA, run a few prompts before serving so no request waits for a compile
     tp: int = 1  # tensor-parallel ranks of this group: one process per GPU (gloo on the CPU)
@@ -135,6 +137,7 @@ class WorkerConfig(CommonConfig):
         _check(self.running_max_req_size >= 1, "running_max_req_size must be >= 1")
         _check(self.status_interval_s > 0, "status_interval_s must be > 0")
         _check(self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs must be >= 0")
+        _check(self.cuda_graph_max_tokens >= 0, "cuda_graph_max_tokens must be >= 0")
         _check(self.tp >= 1, f"tp must be >= 1, got {self.tp}")
 
 

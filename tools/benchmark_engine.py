@@ -93,6 +93,7 @@ def make_engine(args: argparse.Namespace) -> tuple[Engine, ModelConfig, Callable
         batch_max_tokens=args.batch_max_tokens,
         running_max_req_size=args.running_max_req_size,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
+        cuda_graph_max_tokens=args.cuda_graph_max_tokens,
         tp=args.tp,
     )
     if args.tp > 1:
@@ -307,6 +308,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch-max-tokens", type=int, default=16384)
     ap.add_argument("--running-max-req-size", type=int, default=1024)
     ap.add_argument("--cuda-graph-max-bs", type=int, default=512)
+    ap.add_argument("--cuda-graph-max-tokens", type=int, default=2048)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--low-load-requests", type=int, default=20)
     ap.add_argument("--side-by-side", type=int, default=0, help="also run the first N requests alone (offline)")

@@ -50,6 +50,9 @@ SERVING_OPTIONS = (
     ServingOption("--dtype", str, ("worker",), "auto, float32, bfloat16 or float16"),
     ServingOption("--kv-dtype", str, ("worker",), "auto or int8"),
     ServingOption("--cuda-graph-max-bs", int, ("worker",), "largest decode batch run as a CUDA graph"),
+    ServingOption(
+        "--cuda-graph-max-tokens", int, ("worker",), "largest step with prompt tokens in CUDA graphs (but attention)"
+    ),
     ServingOption("--max-waiting", int, ("router",), "the router's queue bound"),
     ServingOption("--router-token-ratio", float, ("router",), "KV usage above which admission is strict"),
     ServingOption("--router-max-new-token-len", int, ("router",), "the router's guess of an output's length"),

@@ -19,6 +19,7 @@ from services.worker.models.random_weights import random_weights
 from services.worker.models.rope import cos_sin_table
 from services.worker.ops import TorchOps
 from services.worker.parallel import TensorParallel
+from services.worker.piecewise_graphs import PiecewiseGraphs, token_buckets_up_to
 from services.worker.req_table import ReqTable
 from services.worker.sampler import Sampler
 from services.worker.sampling_state import SamplingState
@@ -137,7 +138,11 @@ def build_model_stack(
         graphs = DecodeGraphs(
             model, table.table, cache.dummy_slot, table.dummy_row, max_total_len, buckets_up_to(max_bs), device
         )
-    return ModelStack(model_cfg, model, cache, table, ModelRunner(model, graphs, channel), max_total_len, device)
+    pieces = None
+    if device.type == "cuda" and cfg.cuda_graph_max_tokens > 0:
+        pieces = PiecewiseGraphs(model, cache.dummy_slot, token_buckets_up_to(cfg.cuda_graph_max_tokens), device)
+    runner = ModelRunner(model, graphs, channel, pieces)
+    return ModelStack(model_cfg, model, cache, table, runner, max_total_len, device)
 
 
 def build_engine(

@@ -1,4 +1,6 @@
-"""Runs the model on a batch: decode-only batches replay a captured CUDA graph, others run eagerly.
+"""Runs the model on a batch: decode-only batches replay a captured CUDA graph, other steps
+of up to a few thousand tokens replay the captured pieces between their attentions
+(piecewise_graphs.py), larger ones run eagerly.
 
 Every rank of a tensor-parallel group runs the same batches in the same order (rank 0 sends
 each one to the others first), since each layer ends in a collective all ranks must join."""
@@ -10,16 +12,22 @@ import torch
 from services.worker.cuda_graphs import DecodeGraphs
 from services.worker.forward_batch import ForwardBatch
 from services.worker.models.llama import LlamaModel
+from services.worker.piecewise_graphs import PiecewiseGraphs
 from services.worker.tp.channel import StepChannel
 
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaModel, graphs: DecodeGraphs | None = None, channel: StepChannel | None = None
+        self,
+        model: LlamaModel,
+        graphs: DecodeGraphs | None = None,
+        channel: StepChannel | None = None,
+        pieces: PiecewiseGraphs | None = None,
     ) -> None:
         self.model = model
         self.graphs = graphs
         self.channel = channel  # rank 0 of a tensor-parallel group: the other ranks run the same batch
+        self.pieces = pieces
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """-> float32 logits [S, V] for batch.sample_index."""
@@ -27,4 +35,6 @@ class ModelRunner:
             self.channel.send(batch)
         if self.graphs is not None and batch.num_extends == 0 and self.graphs.fits(batch.num_decodes):
             return self.graphs.replay(batch)
+        if self.pieces is not None and self.pieces.fits(batch.num_tokens):
+            return self.pieces.run(batch)
         return self.model.forward(batch)

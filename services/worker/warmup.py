@@ -9,6 +9,9 @@ kernel's block count stops being 1 (1.56 s for the first 137-token prompt after 
 version of this warm-up). The warm-up runs prompts of 1, 16, 17 and 129 tokens alone, then
 a batch of them with a prompt arriving while the others decode (a mixed step), each for a
 few greedy tokens, and leaves the engine as it found it: nothing queued, every KV slot free.
+Steps of up to a few thousand tokens replay CUDA graphs captured over padded token counts
+(piecewise_graphs.py), so with those the warm-up adds two prompts just past the largest
+bucket, 16 and 17 tokens past it: the steps that still run eagerly.
 Kernels that still compile while serving are logged by services/worker/kernels/launch.py.
 """
 
@@ -70,7 +73,9 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmupReport:
         engine.add(_request(report.prompts, min(length, longest), vocab_size))
         report.prompts += 1
 
-    for length in ALONE:
+    pieces = engine.runner.pieces
+    eager = [pieces.buckets[-1] + extra for extra in (16, 17)] if pieces is not None else []
+    for length in (*ALONE, *eager):
         add(length)
         _drain(engine, report)
     for length in TOGETHER:

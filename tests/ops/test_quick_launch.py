@@ -47,6 +47,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         ["--tokenizer-arg=--max-req-total-len=512", "--worker-arg=--max-req-total-len=512"],
     ),
     "--mem-fraction": (["--mem-fraction", "0.8"], ["--worker-arg=--mem-fraction=0.8"]),
+    "--cuda-graph-max-tokens": (["--cuda-graph-max-tokens", "512"], ["--worker-arg=--cuda-graph-max-tokens=512"]),
     "--dtype": (["--dtype", "bfloat16"], ["--worker-arg=--dtype=bfloat16"]),
     "--kv-dtype": (["--kv-dtype", "int8"], ["--worker-arg=--kv-dtype=int8"]),
     "--cuda-graph-max-bs": (["--cuda-graph-max-bs", "64"], ["--worker-arg=--cuda-graph-max-bs=64"]),

@@ -31,8 +31,12 @@ TOP1_INT8 = 0.97
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("graphs", [512, 0])
-def test_tiny_fp32_greedy_equals_cpu_and_hf(tiny_models: dict[str, str], arch: str, graphs: int) -> None:
+@pytest.mark.parametrize(("graphs", "pieces", "budget"), [(512, 2048, 8192), (512, 2048, 16), (0, 0, 8192)])
+def test_tiny_fp32_greedy_equals_cpu_and_hf(
+    tiny_models: dict[str, str], arch: str, graphs: int, pieces: int, budget: int
+) -> None:
+    """graphs: decode steps under CUDA graphs; pieces: steps with prompt tokens under piecewise
+    graphs; budget: prompt tokens per step (16: prompts in chunks, beside other requests' decodes)."""
     model_dir = tiny_models[arch]
     tok = hf_reference.tokenizer(model_dir)
     texts = ["Hello world", "The quick brown fox jumps over the lazy dog. " * 5, "你好，世界！", "def f(x): return",
@@ -41,7 +45,8 @@ def test_tiny_fp32_greedy_equals_cpu_and_hf(tiny_models: dict[str, str], arch: s
     # a small pool: a test that took 90 % of the GPU would leave the next one none (the caching
     # allocator keeps what a finished engine freed)
     cuda_cfg = WorkerConfig(model_dir=model_dir, device="cuda", dtype="float32", cuda_graph_max_bs=graphs,
-                            max_total_token_num=65536)  # fmt: skip
+                            cuda_graph_max_tokens=pieces, max_total_token_num=65536,
+                            batch_max_tokens=budget)  # fmt: skip
     cuda = run(build_engine(cuda_cfg), reqs)
     cpu = run(build_engine(WorkerConfig(model_dir=model_dir, device="cpu")), reqs)
     for r in reqs:
@@ -104,7 +109,8 @@ def test_1b_int8_kv_agrees_with_bf16_kv(model_1b: str, sequences) -> None:
 def test_int8_kv_holds_at_least_1_9_times_the_tokens(model_1b: str) -> None:
     def capacity(kv: str) -> int:
         engine = build_engine(WorkerConfig(model_dir=model_1b, device="cuda", kv_dtype=kv, mem_fraction=0.5,
-                                           running_max_req_size=16, cuda_graph_max_bs=0))  # fmt: skip
+                                           running_max_req_size=16, cuda_graph_max_bs=0,
+                                           cuda_graph_max_tokens=0))  # fmt: skip
         n = engine.kv.capacity
         del engine
         torch.cuda.empty_cache()

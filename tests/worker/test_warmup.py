@@ -4,8 +4,10 @@ the engine as it found it, so what the engine serves next is what a fresh engine
 from __future__ import annotations
 
 import pytest
+import torch
 
 from services.worker.build import build_engine
+from services.worker.piecewise_graphs import PiecewiseGraphs
 from services.worker.warmup import ALONE, TOGETHER, warm_up
 from shared.config import WorkerConfig
 from tests.worker.engine_driver import request, run
@@ -29,6 +31,25 @@ def test_warm_up_runs_every_shape_and_leaves_the_engine_as_it_was(tiny_llama: st
     fresh = run(_engine(tiny_llama), reqs)
     for r in reqs:
         assert warmed[r.rid].tokens == fresh[r.rid].tokens and len(fresh[r.rid].tokens) == r.params.max_new_tokens
+
+
+def test_with_piecewise_graphs_it_also_runs_the_eager_steps_past_them(tiny_llama: str) -> None:
+    engine = _engine(tiny_llama)
+    model = engine.runner.model
+    engine.runner.pieces = PiecewiseGraphs(model, model.attn.cache.dummy_slot, [8, 24], torch.device("cpu"),
+                                           capture=False)  # fmt: skip
+    eager: list[int] = []
+    forward = model.forward
+
+    def counted(batch):
+        eager.append(batch.num_tokens)
+        return forward(batch)
+
+    model.forward = counted  # type: ignore[method-assign]
+    report = warm_up(engine, model.cfg.vocab_size)
+    assert report.prompts == len(ALONE) + len(TOGETHER) + 1 + 2
+    # (the tiny buckets leave the longer warm-up prompts eager too)
+    assert {24 + 16, 24 + 17} <= set(eager) and min(eager) > 24
 
 
 SMALL = [{"max_req_total_len": 20}, {"max_req_total_len": 3}, {"running_max_req_size": 1}, {"max_total_token_num": 64}]

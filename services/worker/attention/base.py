@@ -17,7 +17,6 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
 
-    @abstractmethod
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
@@ -25,3 +24,23 @@ class AttentionBackend(ABC):
 
         Stores k and v in the pool at batch.out_slots first, so each token attends to
         every earlier token of its request, itself included (causal)."""
+        self.store(layer, k, v, batch.out_slots)
+        return self.attend(layer, q, k, v, batch)
+
+    @abstractmethod
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """Write k and v [T, Hkv, D] into the pool at slots [T] (int32)."""
+
+    @abstractmethod
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of the batch's tokens, whose k and v are already stored -> out [T, Hq, D].
+        q, k, v and out may hold more rows than the batch has tokens (padding): only the
+        batch's own rows are read and written."""

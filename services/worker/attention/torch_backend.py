@@ -11,11 +11,17 @@ from services.worker.kv_cache import quantize_int8
 
 
 class TorchAttention(AttentionBackend):
-    def forward(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        self._store(layer, k, v, batch.out_slots)
-        out = torch.empty_like(q)
+        if out is None:
+            out = torch.empty_like(q)
         e = batch.num_extend_tokens
         for i in range(batch.num_extends):
             prefix = batch.extend_prefix_lens_host[i]
@@ -34,7 +40,7 @@ class TorchAttention(AttentionBackend):
             out[e + j : e + j + 1] = self._attend(q[e + j : e + j + 1], kk, vv, length - 1)
         return out
 
-    def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         idx = slots.long()
         cache = self.cache
         if cache.layout.quantized:

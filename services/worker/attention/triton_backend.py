@@ -38,20 +38,30 @@ class TritonAttention(AttentionBackend):
             worst = max(b * self._num_splits(b, 1 << 30) for b in range(1, max_decode_batch + 1))
             self._reserve(worst)
 
-    def forward(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        cache = self.cache
+        if cache.layout.quantized:
+            assert cache.k_scale is not None and cache.v_scale is not None
+            store_kv_int8(k, v, cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer], slots)
+        else:
+            store_kv(k, v, cache.k[layer], cache.v[layer], slots)
+
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         cache = self.cache
         k_pool, v_pool = cache.k[layer], cache.v[layer]
         k_scale = v_scale = None
         if cache.layout.quantized:
-            assert cache.k_scale is not None and cache.v_scale is not None
             k_scale, v_scale = cache.k_scale[layer], cache.v_scale[layer]
-            store_kv_int8(k, v, k_pool, v_pool, k_scale, v_scale, batch.out_slots)
-        else:
-            store_kv(k, v, k_pool, v_pool, batch.out_slots)
-
-        out = torch.empty_like(q)  # [T, Hq, D]
+        if out is None:
+            out = torch.empty_like(q)  # [T, Hq, D]
         e = batch.num_extend_tokens
         if batch.num_extends > 0:
             extend_attention(
@@ -67,8 +77,9 @@ class TritonAttention(AttentionBackend):
             mid_o = self._mid_o[: bd * hq * splits * d].view(bd, hq, splits, d)
             mid_lse = self._mid_lse[: bd * hq * splits].view(bd, hq, splits)
             decode_attention(
-                q[e:], k_pool, v_pool, batch.req_table, batch.decode_rows, batch.decode_seq_lens, self.scale, splits,
-                out=out[e:], split_tokens=SPLIT_TOKENS, k_scale=k_scale, v_scale=v_scale, mid_o=mid_o, mid_lse=mid_lse,
+                q[e : e + bd], k_pool, v_pool, batch.req_table, batch.decode_rows, batch.decode_seq_lens, self.scale,
+                splits, out=out[e : e + bd], split_tokens=SPLIT_TOKENS, k_scale=k_scale, v_scale=v_scale,
+                mid_o=mid_o, mid_lse=mid_lse,
             )  # fmt: skip
         return out
 

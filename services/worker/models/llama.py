@@ -4,6 +4,10 @@ One forward runs a packed batch (see forward_batch.py) through every layer and r
 the logits of the positions to sample. The math follows Hugging Face's modeling code;
 the steps that differ between the CPU and CUDA paths are the ops strategy and the
 attention backend, passed in.
+
+A forward is a chain of pieces with an attention between each two (``piece``): everything
+but attention depends only on the token count, so piecewise_graphs.py captures the pieces
+in CUDA graphs and runs each step's attention between them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,17 @@ class LayerWeights:
     mlp_norm: torch.Tensor  # [H]
     gate_up: torch.Tensor  # [2 * I, H], this rank's share of the intermediate size
     down: torch.Tensor  # [H, I]
+
+
+@dataclass
+class Carry:
+    """What one piece of a forward hands the next."""
+
+    residual: torch.Tensor  # [T, H], the residual stream so far
+    h: torch.Tensor | None = None  # [T, H], the last piece's: the last MLP's output, not yet in the residual
+    q: torch.Tensor | None = None  # [T, Hq, D], the next layer's attention inputs (its K and V already stored)
+    k: torch.Tensor | None = None  # [T, Hkv, D]
+    v: torch.Tensor | None = None
 
 
 @dataclass
@@ -70,41 +85,69 @@ class LlamaModel:
         out = {n: [getattr(layer, n) for layer in self.w.layers] for n in names}
         return out | {"lm_head": [self.w.lm_head]}
 
-    def _proj(self, name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def _proj(self, name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.blas is None:
-            return x @ w.t()
+            return x @ w.t() if out is None else torch.mm(x, w.t(), out=out)
         with prefer(self.blas[name]):
-            return x @ w.t()
+            return x @ w.t() if out is None else torch.mm(x, w.t(), out=out)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """-> float32 logits [S, V] for batch.sample_index."""
-        eps = self.cfg.rms_norm_eps
-        h = self.tp.embed(batch.input_ids, self.w.embed, self.w.vocab_start)  # [T, H]
-        residual = h
-        x = self.ops.rmsnorm(h, self.w.layers[0].attn_norm, eps)
-        for i, layer in enumerate(self.w.layers):
-            if i > 0:
-                x = self.ops.add_rmsnorm(h, residual, layer.attn_norm, eps)
-            h = self._attention(i, layer, x, batch)
-            x = self.ops.add_rmsnorm(h, residual, layer.mlp_norm, eps)
-            h = self._mlp(layer, x)
-        idx = batch.sample_index
-        last = self.ops.add_rmsnorm(h[idx], residual[idx].clone(), self.w.final_norm, eps)  # [S, H]
-        logits = self.tp.gather_vocab(self._proj("lm_head", last, self.w.lm_head))
-        return logits[:, : self.cfg.vocab_size].float()
+        c = self.piece(0, None, None, batch.input_ids, batch.positions, batch.out_slots)
+        for i in range(len(self.w.layers)):
+            assert c.q is not None and c.k is not None and c.v is not None
+            o = self.attn.attend(i, c.q, c.k, c.v, batch)  # [T, Hq, D]
+            c = self.piece(i + 1, o, c, batch.input_ids, batch.positions, batch.out_slots)
+        return self.logits(c, batch.sample_index)
 
-    def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def piece(
+        self,
+        i: int,
+        o: torch.Tensor | None,
+        carry: Carry | None,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        out_slots: torch.Tensor,
+        qkv_out: torch.Tensor | None = None,
+    ) -> Carry:
+        """The part of a forward between attention i - 1 and attention i: layer i - 1's output
+        projection and MLP (from its attention output o [T, Hq, D]), then layer i's norm, QKV
+        projection, rotary embedding and KV store. Piece 0 starts at the embedding; piece
+        num_layers ends after the last MLP. qkv_out [T, (Hq + 2 Hkv) D]: where the QKV
+        projection goes (q, k and v are views of it), else a new tensor."""
+        eps = self.cfg.rms_norm_eps
+        if i == 0:
+            h = self.tp.embed(input_ids, self.w.embed, self.w.vocab_start)  # [T, H]
+            residual = h
+            x = self.ops.rmsnorm(h, self.w.layers[0].attn_norm, eps)
+        else:
+            assert o is not None and carry is not None
+            layer, residual = self.w.layers[i - 1], carry.residual
+            h = self.tp.all_reduce(self._proj("o", o.reshape(o.shape[0], self.q_size), layer.o))
+            h = self._mlp(layer, self.ops.add_rmsnorm(h, residual, layer.mlp_norm, eps))
+            if i == len(self.w.layers):
+                return Carry(residual, h=h)
+            x = self.ops.add_rmsnorm(h, residual, self.w.layers[i].attn_norm, eps)
+        layer = self.w.layers[i]
         t = x.shape[0]
-        qkv = self._proj("qkv", x, layer.qkv)  # [T, (Hq + 2 Hkv) D]
+        qkv = self._proj("qkv", x, layer.qkv, qkv_out)  # [T, (Hq + 2 Hkv) D]
         if layer.qkv_bias is not None:
             qkv += layer.qkv_bias
         q = qkv[:, : self.q_size].view(t, self.q_heads, self.head_dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
-        self.ops.rotary_(q, k, batch.positions, self.cos_sin)
-        o = self.attn.forward(i, q, k, v, batch)  # [T, Hq, D]
-        return self.tp.all_reduce(self._proj("o", o.reshape(t, self.q_size), layer.o))
+        self.ops.rotary_(q, k, positions, self.cos_sin)
+        self.attn.store(i, k, v, out_slots)
+        return Carry(residual, q=q, k=k, v=v)
+
+    def logits(self, last: Carry, sample_index: torch.Tensor) -> torch.Tensor:
+        """The last piece's output -> float32 logits [S, V] of the rows sample_index [S]."""
+        assert last.h is not None
+        x = self.ops.add_rmsnorm(last.h[sample_index], last.residual[sample_index].clone(), self.w.final_norm,
+                                 self.cfg.rms_norm_eps)  # fmt: skip
+        logits = self.tp.gather_vocab(self._proj("lm_head", x, self.w.lm_head))
+        return logits[:, : self.cfg.vocab_size].float()
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         a = self.ops.silu_mul(self._proj("gate_up", x, layer.gate_up))  # [T, I]
