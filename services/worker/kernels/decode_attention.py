@@ -27,10 +27,11 @@ from services.worker.kernels.launch import cdiv, launcher, next_pow2
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
 # the fewest tokens a split of a request is given (see split_tokens). On an H200 (8B shape,
-# docs/benchmarks.md r7) a single request's 1024-token context ran fastest in 4 splits and
-# 16 requests' 1024 to 2048 in 2 to 4; 256 gives those, and batches of 64 or more already run
-# one split (the grid) at any context
-SPLIT_TOKENS = 256
+# docs/benchmarks.md r33) the whole decode step, replayed from its graph, at batch 1 and
+# context 1024 took 4.81 ms with 64 (16 splits) against 4.97 with 256 (4 splits), 4.85 with
+# 128 and 4.81 with 32; batches of 8 or more gave the same at any of these, since their
+# grid's split count, not this, bounds their splits (and from 64 requests it is one)
+SPLIT_TOKENS = 64
 
 
 @triton.jit
