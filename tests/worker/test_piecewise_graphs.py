@@ -49,7 +49,7 @@ def test_padded_pieces_give_the_plain_forwards_logits(tiny_llama: str) -> None:
 
 def test_mixed_and_chunked_steps_through_the_pieces_match_hugging_face(tiny_llama: str) -> None:
     """A 16-token prefill budget chunks the longer prompts across steps that also decode the
-    others; steps of 1 to 64 tokens, in every bucket, go through the pieces. Slots a larger step
+    others; those steps go through the pieces, in buckets of 8 and 24 tokens. Slots a larger step
     left in the padding would overwrite other requests' KV: the outputs would differ."""
     tok = hf_reference.tokenizer(tiny_llama)
     texts = ["Hello world", "The quick brown fox jumps over the lazy dog. " * 3, "a", "Once upon a time",
@@ -57,14 +57,14 @@ def test_mixed_and_chunked_steps_through_the_pieces_match_hugging_face(tiny_llam
     reqs = [request(str(i), tok(t)["input_ids"], max_new_tokens=6 + 5 * i) for i, t in enumerate(texts)]
     engine, used = _with_pieces(tiny_llama, batch_max_tokens=16)
     out = run(engine, reqs)
-    assert min(used) <= 8 and max(used) > 8 and len(used) > 20
+    assert min(used) <= 8 and max(used) > 8 and len(used) >= 5
     for r in reqs:
         assert out[r.rid].tokens == hf_reference.greedy(tiny_llama, list(r.input_ids), r.params.max_new_tokens), r.rid
 
 
-def test_steps_past_the_largest_bucket_run_eagerly(tiny_llama: str) -> None:
+def test_steps_past_the_largest_bucket_and_decode_only_steps_run_eagerly(tiny_llama: str) -> None:
     engine, used = _with_pieces(tiny_llama)
     ids = list(range(3, 3 + 70))
     out = run(engine, [request("long", ids, max_new_tokens=3)])
-    assert used == [1, 1]  # the 70-token prefill ran eagerly; its two decode steps through the pieces
+    assert used == []  # the 70-token prefill, and its decode steps (decode graphs' business)
     assert out["long"].tokens == hf_reference.greedy(tiny_llama, ids, 3)
