@@ -118,6 +118,7 @@ class WorkerConfig(CommonConfig):
     status_interval_s: float = 0.5
     cuda_graph_max_bs: int = 512  # decode batches up to this size replay CUDA graphs; 0: none
     # steps with prompt tokens, up to this many tokens in all, replay CUDA graphs of everything but attention; 0: none
+    # (one-GPU groups only, for now)
     cuda_graph_max_tokens: int = 2048
     random_weights: bool = False  # draw weights from a seed on the device (benchmarks: no checkpoint needed)
     warmup: bool = True  # on CUDA, run a few prompts before serving so no request waits for a compile

@@ -139,7 +139,8 @@ def build_model_stack(
             model, table.table, cache.dummy_slot, table.dummy_row, max_total_len, buckets_up_to(max_bs), device
         )
     pieces = None
-    if device.type == "cuda" and cfg.cuda_graph_max_tokens > 0:
+    # not yet under tensor parallelism: the pieces' collectives have not been run on two GPUs
+    if device.type == "cuda" and cfg.cuda_graph_max_tokens > 0 and tp.size == 1:
         pieces = PiecewiseGraphs(model, cache.dummy_slot, token_buckets_up_to(cfg.cuda_graph_max_tokens), device)
     runner = ModelRunner(model, graphs, channel, pieces)
     return ModelStack(model_cfg, model, cache, table, runner, max_total_len, device)
