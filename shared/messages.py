@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import msgpack
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: WorkerStatus.running as columns (RunningTable)
 
 # finish reasons shared by every stage; "" means still running
 FINISH_STOP = "stop"  # EOS, a stop token or a stop string
@@ -74,7 +74,8 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class RunningReq:
-    """One request as a worker holds it, for the router's token accounting."""
+    """One request as a worker holds it, for the router's token accounting: a row of a
+    RunningTable."""
 
     rid: str
     detok: str  # its detokenizer shard, so a router that restarted can still fail it
@@ -82,6 +83,44 @@ class RunningReq:
     held_tokens: int  # KV tokens the request owns now (prompt + output so far)
     remaining_tokens: int  # at most this many more output tokens
     paused: bool = False  # preempted: holds no KV now, resumes by recomputation
+
+
+@dataclass(frozen=True, slots=True)
+class RunningTable:
+    """Every request a worker group holds, a column per RunningReq field. A status lists up to
+    thousands of requests: as one struct each, building and encoding a status of 2000 took the
+    worker's step loop 2.2 ms (this machine); as columns, a few lists of plain values."""
+
+    rids: list[str]
+    detoks: list[str]
+    prompt_tokens: list[int]
+    held_tokens: list[int]
+    remaining_tokens: list[int]
+    paused: list[bool]
+
+    def __post_init__(self) -> None:
+        n = len(self.rids)
+        columns = (self.detoks, self.prompt_tokens, self.held_tokens, self.remaining_tokens, self.paused)
+        if any(len(c) != n for c in columns):
+            raise WireError(f"RunningTable: columns of different lengths {[n, *map(len, columns)]}")
+
+    def __len__(self) -> int:
+        return len(self.rids)
+
+    def rows(self) -> list[RunningReq]:
+        columns = (self.rids, self.detoks, self.prompt_tokens, self.held_tokens, self.remaining_tokens, self.paused)
+        return [RunningReq(*row) for row in zip(*columns, strict=True)]
+
+    @classmethod
+    def of(cls, rows: list[RunningReq]) -> RunningTable:
+        return cls(
+            [r.rid for r in rows],
+            [r.detok for r in rows],
+            [r.prompt_tokens for r in rows],
+            [r.held_tokens for r in rows],
+            [r.remaining_tokens for r in rows],
+            [r.paused for r in rows],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +187,7 @@ class WorkerStatus:
     free_tokens: int
     max_running: int
     admit_seq: int  # the last AdmitReqs.seq this instance has taken in
-    running: list[RunningReq]  # every request it holds: running, waiting to start, or paused
+    running: RunningTable  # every request it holds: running, waiting to start, or paused
     time: float
 
 
@@ -225,7 +264,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     TextBatch,
     Heartbeat,
 )
-NESTED_TYPES: tuple[type, ...] = (SamplingParams, RunningReq, TokenItem, TextItem)
+NESTED_TYPES: tuple[type, ...] = (SamplingParams, RunningTable, TokenItem, TextItem)
 
 
 # ---------------------------------------------------------------- codec

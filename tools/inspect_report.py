@@ -69,7 +69,7 @@ def _in_flight(link: RedisLink, names: StreamNames, replicas: list[dict]) -> dic
             "status_age_s": round(read - st.time, 3),
             "capacity_tokens": st.capacity_tokens,
             "free_tokens": st.free_tokens,
-            "requests": [dataclasses.asdict(r) for r in st.running],
+            "requests": [dataclasses.asdict(r) for r in st.running.rows()],
         }
     return {
         "fronts": {name: int(info.get("in_flight", 0)) for name, info in loads(SERVICE_TOKENIZER).items()},

@@ -130,10 +130,10 @@ class RouterCore:
                 if self.where.get(rid) == g.name:
                     del self.where[rid]
             self._adopt(g, learnt, act, fenced=False)
-        for r in st.running:
-            if r.rid in self.recent_aborts:
-                self.recent_aborts.discard(r.rid)
-                act.abort(g.name, r.rid)
+        for rid in st.running.rids:
+            if rid in self.recent_aborts:
+                self.recent_aborts.discard(rid)
+                act.abort(g.name, rid)
                 self.stats.aborted += 1
 
     # ---------------------------------------------------------------- the clock

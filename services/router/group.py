@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.router.admission import Load, estimated_remaining, peak_tokens
-from shared.messages import GenerateReq, RunningReq, WorkerStatus
+from shared.messages import GenerateReq, WorkerStatus
 
 # A router that first hears of a group numbers its AdmitReqs from the group's reported
 # admit_seq plus this gap: a predecessor router (or this one before a restart) may have
@@ -58,25 +58,28 @@ class GroupState:
         self.max_running = st.max_running
         self.free_tokens = st.free_tokens
         self.acked_seq = max(self.acked_seq, st.admit_seq)
-        listed: dict[str, RunningReq] = {r.rid: r for r in st.running}
+        t = st.running
+        listed = set(t.rids)
         # a request placed by an AdmitReqs the group has not taken in yet is simply not listed yet
         gone = [rid for rid, p in self.placed.items() if rid not in listed and p.seq <= self.acked_seq]
         for rid in gone:
             del self.placed[rid]
         learnt = []
-        for rid, r in listed.items():
-            p = self.placed.get(rid)
+        placed = self.placed
+        for rid, detok, prompt, held, remaining, paused in zip(
+            t.rids, t.detoks, t.prompt_tokens, t.held_tokens, t.remaining_tokens, t.paused, strict=True
+        ):
+            p = placed.get(rid)
             if p is None:  # admitted by a predecessor router, or before the group was declared dead
-                out = r.held_tokens - r.prompt_tokens
-                p = Placed(None, 0, r.detok, r.prompt_tokens, r.remaining_tokens + out, False)
-                self.placed[rid] = p
+                p = Placed(None, 0, detok, prompt, remaining + held - prompt, False)
+                placed[rid] = p
                 learnt.append(rid)
-            p.held = r.held_tokens
-            p.output_tokens = r.held_tokens - r.prompt_tokens
-            p.remaining = r.remaining_tokens
-            p.paused = r.paused
+            p.held = held
+            p.output_tokens = held - prompt
+            p.remaining = remaining
+            p.paused = paused
             p.reported = True
-        self.paused = sum(r.paused for r in st.running)
+        self.paused = sum(t.paused)
         return gone, learnt
 
     def place(self, req: GenerateReq) -> None:

@@ -24,7 +24,7 @@ from services.worker.model_runner import ModelRunner
 from services.worker.request import Req
 from services.worker.sampler import Sampler, SampleResult
 from services.worker.scheduler import Scheduler
-from shared.messages import ERR_FAILED, FINISH_ABORT, FINISH_ERROR, GenerateReq, RunningReq, TokenItem
+from shared.messages import ERR_FAILED, FINISH_ABORT, FINISH_ERROR, GenerateReq, RunningTable, TokenItem
 
 log = logging.getLogger(__name__)
 
@@ -149,19 +149,18 @@ class Engine:
 
     # ---------------------------------------------------------------- state out
 
-    def running_reqs(self) -> list[RunningReq]:
+    def running_reqs(self) -> RunningTable:
+        """Every request held (running, waiting to start or paused), for the router."""
+        reqs = self.scheduler.all_requests()
         waiting = {id(r) for r in self.scheduler.waiting}
-        return [
-            RunningReq(
-                rid=r.rid,
-                detok=r.detok,
-                prompt_tokens=r.prompt_len,
-                held_tokens=len(r.tokens),
-                remaining_tokens=r.remaining,
-                paused=id(r) in waiting and r.output_len > 0,
-            )
-            for r in self.scheduler.all_requests()
-        ]
+        return RunningTable(
+            [r.rid for r in reqs],
+            [r.detok for r in reqs],
+            [r.prompt_len for r in reqs],
+            [len(r.tokens) for r in reqs],
+            [r.remaining for r in reqs],
+            [id(r) in waiting and r.output_len > 0 for r in reqs],
+        )
 
     def fail_all(self, why: str) -> list[tuple[str, TokenItem]]:
         """End every request with an explicit error (the worker is going away)."""

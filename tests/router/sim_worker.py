@@ -30,6 +30,7 @@ from shared.messages import (
     AdmitReqs,
     GenerateReq,
     RunningReq,
+    RunningTable,
     TokenItem,
     WorkerStatus,
 )
@@ -302,6 +303,6 @@ class SimWorker:
             free_tokens=self.capacity - self.used,
             max_running=self.max_running,
             admit_seq=self.admit_seq,
-            running=running,
+            running=RunningTable.of(running),
             time=now_unix,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from services.router.admission import Load, estimated_remaining, peak_tokens
 from services.router.core import Actions, RouterCore
 from shared.config import RouterConfig
-from shared.messages import GenerateReq, RunningReq, SamplingParams, WorkerStatus
+from shared.messages import GenerateReq, RunningReq, RunningTable, SamplingParams, WorkerStatus
 
 
 def brute_force_peak(loads: list[Load]) -> int:
@@ -39,7 +39,7 @@ def _req(rid: str, prompt: int, max_new: int) -> GenerateReq:
 def _status(group: str, capacity: int, running: list[RunningReq] | None = None, seq: int = 0) -> WorkerStatus:
     running = running or []
     used = sum(r.held_tokens for r in running)
-    return WorkerStatus(group, "inst-" + group, capacity, capacity - used, 64, seq, running, 0.0)
+    return WorkerStatus(group, "inst-" + group, capacity, capacity - used, 64, seq, RunningTable.of(running), 0.0)
 
 
 def test_admits_while_the_peak_fits_then_waits() -> None:

@@ -12,6 +12,7 @@ from shared.messages import (
     FINISH_ABORT,
     GenerateReq,
     RunningReq,
+    RunningTable,
     SamplingParams,
     WorkerStatus,
 )
@@ -34,7 +35,8 @@ def _status(
     running = running or []
     if free is None:
         free = capacity - sum(r.held_tokens for r in running)
-    return WorkerStatus(group, instance or "inst-" + group, capacity, free, max_running, seq, running, 0.0)
+    table = RunningTable.of(running)
+    return WorkerStatus(group, instance or "inst-" + group, capacity, free, max_running, seq, table, 0.0)
 
 
 def _admitted(act: Actions) -> list[str]:

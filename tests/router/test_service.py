@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from services.router.metrics import RouterCollector
 from services.router.service import RouterService
 from shared.config import RouterConfig
-from shared.messages import AdmitReqs, GenerateReq, RunningReq, SamplingParams, WorkerStatus
+from shared.messages import AdmitReqs, GenerateReq, RunningReq, RunningTable, SamplingParams, WorkerStatus
 from shared.metrics import serve_metrics
 from shared.redis_link import RedisLink
 from shared.redis_streams import StreamReader, StreamWriter
@@ -25,7 +25,7 @@ def _cfg(redis_url: str, namespace: str) -> RouterConfig:
 
 def _status(instance: str, capacity: int, running: list[RunningReq], seq: int = 0) -> WorkerStatus:
     free = capacity - sum(r.held_tokens for r in running)
-    return WorkerStatus("0", instance, capacity, free, 64, seq, running, 0.0)
+    return WorkerStatus("0", instance, capacity, free, 64, seq, RunningTable.of(running), 0.0)
 
 
 def _gen(rid: str, prompt: int, max_new: int) -> GenerateReq:

@@ -35,7 +35,9 @@ EXAMPLES = [
         free_tokens=1000,
         max_running=64,
         admit_seq=12,
-        running=[m.RunningReq("r1", "detok-0", 3, 10, 6, False), m.RunningReq("r2", "detok-1", 4, 4, 16, True)],
+        running=m.RunningTable.of(
+            [m.RunningReq("r1", "detok-0", 3, 10, 6, False), m.RunningReq("r2", "detok-1", 4, 4, 16, True)]
+        ),
         time=1.5,
     ),
     m.AdmitReqs("abc", 13, [GEN, GEN]),
@@ -89,6 +91,9 @@ def test_unknown_type_and_bad_shapes_are_refused() -> None:
         m.decode(b"\xc1")
     with pytest.raises(m.WireError, match="not a wire message"):
         m.encode(SP)
+    ragged = [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, [["r1", "r2"], ["d0"], [5], [9], [7], [True]], 1.5]
+    with pytest.raises(m.WireError, match="columns of different lengths"):
+        m.decode(msgpack.packb(ragged))
 
 
 def test_sampling_greedy_flag() -> None:
@@ -99,10 +104,13 @@ def test_sampling_greedy_flag() -> None:
 
 def test_the_wire_layout_is_fields_in_declaration_order_nested_as_arrays() -> None:
     # pinned by hand: a service built before or after a change to the codec reads the same bytes
-    status = m.WorkerStatus("0", "x", 100, 40, 8, 3, [m.RunningReq("r1", "d0", 5, 9, 7, True)], 1.5)
+    running = m.RunningTable.of([m.RunningReq("r1", "d0", 5, 9, 7, True), m.RunningReq("r2", "d1", 6, 6, 3, False)])
+    status = m.WorkerStatus("0", "x", 100, 40, 8, 3, running, 1.5)
+    columns = [["r1", "r2"], ["d0", "d1"], [5, 6], [9, 6], [7, 3], [True, False]]
     assert m.encode(status) == msgpack.packb(
-        [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, [["r1", "d0", 5, 9, 7, True]], 1.5], use_bin_type=True
+        [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, columns, 1.5], use_bin_type=True
     )
+    assert running.rows()[1] == m.RunningReq("r2", "d1", 6, 6, 3, False)
     gen = m.GenerateReq("r", "f", "d", [1, 2], m.SamplingParams(max_new_tokens=4), 1.0, 2.0)
     raw = msgpack.unpackb(m.encode(gen))
     assert raw[:6] == [m.SCHEMA_VERSION, "gen", "r", "f", "d", [1, 2]] and raw[6][0] == 4
