@@ -72,7 +72,7 @@ class Watch:
     def holding(self, rid: str) -> WorkerStatus | None:
         """The latest status in which the worker holds KV for rid with output begun."""
         for _, st in reversed(self.statuses()):
-            for req in st.running:
+            for req in st.running.rows():
                 if req.rid == rid and req.held_tokens > req.prompt_tokens + 2:
                     return st
         return None
@@ -114,7 +114,7 @@ def _check_freed(watch: Watch, rid: str, left_at: float) -> None:
     # the first status without the request (ids in one ms do not order two streams) shows its
     # KV free; the worker released it when it took the abort in, but a status can wait for the
     # worker's idle wait (status_interval_s / 2) to end
-    after = [(i, st) for i, st in watch.statuses() if i[0] >= ended_at[0] and all(r.rid != rid for r in st.running)]
+    after = [(i, st) for i, st in watch.statuses() if i[0] >= ended_at[0] and rid not in st.running.rids]
     assert after and after[0][0][0] - ended_at[0] < 400, "no worker status soon after the abort"
     assert after[0][1].free_tokens == after[0][1].capacity_tokens, "KV tokens still held after the abort"
 
