@@ -99,17 +99,19 @@ class RunningTable:
     paused: list[bool]
 
     def __post_init__(self) -> None:
-        n = len(self.rids)
-        columns = (self.detoks, self.prompt_tokens, self.held_tokens, self.remaining_tokens, self.paused)
-        if any(len(c) != n for c in columns):
-            raise WireError(f"RunningTable: columns of different lengths {[n, *map(len, columns)]}")
+        lengths = [len(c) for c in self.columns()]
+        if len(set(lengths)) > 1:
+            raise WireError(f"RunningTable: columns of different lengths {lengths}")
 
     def __len__(self) -> int:
         return len(self.rids)
 
+    def columns(self) -> tuple[list, ...]:
+        """The columns in RunningReq's field order: zip(*columns()) gives its rows' fields."""
+        return (self.rids, self.detoks, self.prompt_tokens, self.held_tokens, self.remaining_tokens, self.paused)
+
     def rows(self) -> list[RunningReq]:
-        columns = (self.rids, self.detoks, self.prompt_tokens, self.held_tokens, self.remaining_tokens, self.paused)
-        return [RunningReq(*row) for row in zip(*columns, strict=True)]
+        return [RunningReq(*row) for row in zip(*self.columns(), strict=True)]
 
     @classmethod
     def of(cls, rows: list[RunningReq]) -> RunningTable:

@@ -66,9 +66,7 @@ class GroupState:
             del self.placed[rid]
         learnt = []
         placed = self.placed
-        for rid, detok, prompt, held, remaining, paused in zip(
-            t.rids, t.detoks, t.prompt_tokens, t.held_tokens, t.remaining_tokens, t.paused, strict=True
-        ):
+        for rid, detok, prompt, held, remaining, paused in zip(*t.columns(), strict=True):
             p = placed.get(rid)
             if p is None:  # admitted by a predecessor router, or before the group was declared dead
                 p = Placed(None, 0, detok, prompt, remaining + held - prompt, False)

@@ -86,10 +86,10 @@ class LlamaModel:
         return out | {"lm_head": [self.w.lm_head]}
 
     def _proj(self, name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        if self.blas is None:
-            return x @ w.t() if out is None else torch.mm(x, w.t(), out=out)
+        if self.blas is None:  # eager steps: no context manager on the hot path
+            return _matmul(x, w, out)
         with prefer(self.blas[name]):
-            return x @ w.t() if out is None else torch.mm(x, w.t(), out=out)
+            return _matmul(x, w, out)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -152,3 +152,8 @@ class LlamaModel:
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         a = self.ops.silu_mul(self._proj("gate_up", x, layer.gate_up))  # [T, I]
         return self.tp.all_reduce(self._proj("down", a, layer.down))
+
+
+def _matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """x @ w.t() (w stored [N, K]), into out when given."""
+    return x @ w.t() if out is None else torch.mm(x, w.t(), out=out)
