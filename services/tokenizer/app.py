@@ -11,14 +11,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from services.tokenizer.errors import APIError, api_error_handler, validation_handler
-from services.tokenizer.fastchat_api import fastchat_router
+from services.tokenizer.fastchat_api import fastchat_post_routes, fastchat_router
 from services.tokenizer.fastchat_registration import start_registration
 from services.tokenizer.fastchat_worker import FastChatWorker
 from services.tokenizer.gates import Gates
 from services.tokenizer.generation import FrontContext
-from services.tokenizer.lightllm_api import lightllm_router
+from services.tokenizer.lightllm_api import lightllm_post_routes
 from services.tokenizer.metrics import CONTENT_TYPE, CountRequests
-from services.tokenizer.openai_api import openai_router
+from services.tokenizer.openai_api import openai_post_routes, openai_router
+from services.tokenizer.post_routes import PostRoutes
 
 
 def create_app(ctx: FrontContext) -> FastAPI:
@@ -37,11 +38,13 @@ def create_app(ctx: FrontContext) -> FastAPI:
     app = FastAPI(title="LightStream", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, validation_handler)
     app.add_exception_handler(APIError, api_error_handler)
-    # the last added runs first: count every request, then the gates may refuse it
+    # the last added runs first: count every request, then the gates may refuse it, then the
+    # routes that generate are served; the rest go on to FastAPI's router
+    post = {**openai_post_routes(ctx), **lightllm_post_routes(ctx), **fastchat_post_routes(fastchat)}
+    app.add_middleware(PostRoutes, routes=post)
     app.add_middleware(Gates, max_body_bytes=ctx.cfg.max_body_bytes, api_keys=ctx.cfg.api_keys)
     app.add_middleware(CountRequests, metrics=ctx.metrics)
     app.include_router(openai_router(ctx))
-    app.include_router(lightllm_router(ctx))
     app.include_router(fastchat_router(fastchat))
 
     @app.get("/health")

@@ -5,20 +5,19 @@ Generation goes through generation.py and fanout.py as on every other route: sto
 are cut and their possible starts held back by the detokenizer, a caller that goes away
 aborts the generation, and the worker frees its KV at its next step. Each request holds
 one of the worker's concurrency slots (fastchat_worker.Slots) from before it is submitted
-until its response ends, however it ends.
+until its response ends, however it ends. The two that generate are served by
+post_routes.py, the rest by FastAPI.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
-from starlette.responses import StreamingResponse
 
 from services.tokenizer.collected import best
 from services.tokenizer.errors import APIError, describe_validation, pipeline_status
@@ -27,6 +26,7 @@ from services.tokenizer.fastchat_chunks import Progress, encode, error_chunk, fa
 from services.tokenizer.fastchat_params import WorkerParams
 from services.tokenizer.fastchat_worker import FastChatWorker, Slot
 from services.tokenizer.generation import Generation, Job, abandon, check_token_ids, seeds, submit_all
+from services.tokenizer.post_routes import PostRoute
 from services.tokenizer.streaming import EventStream
 from shared.messages import FINISH_ERROR
 
@@ -37,15 +37,15 @@ class WorkerStream(EventStream):
     it has no media type, as FastChat's own workers' streams."""
 
     def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
-        self.on_close = on_close
-        StreamingResponse.__init__(self, content)
+        super().__init__(content, on_close, media_type=None)
 
 
-def fastchat_router(worker: FastChatWorker) -> APIRouter:
+def fastchat_post_routes(worker: FastChatWorker) -> dict[str, PostRoute]:
+    """The two routes that generate (post_routes.py); they read their bodies themselves, as
+    FastChat's parameters are checked in two steps (fastchat_params.py)."""
     ctx = worker.ctx
-    router = APIRouter()
 
-    async def start(request: Request, stream: bool) -> tuple[WorkerParams, Slot, list[Generation]]:
+    async def start(request: Request, stream: bool, arrival: float) -> tuple[WorkerParams, Slot, list[Generation]]:
         """Parse, take a slot, submit; the slot is released here if anything fails."""
         params = await _params(request)
         check_token_ids(params.stop_token_ids or [], ctx.vocab_size, "stop_token_ids")
@@ -55,16 +55,15 @@ def fastchat_router(worker: FastChatWorker) -> APIRouter:
         try:
             ids = await ctx.tok.encode(params.prompt)
             jobs = [Job(ids, params.sampling(seed), params.stops(), True) for seed in seeds(None, params.sequences)]
-            gens = await submit_all(ctx, jobs, time.monotonic(), "max_new_tokens", "prompt")
+            gens = await submit_all(ctx, jobs, arrival, "max_new_tokens", "prompt")
         except BaseException:
             slot.release()
             raise
         return params, slot, gens
 
-    @router.post("/worker_generate_stream", response_model=None)
-    async def generate_stream(request: Request) -> Response:
+    async def generate_stream(request: Request, _: None, arrival: float) -> Response:
         try:
-            params, slot, gens = await start(request, stream=True)
+            params, slot, gens = await start(request, True, arrival)
         except APIError as e:
             return Response(encode(error_chunk(e)))
         try:
@@ -99,11 +98,10 @@ def fastchat_router(worker: FastChatWorker) -> APIRouter:
 
         return WorkerStream(chunks(), on_close=close)
 
-    @router.post("/worker_generate")
-    async def generate(request: Request) -> JSONResponse:
+    async def generate(request: Request, _: None, arrival: float) -> JSONResponse:
         """The last chunk /worker_generate_stream would send; with best_of, of the best sequence."""
         try:
-            params, slot, gens = await start(request, stream=False)
+            params, slot, gens = await start(request, False, arrival)
         except APIError as e:
             return JSONResponse(error_chunk(e))
         try:
@@ -117,6 +115,17 @@ def fastchat_router(worker: FastChatWorker) -> APIRouter:
             progress.lp = progress.logprobs.of(chosen.token_ids, chosen.logprobs, chosen.top_logprobs)
         progress.text, progress.completion_tokens = chosen.text, chosen.output_tokens
         return JSONResponse(progress.chunk(chosen.finish_reason))
+
+    return {
+        "/worker_generate_stream": PostRoute(None, generate_stream),
+        "/worker_generate": PostRoute(None, generate),
+    }
+
+
+def fastchat_router(worker: FastChatWorker) -> APIRouter:
+    """FastChat's other worker routes: status, token count, model details, conversation template."""
+    ctx = worker.ctx
+    router = APIRouter()
 
     @router.post("/worker_get_status")
     async def get_status() -> JSONResponse:

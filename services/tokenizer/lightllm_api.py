@@ -1,12 +1,12 @@
-"""LightLLM's routes: POST /generate, POST /generate_stream, and TGI's POST / that picks by "stream"."""
+"""LightLLM's routes: POST /generate, POST /generate_stream, and TGI's POST / that picks by
+"stream" (served by post_routes.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from services.tokenizer.collected import best
@@ -22,14 +22,13 @@ from services.tokenizer.generation import (
     submit_all,
 )
 from services.tokenizer.params import GenerateBody
+from services.tokenizer.post_routes import PostRoute
 from services.tokenizer.responses import generate_response, stream_events
 from services.tokenizer.streaming import EventStream
 from shared.messages import FINISH_ERROR
 
 
-def lightllm_router(ctx: FrontContext) -> APIRouter:
-    router = APIRouter()
-
+def lightllm_post_routes(ctx: FrontContext) -> dict[str, PostRoute]:
     async def start(body: GenerateBody, arrival: float) -> list[Generation]:
         p = body.parameters
         check_token_ids(p.stop_token_ids or [], ctx.vocab_size, "parameters.stop_token_ids")
@@ -37,20 +36,20 @@ def lightllm_router(ctx: FrontContext) -> APIRouter:
         jobs = [Job(ids, p.sampling(seed), p.stops(), p.skip_special_tokens) for seed in seeds(p.seed, p.sequences)]
         return await submit_all(ctx, jobs, arrival)
 
-    async def generate(body: GenerateBody, request: Request) -> JSONResponse:
-        gens = await start(body, time.monotonic())
+    async def generate(request: Request, body: GenerateBody, arrival: float) -> JSONResponse:
+        gens = await start(body, arrival)
         outs = await collect_all(ctx, gens, request)
         chosen = best(outs, body.parameters.n)
         return JSONResponse(generate_response(chosen, body.parameters.return_details, ctx.tok))
 
-    async def generate_stream(body: GenerateBody, request: Request) -> EventStream:
+    async def generate_stream(request: Request, body: GenerateBody, arrival: float) -> EventStream:
         p = body.parameters
         if p.sequences > 1:  # as LightLLM: one stream carries one sequence
             name = "n" if p.n > 1 else "best_of"
             raise APIError(
                 400, f"parameters.{name}: streaming returns one sequence, must be 1", param=f"parameters.{name}"
             )
-        gens = await start(body, time.monotonic())
+        gens = await start(body, arrival)
         stream, first = await first_items(ctx, gens, request)
         details = p.return_details
         route = request.url.path
@@ -68,20 +67,15 @@ def lightllm_router(ctx: FrontContext) -> APIRouter:
                         return
                     item = nxt[1]
 
-        return EventStream(events(), on_close=lambda: abandon(ctx, gens))
+        return EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)
 
-    @router.post("/generate")
-    async def generate_route(body: GenerateBody, request: Request) -> JSONResponse:
-        return await generate(body, request)
-
-    @router.post("/generate_stream")
-    async def generate_stream_route(body: GenerateBody, request: Request) -> EventStream:
-        return await generate_stream(body, request)
-
-    @router.post("/")
-    async def tgi_compat(body: GenerateBody, request: Request):
+    async def tgi_compat(request: Request, body: GenerateBody, arrival: float) -> JSONResponse | EventStream:
         if body.stream:
-            return await generate_stream(body, request)
-        return await generate(body, request)
+            return await generate_stream(request, body, arrival)
+        return await generate(request, body, arrival)
 
-    return router
+    return {
+        "/generate": PostRoute(GenerateBody, generate),
+        "/generate_stream": PostRoute(GenerateBody, generate_stream),
+        "/": PostRoute(GenerateBody, tgi_compat),
+    }

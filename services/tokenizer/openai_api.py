@@ -1,21 +1,20 @@
-"""OpenAI's routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+"""OpenAI's routes: GET /v1/models (FastAPI's), POST /v1/completions and POST
+/v1/chat/completions (post_routes.py).
 
 Errors under /v1 use OpenAI's body (errors.py picks it by path).
 """
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from services.tokenizer.errors import APIError
 from services.tokenizer.generation import FrontContext
 from services.tokenizer.openai_chat import chat_completions
 from services.tokenizer.openai_completions import completions
 from services.tokenizer.openai_params import ChatCompletionRequest, CompletionRequest
-from services.tokenizer.streaming import EventStream
+from services.tokenizer.post_routes import PostRoute
 
 
 def check_model(ctx: FrontContext, model: str) -> None:
@@ -43,16 +42,19 @@ def openai_router(ctx: FrontContext) -> APIRouter:
         }
         return JSONResponse({"object": "list", "data": [card]})
 
-    @router.post("/completions", response_model=None)
-    async def completions_route(body: CompletionRequest, request: Request) -> JSONResponse | EventStream:
-        arrival = time.monotonic()
+    return router
+
+
+def openai_post_routes(ctx: FrontContext) -> dict[str, PostRoute]:
+    async def completions_route(request: Request, body: CompletionRequest, arrival: float) -> Response:
         check_model(ctx, body.model)
         return await completions(ctx, body, request, arrival)
 
-    @router.post("/chat/completions", response_model=None)
-    async def chat_route(body: ChatCompletionRequest, request: Request) -> JSONResponse | EventStream:
-        arrival = time.monotonic()
+    async def chat_route(request: Request, body: ChatCompletionRequest, arrival: float) -> Response:
         check_model(ctx, body.model)
         return await chat_completions(ctx, body, request, arrival)
 
-    return router
+    return {
+        "/v1/completions": PostRoute(CompletionRequest, completions_route),
+        "/v1/chat/completions": PostRoute(ChatCompletionRequest, chat_route),
+    }

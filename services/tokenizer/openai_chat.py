@@ -102,4 +102,4 @@ async def _stream(
                     yield chunk([], shape.usage(gens[0].pending.prompt_tokens, sum(output_tokens)))
             yield sse("[DONE]")
 
-    return EventStream(events(), on_close=lambda: abandon(ctx, gens))
+    return EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)

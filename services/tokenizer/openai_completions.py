@@ -114,7 +114,7 @@ async def _stream(
                     yield chunk([], shape.usage(prompt_tokens, sum(output_tokens)))
             yield sse("[DONE]")
 
-    return EventStream(events(), on_close=lambda: abandon(ctx, gens))
+    return EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)
 
 
 def has_news(text: str, item: TextItem) -> bool:

@@ -25,23 +25,54 @@ class EventStream(StreamingResponse):
     slow to produce could be long after. Here the body iterator is cancelled at once, and
     on_close runs however the response ends, even when the body never began: it must not
     wait, and it aborts the generations behind the stream.
+
+    With first_ready, the headers and the first event go out before the listener is set up:
+    the routes open a stream only once its first item is in hand (fanout.first_items), and
+    where that item always makes an event, the body yields it without waiting. The task
+    group around the rest cost a lone request's first chunk about 0.1 ms (locally, cold).
     """
 
-    def __init__(self, content: Any, on_close: Callable[[], None], headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        content: Any,
+        on_close: Callable[[], None],
+        headers: dict[str, str] | None = None,
+        first_ready: bool = False,
+        media_type: str | None = "text/event-stream",
+    ) -> None:
         self.on_close = on_close
-        super().__init__(
-            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", **(headers or {})}
-        )
+        self.first_ready = first_ready
+        extra = {"Cache-Control": "no-cache", **(headers or {})} if media_type else headers
+        super().__init__(content, media_type=media_type, headers=extra)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
+            if self.first_ready:
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                first = await anext(aiter(self.body_iterator), None)
+                if first is None:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                await send({"type": "http.response.body", "body": _bytes(first), "more_body": True})
             async with anyio.create_task_group() as group:
 
                 async def run_then_cancel(work: Any) -> None:
                     await work()
                     group.cancel_scope.cancel()
 
-                group.start_soon(run_then_cancel, partial(self.stream_response, send))
+                group.start_soon(run_then_cancel, partial(self._body, send))
                 await run_then_cancel(partial(self.listen_for_disconnect, receive))
         finally:
             self.on_close()
+
+    async def _body(self, send: Send) -> None:
+        """The response from where __call__ left it: the headers unless sent, then the events."""
+        if not self.first_ready:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": _bytes(chunk), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _bytes(chunk: bytes | str) -> bytes:
+    return chunk if isinstance(chunk, bytes) else chunk.encode()

@@ -1,0 +1,60 @@
+"""The routes that generate, matched by path in plain ASGI in front of FastAPI's router.
+
+A lone request's first token pays for every line of Python between the socket and the
+route, and at low load that Python runs cold: locally, FastAPI's routing, dependency
+solving and exception wrappers took 0.55 ms from the request's first byte to the route,
+against 0.28 ms here. These routes take one JSON body each, validated by its model straight
+from the bytes (pydantic parses and checks in one pass), and answer errors with the bodies
+FastAPI's handlers give (errors.py). Every other route is FastAPI's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from services.tokenizer.errors import APIError, describe_validation, error_response, validation_param
+
+Handler = Callable[[Request, Any, float], Awaitable[Response]]  # (request, validated body or None, arrival)
+
+
+@dataclass(frozen=True)
+class PostRoute:
+    body: type[BaseModel] | None  # the body's model; None: the handler reads the body itself
+    handle: Handler
+
+
+class PostRoutes:
+    """ASGI middleware: POST to one of ``routes``' paths is served here, anything else passes on."""
+
+    def __init__(self, app: ASGIApp, routes: dict[str, PostRoute]) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        arrival = time.monotonic()
+        request = Request(scope, receive)
+        try:
+            if scope["method"] != "POST":
+                raise APIError(405, f"{scope['method']} is not allowed here: use POST", "method_not_allowed",
+                               {"Allow": "POST"})  # fmt: skip
+            body = None if route.body is None else route.body.model_validate_json(await request.body())
+            response = await route.handle(request, body, arrival)
+        except APIError as e:
+            response = error_response(scope["path"], e.status, e.message, e.kind, e.param, e.headers)
+        except ValidationError as e:
+            errors = list(e.errors())
+            response = error_response(scope["path"], 400, describe_validation(errors), "validation",
+                                      validation_param(errors))  # fmt: skip
+        await response(scope, receive, send)
