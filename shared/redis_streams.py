@@ -43,12 +43,14 @@ class StreamWriter:
         data = encode(msg)
         self.link.call(lambda r: r.xadd(stream, {FIELD: data}, maxlen=self.maxlen, approximate=True))
 
-    def send_many(self, items: Iterable[tuple[str, Any]], acks: Iterable[Entry] = ()) -> None:
+    def send_many(self, items: Iterable[tuple[str, Any]], acks: Iterable[Entry] = (), once: bool = False) -> None:
         """Append several messages in one round trip, each to its own stream, in order.
 
         Entries in ``acks`` are acknowledged in the same MULTI/EXEC transaction, so a
         consumer that dies mid-way has either done both (sent and acknowledged) or
-        neither, and its successor neither loses nor repeats the work."""
+        neither, and its successor neither loses nor repeats the work. With ``once``, one
+        attempt that never blocks long (RedisLink.call_once): it raises where the default
+        would wait for Redis with backoff."""
         encoded = [(stream, encode(msg)) for stream, msg in items]
         ack_list = list(acks)
         if not encoded and not ack_list:
@@ -62,7 +64,10 @@ class StreamWriter:
                 pipe.xack(stream, group, *ids)
             pipe.execute()
 
-        self.link.call(run)
+        if once:
+            self.link.call_once(run)
+        else:
+            self.link.call(run)
 
 
 def _by_group(entries: list[Entry]) -> dict[tuple[str, str], list[bytes]]:

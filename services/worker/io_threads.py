@@ -7,7 +7,9 @@ Handing a message to an idle outbox thread waits (at most HAND_OFF_S) until that
 has taken it. The step loop is Python that rarely lets go of the interpreter lock before
 it waits for the device, so without this the thread would get to send a step's tokens
 only then, up to a step later; while the loop waits here, the thread takes the lock and
-starts sending at once.
+starts sending at once. The inbox does the same the other way: entries for a step loop
+that waits for them are handed over before the thread goes back to Redis, so the loop
+runs at once instead of after the thread's next read has started.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class Inbox:
         self.stop = stop
         self.queue: queue.Queue[Entry] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="inbox", daemon=True)
+        self._waiting = False  # the step loop waits in drain for the first entry
+        self._taken = threading.Event()  # the waiting step loop has taken what was put
 
     def start(self) -> Inbox:
         self._thread.start()
@@ -40,7 +44,15 @@ class Inbox:
         """Everything received so far; waits up to wait_s for the first entry when empty."""
         out: list[Entry] = []
         try:
-            out.append(self.queue.get(timeout=wait_s) if wait_s > 0 else self.queue.get_nowait())
+            if wait_s > 0:
+                self._waiting = True
+                try:
+                    out.append(self.queue.get(timeout=wait_s))
+                finally:
+                    self._waiting = False
+                    self._taken.set()
+            else:
+                out.append(self.queue.get_nowait())
         except queue.Empty:
             return out
         while True:
@@ -52,8 +64,14 @@ class Inbox:
     def _run(self) -> None:
         while not self.stop.is_set():
             try:
-                for entry in self.reader.read(count=256, block_ms=500):
-                    self.queue.put(entry)
+                entries = self.reader.read(count=256, block_ms=self.reader.link.read_block_ms)
+                if entries:
+                    waiting = self._waiting
+                    self._taken.clear()
+                    for entry in entries:
+                        self.queue.put(entry)
+                    if waiting:
+                        self._taken.wait(HAND_OFF_S)
             except Stopping:
                 return
             except Exception:

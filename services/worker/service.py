@@ -131,12 +131,13 @@ class WorkerService:
 
     def _idle_wait(self) -> float:
         """How long the loop may sleep waiting for messages: not at all with work in hand, and
-        never past the moment a pending change's status is due."""
+        never past the moment a pending change's status is due. Idle, it wakes as often as the
+        inbox's reads (read_block_ms), so the admission that ends the idle finds it warm."""
         if self.engine.has_work():
             return 0.0
         if self._changed:
             return max(0.0, CHANGE_STATUS_MIN_GAP_S - (time.monotonic() - self._last_status))
-        return self.status_interval_s / 2
+        return min(self.status_interval_s / 2, self.link.read_block_ms / 1000)
 
     def _maybe_status(self) -> None:
         now = time.monotonic()

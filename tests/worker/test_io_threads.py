@@ -69,3 +69,27 @@ def test_inbox_delivers_entries_and_waits_for_the_first(redis_url: str) -> None:
         assert [e.msg.rids[0] for e in got] == ["a", "b"]
     finally:
         stop.set()
+
+
+def test_a_waiting_step_loop_gets_its_entries_at_once_and_nothing_is_held_back(redis_url: str) -> None:
+    """The inbox hands entries to a loop waiting in drain before it reads again; entries that
+    come while nobody waits stay queued for the next drain."""
+    link = RedisLink(redis_url, read_block_ms=5)
+    stop = threading.Event()
+    inbox = Inbox(StreamReader(link, "t:hand", "g", consumer="c"), stop).start()
+    writer = StreamWriter(link)
+    try:
+        delays = []
+        for k in range(10):
+            sent = threading.Timer(0.02, lambda k=k: writer.send("t:hand", AbortReqs([f"w{k}"], "test")))
+            t = time.perf_counter()
+            sent.start()
+            got = inbox.drain(wait_s=2.0)
+            delays.append(time.perf_counter() - t - 0.02)
+            assert [e.msg.rids[0] for e in got] == [f"w{k}"]
+        assert sorted(delays)[5] < 0.05, delays
+        writer.send("t:hand", AbortReqs(["later"], "test"))  # nobody waits in drain now
+        time.sleep(0.1)
+        assert [e.msg.rids[0] for e in inbox.drain()] == ["later"]
+    finally:
+        stop.set()

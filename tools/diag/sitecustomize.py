@@ -139,10 +139,10 @@ def _stamps(out_dir: str) -> None:
     streams = importlib.import_module("shared.redis_streams")
     send_many = streams.StreamWriter.send_many
 
-    def stamped_send(self, items, acks=()):
+    def stamped_send(self, items, acks=(), **kw):
         items, acks = list(items), list(acks)
         stamp("send0", ",".join(rid(m) for _, m in items[:3]) + f" acks={len(acks)}")
-        send_many(self, items, acks)
+        send_many(self, items, acks, **kw)
         stamp("send1")
 
     streams.StreamWriter.send_many = stamped_send
