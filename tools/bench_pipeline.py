@@ -26,6 +26,9 @@ import os
 import sys
 import time
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -45,6 +48,26 @@ def serving(url: str, out: str, **kw) -> dict | list:
         argv += [f"--{k.replace('_', '-')}", str(v)]
     results = benchmark_serving.main(argv)
     return results if len(results) > 1 else results[0]
+
+
+def worker_figures(metrics_url: str) -> dict[str, float]:
+    """The worker's step counters from its /metrics (docs/metrics.md): steps, step seconds, tokens."""
+    wanted = {"lightstream_worker_steps_total": "steps", "lightstream_worker_step_seconds_sum": "step_seconds",
+              "lightstream_worker_prefill_tokens_total": "prefill_tokens",
+              "lightstream_worker_decode_tokens_total": "decode_tokens"}  # fmt: skip
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                out[wanted[sample.name]] = sample.value
+    return out
+
+
+def figures_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    out = {k: after[k] - before.get(k, 0.0) for k in after}
+    if out.get("steps"):
+        out["ms_per_step"] = 1000 * out["step_seconds"] / out["steps"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -77,8 +100,11 @@ def main(argv: list[str] | None = None) -> dict:
     model_dir = os.path.join(args.work_dir, "model")
     make_bench_model.main(["--out", model_dir])
     redis = RedisServer(binary=args.redis_server).start()
+    metrics_port = free_port()
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     stack = Stack(StackOptions(model_dir=model_dir, redis_url=redis.url, port=free_port(),
-                               log_dir=os.path.join(args.work_dir, "logs"), worker_args=WORKER_ARGS,
+                               log_dir=os.path.join(args.work_dir, "logs"),
+                               worker_args=[*WORKER_ARGS, "--metrics-port", str(metrics_port)],
                                router_args=ROUTER_ARGS, fronts=args.fronts))  # fmt: skip
     try:
         t = time.perf_counter()
@@ -96,7 +122,9 @@ def main(argv: list[str] | None = None) -> dict:
             res["side_by_side"] = serving(stack.url, os.path.join(d, "side_by_side.json"), requests=args.side_by_side)
             save()
         if "offline" in parts:
+            before = worker_figures(metrics_url)
             res["offline"] = serving(stack.url, os.path.join(d, "offline.json"), requests=args.requests)
+            res["offline"]["worker"] = figures_between(before, worker_figures(metrics_url))  # its steps in the part
             save()
         if "online" in parts:
             plot = os.path.join(args.out_dir, "latency_vs_rate.png")
