@@ -27,12 +27,6 @@ class CommonConfig:
     log_level: str = "INFO"
     stream_maxlen: int = 100_000  # XADD MAXLEN ~ for every stream this service writes
     metrics_port: int = 0  # Prometheus /metrics on this port; 0: none (the tokenizer serves its own)
-    # how long one blocking stream read waits before it is made again (shared/redis_streams.py):
-    # short, so an idle service wakes often enough to meet its next message warm
-    read_block_ms: int = 5
-
-    def __post_init__(self) -> None:
-        _check(self.read_block_ms >= 1, f"read_block_ms must be >= 1, got {self.read_block_ms}")
 
 
 @dataclass(frozen=True)
@@ -60,7 +54,6 @@ class TokenizerConfig(CommonConfig):
     fastchat_heartbeat_s: float = 45.0  # FastChat's heartbeat interval (its controller forgets a worker after 90 s)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         _check(bool(self.model_dir), "model_dir is required")
         _check(0 < self.port < 65536, f"port must be in 1..65535, got {self.port}")
         _check(all(k and k == k.strip() for k in self.api_keys), "api_keys must be non-empty, without spaces around")
@@ -99,7 +92,6 @@ class RouterConfig(CommonConfig):
     status_log_every_s: float = 10.0
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         _check(0.0 <= self.router_token_ratio <= 1.0, "router_token_ratio must be in [0, 1]")
         _check(self.router_max_new_token_len >= 1, "router_max_new_token_len must be >= 1")
         _check(self.running_max_req_size >= 1, "running_max_req_size must be >= 1")
@@ -133,7 +125,6 @@ class WorkerConfig(CommonConfig):
     tp: int = 1  # tensor-parallel ranks of this group: one process per GPU (gloo on the CPU)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         _check(bool(self.model_dir), "model_dir is required")
         _check(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device}")
         _check(
@@ -156,5 +147,4 @@ class DetokenizerConfig(CommonConfig):
     model_dir: str = ""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         _check(bool(self.model_dir), "model_dir is required")

@@ -20,14 +20,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# How long a service's blocking stream read waits before it returns empty and is made again
-# (CommonConfig.read_block_ms). Short on purpose: a process asleep for long in one blocking
-# read wakes slowly, and its first Python after the wake runs cold. Locally a stream hop as
-# the services make it took 0.55 ms after 200 ms of idle, 0.30 ms when the reader woke every
-# 5 ms, and 0.18 ms back to back; a lone request crosses four such hops. A wake costs a
-# reader one Redis round trip (200 a second: about 1 % of a core).
-READ_BLOCK_MS = 5
-
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, OSError)
 
 
@@ -47,10 +39,8 @@ class RedisLink:
         max_backoff_s: float = 2.0,
         socket_timeout_s: float = 10.0,
         quick_timeout_s: float = 0.5,
-        read_block_ms: int = READ_BLOCK_MS,
     ) -> None:
         self.url = url
-        self.read_block_ms = read_block_ms  # for the service's reads; the link itself never blocks on its own
         self.stop = stop or threading.Event()
         self.max_backoff_s = max_backoff_s
         self.client = redis.Redis.from_url(

@@ -46,7 +46,7 @@ class DetokenizerService:
     def run(self) -> None:
         log.info("detokenizer shard %s reading %s", self.shard, self.names.detok(self.shard))
         while not self.link.stop.is_set():
-            entries = self.reader.read(count=512, block_ms=self.link.read_block_ms)
+            entries = self.reader.read(count=512, block_ms=500)
             self.handle(entries)
             self._collect_expired()
 

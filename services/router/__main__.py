@@ -18,7 +18,7 @@ from shared.streams import SERVICE_ROUTER, StreamNames
 def main() -> None:
     cfg = parse_config(RouterConfig, None, os.environ)
     setup_logging(SERVICE_ROUTER, cfg.replica, cfg.log_level)
-    link = RedisLink(cfg.redis_url, read_block_ms=cfg.read_block_ms)
+    link = RedisLink(cfg.redis_url)
     stop_on_signals(link)
     service = RouterService(cfg, link)
     serve_collector(cfg.metrics_port, RouterCollector(lambda: service.figures))

@@ -24,6 +24,11 @@ from shared.streams import GROUP_ROUTER, StreamNames
 
 log = logging.getLogger(__name__)
 
+# Admission changes only when a message arrives (a status, a request, an abort), and a
+# read returns as soon as one does; the wait only bounds how late the clock's own events
+# (a silent group declared dead, a queued request's deadline) can be noticed.
+READ_BLOCK_MS = 100
+
 
 class RouterService:
     def __init__(self, cfg: RouterConfig, link: RedisLink) -> None:
@@ -44,7 +49,7 @@ class RouterService:
     def run(self) -> None:
         log.info("router reading %s", self.names.router)
         while not self.link.stop.is_set():
-            self.step(self.reader.read(count=1024, block_ms=self.link.read_block_ms))
+            self.step(self.reader.read(count=1024, block_ms=READ_BLOCK_MS))
 
     def step(self, entries: list[Entry]) -> None:
         act = Actions()

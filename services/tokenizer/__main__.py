@@ -31,7 +31,7 @@ def main() -> None:
     setup_logging(SERVICE_TOKENIZER, cfg.replica, cfg.log_level)
     model = ModelConfig.from_dir(cfg.model_dir)
     max_total_len = min(cfg.max_req_total_len or model.context_length, model.context_length)
-    link = RedisLink(cfg.redis_url, read_block_ms=cfg.read_block_ms)
+    link = RedisLink(cfg.redis_url)
     names = StreamNames(cfg.namespace)
     pipeline = Pipeline(link, names, cfg.replica, cfg.stream_maxlen, cfg.pipeline_dead_after_s, cfg.pipeline_check_s)
     ctx = FrontContext(

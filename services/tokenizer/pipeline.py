@@ -181,7 +181,7 @@ class Pipeline:
     def _read_replies(self) -> None:
         while not self.link.stop.is_set():
             try:
-                entries = self.reader.read(count=256, block_ms=self.link.read_block_ms)
+                entries = self.reader.read(count=256, block_ms=500)
             except Stopping:
                 return
             except Exception:

@@ -29,7 +29,7 @@ def main() -> None:
     if cfg.group == GROUP_AUTO:
         cfg = dataclasses.replace(cfg, group=cfg.replica)
     setup_logging(SERVICE_WORKER, cfg.replica, cfg.log_level)
-    link = RedisLink(cfg.redis_url, read_block_ms=cfg.read_block_ms)
+    link = RedisLink(cfg.redis_url)
     stop_on_signals(link)
     group = start_group(cfg) if cfg.tp > 1 else None
     if group is None:

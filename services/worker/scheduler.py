@@ -77,6 +77,9 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def num_held(self) -> int:
+        return len(self.running) + len(self.waiting)
+
     def all_requests(self) -> list[Req]:
         return [*self.running, *self.waiting]
 

@@ -25,6 +25,7 @@ from shared.streams import GROUP_WORKER, StreamNames
 log = logging.getLogger(__name__)
 
 CHANGE_STATUS_MIN_GAP_S = 0.02  # statuses caused by a change, at most this often
+AT_ONCE_MAX_REQUESTS = 4  # up to this many requests held, the step loop sends its messages itself (io_threads)
 
 
 class WorkerService:
@@ -120,7 +121,10 @@ class WorkerService:
     def _send(self, items: list[tuple[str, object]]) -> None:
         """Hand items to the outbox with the acknowledgements taken in since the last send."""
         acks, self._acks = self._acks, []
-        self.outbox.send(items, acks=acks)
+        self.outbox.send(items, acks=acks, at_once=self._few())
+
+    def _few(self) -> bool:
+        return self.engine.scheduler.num_held() <= AT_ONCE_MAX_REQUESTS
 
     def _publish_tokens(self, items: list[tuple[str, TokenItem]]) -> None:
         by_shard: dict[str, list[TokenItem]] = {}
@@ -131,13 +135,12 @@ class WorkerService:
 
     def _idle_wait(self) -> float:
         """How long the loop may sleep waiting for messages: not at all with work in hand, and
-        never past the moment a pending change's status is due. Idle, it wakes as often as the
-        inbox's reads (read_block_ms), so the admission that ends the idle finds it warm."""
+        never past the moment a pending change's status is due."""
         if self.engine.has_work():
             return 0.0
         if self._changed:
             return max(0.0, CHANGE_STATUS_MIN_GAP_S - (time.monotonic() - self._last_status))
-        return min(self.status_interval_s / 2, self.link.read_block_ms / 1000)
+        return self.status_interval_s / 2
 
     def _maybe_status(self) -> None:
         now = time.monotonic()
@@ -157,6 +160,6 @@ class WorkerService:
             running=self.engine.running_reqs(),
             time=time.time(),
         )
-        self.outbox.send([(self.names.router, status)])
+        self.outbox.send([(self.names.router, status)], at_once=len(status.running) <= AT_ONCE_MAX_REQUESTS)
         self._last_status = time.monotonic()
         self._changed = False

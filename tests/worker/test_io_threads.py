@@ -20,9 +20,9 @@ class RecordingWriter(StreamWriter):
         super().__init__(link)
         self.started: list[float] = []
 
-    def send_many(self, items, acks=()) -> None:  # type: ignore[override]
+    def send_many(self, items, acks=(), once: bool = False) -> None:  # type: ignore[override]
         self.started.append(time.perf_counter())
-        super().send_many(items, acks)
+        super().send_many(items, acks, once)
 
 
 def _busy(seconds: float) -> None:
@@ -74,7 +74,7 @@ def test_inbox_delivers_entries_and_waits_for_the_first(redis_url: str) -> None:
 def test_a_waiting_step_loop_gets_its_entries_at_once_and_nothing_is_held_back(redis_url: str) -> None:
     """The inbox hands entries to a loop waiting in drain before it reads again; entries that
     come while nobody waits stay queued for the next drain."""
-    link = RedisLink(redis_url, read_block_ms=5)
+    link = RedisLink(redis_url)
     stop = threading.Event()
     inbox = Inbox(StreamReader(link, "t:hand", "g", consumer="c"), stop).start()
     writer = StreamWriter(link)
@@ -93,3 +93,36 @@ def test_a_waiting_step_loop_gets_its_entries_at_once_and_nothing_is_held_back(r
         assert [e.msg.rids[0] for e in inbox.drain()] == ["later"]
     finally:
         stop.set()
+
+
+def test_a_small_job_for_an_idle_outbox_is_sent_by_the_caller_or_else_by_the_thread(redis_url: str) -> None:
+    import redis
+
+    from tools.redis_server import free_port
+
+    link = RedisLink(redis_url)
+    stop = threading.Event()
+    senders: list[str] = []
+
+    class Noting(StreamWriter):
+        def send_many(self, items, acks=(), once: bool = False) -> None:  # type: ignore[override]
+            senders.append(threading.current_thread().name)
+            super().send_many(items, acks, once)
+
+    outbox = Outbox(Noting(link), stop).start()
+    reader = StreamReader(link, "t:once", "g", consumer="c")
+    time.sleep(0.05)  # the thread is waiting for work
+    outbox.send([("t:once", AbortReqs(["a"], "test"))], at_once=True)
+    assert senders == [threading.current_thread().name]
+    link.quick = redis.Redis(port=free_port(), socket_connect_timeout=0.2)  # Redis "does not answer at once"
+    outbox.send([("t:once", AbortReqs(["b"], "test"))], at_once=True)
+    outbox.send([("t:once", AbortReqs(["c"], "test"))], at_once=True)  # the outage is known: straight to the thread
+    outbox.close()
+    got = []
+    while len(got) < 3:
+        entries = reader.read(count=100, block_ms=1000)
+        assert entries, "a message was lost"
+        got += [e.msg.rids[0] for e in entries]
+    assert got == ["a", "b", "c"]
+    # b was tried at once and failed, then sent by the thread; c went to the busy (or warned) thread
+    assert senders[-2:] == ["outbox", "outbox"], senders

@@ -28,10 +28,10 @@ def test_admissions_are_acknowledged_with_their_first_tokens_and_idle_messages_a
     sends: list[tuple[list[str], int, int]] = []  # (message types, acknowledgements, steps launched), in order
     real_send = service.outbox.writer.send_many
 
-    def recording(items, acks=()):
+    def recording(items, acks=(), **kw):
         items, acks = list(items), list(acks)
         sends.append(([type(m).__name__ for _, m in items], len(acks), engine.steps))
-        real_send(items, acks)
+        real_send(items, acks, **kw)
 
     service.outbox.writer.send_many = recording  # type: ignore[method-assign]
     worker_stream = StreamReader(link, names.worker("0"), GROUP_WORKER, consumer="observer")
