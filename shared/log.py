@@ -41,5 +41,3 @@ def setup_logging(service: str, replica: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # uvicorn's access log is one line per HTTP request with no request id; ours says more
-    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)

@@ -129,18 +129,23 @@ class Stack:
             proc.send_signal(sig)
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        """Until /health says ready; fails early if a service exits."""
+        """Until /health says ready; fails early if a service exits. Front ends sharing the port
+        each see the other services on their own clock, and the kernel picks one per connection:
+        ready is then several answers in a row, each on a new connection."""
         end = time.monotonic() + timeout_s
+        needed = 1 if self.opts.fronts == 1 else 4 * self.opts.fronts
+        in_a_row = 0
         while time.monotonic() < end:
             for svc in self.services.values():
                 if svc.proc is not None and svc.proc.poll() is not None:
                     raise RuntimeError(f"{svc.name} exited with {svc.proc.returncode} while starting")
             try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return
+                in_a_row = in_a_row + 1 if httpx.get(self.url + "/health", timeout=2.0).status_code == 200 else 0
             except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
+                in_a_row = 0
+            if in_a_row >= needed:
+                return
+            time.sleep(0.25 if in_a_row == 0 else 0.02)
         raise TimeoutError(f"LightStream at {self.url} not ready within {timeout_s}s")
 
     def stop(self, timeout_s: float = 10.0) -> None:

@@ -49,8 +49,12 @@ def main() -> None:
     )
     log.info("serving %s on %s:%d (max request length %d tokens)", ctx.model_name, cfg.host, cfg.port, max_total_len)
     app = create_app(ctx)
+    # no access log: uvicorn writes its line when the response starts, ahead of a stream's
+    # first event, and the front end logs each request itself, with its request id
     server = uvicorn.Server(
-        uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level.lower(), log_config=None)
+        uvicorn.Config(
+            app, host=cfg.host, port=cfg.port, log_level=cfg.log_level.lower(), log_config=None, access_log=False
+        )
     )
     sockets = [shared_listener(cfg.host, cfg.port)] if cfg.reuse_port else None
     # uvicorn handles SIGTERM and SIGINT itself

@@ -93,13 +93,17 @@ async def submit_all(
     deadline = time.time() + ctx.cfg.request_timeout_s
     submitted = time.monotonic()
     queue: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()  # every generation's items, tagged
-    results = await asyncio.gather(
-        *(
-            ctx.pipeline.submit(rid, j.prompt_ids, j.params, j.stops, j.skip_special_tokens, deadline, queue, i)
-            for i, (rid, j) in enumerate(zip(rids, jobs, strict=True))
-        ),
-        return_exceptions=True,
-    )
+    submits = [
+        ctx.pipeline.submit(rid, j.prompt_ids, j.params, j.stops, j.skip_special_tokens, deadline, queue, i)
+        for i, (rid, j) in enumerate(zip(rids, jobs, strict=True))
+    ]
+    if len(submits) == 1:  # no task for a lone generation: it leaves in this turn of the loop
+        try:
+            results: list = [await submits[0]]
+        except Exception as e:
+            results = [e]
+    else:
+        results = await asyncio.gather(*submits, return_exceptions=True)
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
         for r in results:

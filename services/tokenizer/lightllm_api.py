@@ -50,7 +50,6 @@ def lightllm_post_routes(ctx: FrontContext) -> dict[str, PostRoute]:
                 400, f"parameters.{name}: streaming returns one sequence, must be 1", param=f"parameters.{name}"
             )
         gens = await start(body, arrival)
-        stream, first = await first_items(ctx, gens, request)
         details = p.return_details
         route = request.url.path
 
@@ -67,7 +66,9 @@ def lightllm_post_routes(ctx: FrontContext) -> dict[str, PostRoute]:
                         return
                     item = nxt[1]
 
-        return EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)
+        response = EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)  # before the wait
+        stream, first = await first_items(ctx, gens, request)
+        return response
 
     async def tgi_compat(request: Request, body: GenerateBody, arrival: float) -> JSONResponse | EventStream:
         if body.stream:

@@ -69,7 +69,6 @@ async def chat_completions(
 async def _stream(
     ctx: FrontContext, body: ChatCompletionRequest, request: Request, gens: list[Generation], rid: str, created: int
 ) -> EventStream:
-    stream, first = await first_items(ctx, gens, request, coalesce=True)
     k, route, with_usage = body.top_logprobs or 0, request.url.path, body.include_usage()
     output_tokens = [0] * len(gens)
 
@@ -102,4 +101,6 @@ async def _stream(
                     yield chunk([], shape.usage(gens[0].pending.prompt_tokens, sum(output_tokens)))
             yield sse("[DONE]")
 
-    return EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)
+    response = EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)  # built before the wait
+    stream, first = await first_items(ctx, gens, request, coalesce=True)
+    return response

@@ -80,7 +80,6 @@ async def _stream(
     created: int,
     echo: list[str],
 ) -> EventStream:
-    stream, first = await first_items(ctx, gens, request, coalesce=True)
     n, k, route = body.n or 1, body.logprobs, request.url.path
     builders = [shape.CompletionLogprobs(ctx.tok, k or 0, len(echo[i // n])) for i in range(len(gens))]
     echoed = [False] * len(gens)
@@ -114,7 +113,11 @@ async def _stream(
                     yield chunk([], shape.usage(prompt_tokens, sum(output_tokens)))
             yield sse("[DONE]")
 
-    return EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)
+    # the response is built before the first item is awaited, so that wait is all that stands
+    # between the item and its event
+    response = EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)
+    stream, first = await first_items(ctx, gens, request, coalesce=True)
+    return response
 
 
 def has_news(text: str, item: TextItem) -> bool:

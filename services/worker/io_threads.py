@@ -105,7 +105,7 @@ class Outbox:
             return
         self._taken.clear()
         self.queue.put((items, acks or []))
-        if idle:
+        if idle and items:  # acknowledgements alone are not worth the wait
             self._taken.wait(HAND_OFF_S)
 
     def _sent_at_once(self, items: list[tuple[str, Any]], acks: list[Entry]) -> bool:

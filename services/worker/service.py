@@ -119,12 +119,12 @@ class WorkerService:
         self._acks += entries
 
     def _send(self, items: list[tuple[str, object]]) -> None:
-        """Hand items to the outbox with the acknowledgements taken in since the last send."""
+        """Hand items to the outbox with the acknowledgements taken in since the last send. A
+        step's tokens at low load go out from the loop itself (Outbox.send's at_once); the
+        rest, acknowledgements alone among them, never cost the loop a round trip."""
         acks, self._acks = self._acks, []
-        self.outbox.send(items, acks=acks, at_once=self._few())
-
-    def _few(self) -> bool:
-        return self.engine.scheduler.num_held() <= AT_ONCE_MAX_REQUESTS
+        at_once = bool(items) and self.engine.scheduler.num_held() <= AT_ONCE_MAX_REQUESTS
+        self.outbox.send(items, acks=acks, at_once=at_once)
 
     def _publish_tokens(self, items: list[tuple[str, TokenItem]]) -> None:
         by_shard: dict[str, list[TokenItem]] = {}
@@ -160,6 +160,6 @@ class WorkerService:
             running=self.engine.running_reqs(),
             time=time.time(),
         )
-        self.outbox.send([(self.names.router, status)], at_once=len(status.running) <= AT_ONCE_MAX_REQUESTS)
+        self.outbox.send([(self.names.router, status)])
         self._last_status = time.monotonic()
         self._changed = False

@@ -86,9 +86,11 @@ def test_worker_stopping_gracefully_fails_its_requests(
 
         async def scenario() -> list:
             async with httpx.AsyncClient(base_url=stack.url, timeout=60) as client:
-                started = asyncio.Event()
-                streams = [asyncio.create_task(_stream_until_end(client, started)) for _ in range(3)]
-                await asyncio.wait_for(started.wait(), 30)
+                started = [asyncio.Event() for _ in range(3)]
+                streams = [asyncio.create_task(_stream_until_end(client, s)) for s in started]
+                # every stream has begun (a request whose first token had not come would get its
+                # error as the HTTP status instead of as its stream's last event)
+                await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), 30)
                 stack.kill_service("worker-0", getattr(signal, "SIG" + sig))
                 return await asyncio.gather(*streams)
 

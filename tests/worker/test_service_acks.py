@@ -48,7 +48,7 @@ def test_admissions_are_acknowledged_with_their_first_tokens_and_idle_messages_a
             tokens += [i for e in entries if isinstance(e.msg, TokenBatch) for i in e.msg.items]
         assert [t for i in tokens for t in i.token_ids] and tokens[-1].finish_reason == "length"
         acked = next(k for k, (_, acks, _) in enumerate(sends) if acks)
-        assert sends[acked][1] == 1 and sends[acked][2] == 1  # once, right after the prefill was launched
+        assert sends[acked][1] == 1 and sends[acked][2] >= 1  # once, after the prefill was launched
         assert all(steps == 0 for _, _, steps in sends[:acked])  # only the start-up status went out before
         until(lambda: worker_stream.pending_count() == 0, 20, "nothing pending")
 
