@@ -25,6 +25,16 @@ class RecordingWriter(StreamWriter):
         super().send_many(items, acks, once)
 
 
+def _read_rids(reader: StreamReader, n: int) -> list[str]:
+    """The first rid of each of the next n messages on the reader's stream, in order."""
+    got: list[str] = []
+    while len(got) < n:
+        entries = reader.read(count=100, block_ms=1000)
+        assert entries, f"messages were lost: {n - len(got)} never came"
+        got += [e.msg.rids[0] for e in entries]
+    return got
+
+
 def _busy(seconds: float) -> None:
     """Python that holds the interpreter lock, as the step loop does between device waits."""
     end = time.perf_counter() + seconds
@@ -45,12 +55,7 @@ def test_outbox_sends_in_order_and_starts_before_the_loop_goes_on(redis_url: str
         outbox.send([("t:outbox", AbortReqs([f"r{k}"], "test"))])
         _busy(0.02)  # a step's worth of Python before the loop would wait for the device
     outbox.close()
-    got = []
-    while len(got) < 20:
-        entries = reader.read(count=100, block_ms=1000)
-        assert entries, "the outbox lost messages"
-        got += [e.msg.rids[0] for e in entries]
-    assert got == [f"r{k}" for k in range(20)]
+    assert _read_rids(reader, 20) == [f"r{k}" for k in range(20)]
     # every send began while its step was still running, not when the busy loop let go of the lock
     delays = sorted(s - h for s, h in zip(writer.started, handed, strict=True))
     assert delays[len(delays) // 2] < 0.005, delays
@@ -118,11 +123,6 @@ def test_a_small_job_for_an_idle_outbox_is_sent_by_the_caller_or_else_by_the_thr
     outbox.send([("t:once", AbortReqs(["b"], "test"))], at_once=True)
     outbox.send([("t:once", AbortReqs(["c"], "test"))], at_once=True)  # the outage is known: straight to the thread
     outbox.close()
-    got = []
-    while len(got) < 3:
-        entries = reader.read(count=100, block_ms=1000)
-        assert entries, "a message was lost"
-        got += [e.msg.rids[0] for e in entries]
-    assert got == ["a", "b", "c"]
+    assert _read_rids(reader, 3) == ["a", "b", "c"]
     # b was tried at once and failed, then sent by the thread; c went to the busy (or warned) thread
     assert senders[-2:] == ["outbox", "outbox"], senders
