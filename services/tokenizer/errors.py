@@ -110,10 +110,18 @@ def validation_param(errors: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def validation_response(path: str, errors: list[dict[str, Any]]) -> JSONResponse:
+    """The 400 for a body that pydantic refused, one sentence per problem."""
+    return error_response(path, 400, describe_validation(errors), "validation", validation_param(errors))
+
+
+def api_error_response(path: str, exc: APIError) -> JSONResponse:
+    return error_response(path, exc.status, exc.message, exc.kind, exc.param, exc.headers)
+
+
 async def validation_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = list(exc.errors())
-    return error_response(request.url.path, 400, describe_validation(errors), "validation", validation_param(errors))
+    return validation_response(request.url.path, list(exc.errors()))
 
 
 async def api_error_handler(request: Request, exc: APIError) -> JSONResponse:
-    return error_response(request.url.path, exc.status, exc.message, exc.kind, exc.param, exc.headers)
+    return api_error_response(request.url.path, exc)

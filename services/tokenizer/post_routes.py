@@ -5,7 +5,7 @@ route, and at low load that Python runs cold: locally, FastAPI's routing, depend
 solving and exception wrappers took 0.55 ms from the request's first byte to the route,
 against 0.28 ms here. These routes take one JSON body each, validated by its model straight
 from the bytes (pydantic parses and checks in one pass), and answer errors with the bodies
-FastAPI's handlers give (errors.py). Every other route is FastAPI's.
+FastAPI's handlers give (errors.py, the same functions). Every other route is FastAPI's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.tokenizer.errors import APIError, describe_validation, error_response, validation_param
+from services.tokenizer.errors import APIError, api_error_response, validation_response
 
 Handler = Callable[[Request, Any, float], Awaitable[Response]]  # (request, validated body or None, arrival)
 
@@ -52,9 +52,7 @@ class PostRoutes:
             body = None if route.body is None else route.body.model_validate_json(await request.body())
             response = await route.handle(request, body, arrival)
         except APIError as e:
-            response = error_response(scope["path"], e.status, e.message, e.kind, e.param, e.headers)
+            response = api_error_response(scope["path"], e)
         except ValidationError as e:
-            errors = list(e.errors())
-            response = error_response(scope["path"], 400, describe_validation(errors), "validation",
-                                      validation_param(errors))  # fmt: skip
+            response = validation_response(scope["path"], list(e.errors()))
         await response(scope, receive, send)
