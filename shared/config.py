@@ -27,6 +27,10 @@ class CommonConfig:
     log_level: str = "INFO"
     stream_maxlen: int = 100_000  # XADD MAXLEN ~ for every stream this service writes
     metrics_port: int = 0  # Prometheus /metrics on this port; 0: none (the tokenizer serves its own)
+    # poll Redis instead of sleeping in a blocking read while requests are in flight and this
+    # long after the last one (shared/busy_poll.py); 0: never; below 0: 200 on a host with 8
+    # CPUs or more, else never
+    busy_poll_ms: float = -1.0
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,87 @@
+"""Polling Redis instead of sleeping in a blocking read, while requests are in flight.
+
+A service asleep in a blocking XREADGROUP is woken when an entry arrives, and on a host
+whose idle CPUs sleep deeply that wake is most of a hop: on the H200 host a lone
+request's four hops took 0.46-0.52 ms each through blocking reads and 0.23-0.34 ms
+through reads that never block (docs/benchmarks.md, r42). So a service reads without
+BLOCK, over and over, while it has requests in flight and for a window after the last
+one ended, and then goes back to blocking reads. A client that sends its next request
+as the last one ends finds every hop awake. The price is one CPU per polling service,
+and Redis answering its reads, for as long as the polling lasts.
+
+``busy_poll_ms`` (every service's config) is the window: 0 never polls; below 0 (the
+default) means DEFAULT_WINDOW_MS on a host with at least AUTO_MIN_CPUS CPUs for this
+process, and no polling on a smaller one, where the polling would take the CPUs that the
+services and the worker need.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from shared.redis_streams import Entry, StreamReader
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WINDOW_MS = 200.0
+AUTO_MIN_CPUS = 8
+
+
+def window_s(busy_poll_ms: float, cpus: int) -> float:
+    """The polling window in seconds for a ``busy_poll_ms`` setting on a host with ``cpus`` CPUs."""
+    if busy_poll_ms < 0:
+        busy_poll_ms = DEFAULT_WINDOW_MS if cpus >= AUTO_MIN_CPUS else 0.0
+    return busy_poll_ms / 1000.0
+
+
+def host_cpus() -> int:
+    """The CPUs this process may run on (a container's cpuset, not the machine's count)."""
+    return len(os.sched_getaffinity(0))
+
+
+class BusyPoll:
+    """Whether a reader polls now: while its service is busy and window_s after."""
+
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self._until = 0.0
+
+    @classmethod
+    def for_host(cls, busy_poll_ms: float) -> BusyPoll:
+        """The setting resolved for this host, and said in the log."""
+        cpus = host_cpus()
+        poll = cls(window_s(busy_poll_ms, cpus))
+        if poll.window_s > 0:
+            log.info("reads poll Redis while requests are in flight and %.0f ms after", 1000 * poll.window_s)
+        else:
+            log.info("reads block (busy_poll_ms=%g, %d CPUs)", busy_poll_ms, cpus)
+        return poll
+
+    def note(self, busy: bool) -> None:
+        """Called by the service's loop each round: are requests in flight?"""
+        if busy and self.window_s > 0:
+            self._until = self.clock() + self.window_s
+
+    def polling(self) -> bool:
+        return self.window_s > 0 and self.clock() < self._until
+
+    def read(self, reader: StreamReader, count: int, block_ms: int) -> list[Entry]:
+        """What ``reader.read(count, block_ms)`` returns, polling inside the window: reads
+        without BLOCK until an entry comes or the wait is over; a window that closes first
+        leaves the rest of the wait to one blocking read."""
+        if not self.polling():
+            return reader.read(count=count, block_ms=block_ms)
+        end = self.clock() + block_ms / 1000.0
+        while True:
+            out = reader.read(count=count, block_ms=None)
+            now = self.clock()
+            if out or now >= end:
+                return out
+            if now >= self._until:
+                left_ms = int((end - now) * 1000.0)
+                # BLOCK 0 would wait for ever
+                return reader.read(count=count, block_ms=left_ms) if left_ms > 0 else []

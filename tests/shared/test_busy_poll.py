@@ -1,0 +1,104 @@
+"""Busy polling (shared/busy_poll.py) against a real redis-server: when a reader polls, that a
+polled read returns what a blocking one would, and the window's end."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from shared.busy_poll import AUTO_MIN_CPUS, DEFAULT_WINDOW_MS, BusyPoll, window_s
+from shared.messages import AbortReq
+from shared.redis_link import NotAtOnce, RedisLink
+from shared.redis_streams import StreamReader, StreamWriter
+from tools.redis_server import free_port
+
+
+class BlocksNoted(StreamReader):
+    """A real reader that notes the BLOCK of every read."""
+
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k)
+        self.blocks: list[int | None] = []
+
+    def read(self, count=256, block_ms=None, acks=(), once=False):  # type: ignore[override]
+        self.blocks.append(block_ms)
+        return super().read(count, block_ms, acks, once)
+
+
+@pytest.mark.parametrize(
+    ("setting", "cpus", "expected"),
+    [(-1, AUTO_MIN_CPUS, DEFAULT_WINDOW_MS / 1000), (-1, AUTO_MIN_CPUS - 1, 0.0), (0, 64, 0.0), (50, 2, 0.05)],
+)
+def test_the_window_for_a_setting_and_a_host(setting: float, cpus: int, expected: float) -> None:
+    assert window_s(setting, cpus) == pytest.approx(expected)
+
+
+def test_polling_while_busy_and_for_the_window_after() -> None:
+    now = [100.0]
+    poll = BusyPoll(0.2, clock=lambda: now[0])
+    assert not poll.polling()  # nothing was in flight yet
+    poll.note(True)
+    now[0] += 0.1
+    poll.note(False)
+    assert poll.polling()
+    now[0] += 0.15  # 0.25 s after the last busy note
+    assert not poll.polling()
+    off = BusyPoll(0.0, clock=lambda: now[0])
+    off.note(True)
+    assert not off.polling()
+
+
+def test_outside_the_window_a_read_blocks(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    reader = BlocksNoted(link, "bp:block", "g", "c")
+    threading.Timer(0.05, lambda: StreamWriter(link).send("bp:block", AbortReq("a", ""))).start()
+    got = BusyPoll(1.0).read(reader, count=10, block_ms=2000)
+    assert [e.msg.rid for e in got] == ["a"]
+    assert reader.blocks == [2000]
+
+
+def test_inside_the_window_a_read_polls_until_an_entry_comes(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    reader = BlocksNoted(link, "bp:poll", "g", "c")
+    poll = BusyPoll(5.0)
+    poll.note(True)
+    threading.Timer(0.05, lambda: StreamWriter(link).send("bp:poll", AbortReq("a", ""))).start()
+    got = poll.read(reader, count=10, block_ms=2000)
+    assert [e.msg.rid for e in got] == ["a"]
+    assert len(reader.blocks) > 1 and set(reader.blocks) == {None}  # polled, never blocked
+    reader.blocks.clear()
+    t = time.perf_counter()
+    assert poll.read(reader, count=10, block_ms=30) == []  # nothing comes: back after the wait
+    assert 0.03 <= time.perf_counter() - t < 1.0
+
+
+def test_a_window_that_closes_mid_wait_leaves_the_rest_to_a_blocking_read(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    reader = BlocksNoted(link, "bp:close", "g", "c")
+    poll = BusyPoll(0.05)
+    poll.note(True)
+    threading.Timer(0.3, lambda: StreamWriter(link).send("bp:close", AbortReq("late", ""))).start()
+    got = poll.read(reader, count=10, block_ms=2000)
+    assert [e.msg.rid for e in got] == ["late"]
+    assert reader.blocks[0] is None and reader.blocks[-1] is not None and 1000 < reader.blocks[-1] < 2000
+
+
+def test_a_read_acknowledges_in_the_same_round_trip(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    reader = StreamReader(link, "bp:acks", "g", "c")
+    StreamWriter(link).send_many([("bp:acks", AbortReq(r, "")) for r in "ab"])
+    got = reader.read(block_ms=100)
+    assert reader.pending_count() == 2
+    assert reader.read(block_ms=None, acks=got, once=True) == []
+    assert reader.pending_count() == 0
+
+
+def test_a_read_once_refuses_at_once_when_redis_does_not_answer(redis_url: str) -> None:
+    reader = StreamReader(RedisLink(redis_url), "bp:once", "g", "c")
+    reader.link = RedisLink(f"redis://127.0.0.1:{free_port()}", quick_timeout_s=0.2)  # nothing listens there
+    t = time.perf_counter()
+    with pytest.raises(NotAtOnce):
+        reader.read(block_ms=None, once=True)
+    assert time.perf_counter() - t < 2
