@@ -8,6 +8,7 @@ from transformers import AutoTokenizer
 
 from services.detokenizer.metrics import DetokCollector, DetokMetrics
 from services.detokenizer.service import DetokenizerService
+from shared.busy_poll import BusyPoll
 from shared.cli import parse_config
 from shared.config import DetokenizerConfig
 from shared.heartbeat import HeartbeatPublisher
@@ -34,7 +35,15 @@ def main() -> None:
     stop_on_signals(link)
     names = StreamNames(cfg.namespace)
     metrics = DetokMetrics(cfg.replica)
-    service = DetokenizerService(link, names, cfg.replica, _FastDecoder(cfg.model_dir), cfg.stream_maxlen, metrics)
+    service = DetokenizerService(
+        link,
+        names,
+        cfg.replica,
+        _FastDecoder(cfg.model_dir),
+        cfg.stream_maxlen,
+        metrics,
+        BusyPoll.for_host(cfg.busy_poll_ms),
+    )
     serve_collector(cfg.metrics_port, DetokCollector(metrics, lambda: len(service.sessions)))
     beat = HeartbeatPublisher(link, names, SERVICE_DETOK, cfg.replica, info=lambda: {"sessions": len(service.sessions)})
     run_beating("detokenizer", beat, service.run)

@@ -14,6 +14,7 @@ import time
 from services.detokenizer.incremental import Decoder
 from services.detokenizer.metrics import DetokMetrics
 from services.detokenizer.session import DetokSession
+from shared.busy_poll import BusyPoll
 from shared.messages import AbortReq, DetokRegister, TextBatch, TextItem, TokenBatch
 from shared.redis_link import RedisLink
 from shared.redis_streams import Entry, StreamReader, StreamWriter
@@ -31,8 +32,10 @@ class DetokenizerService:
         decoder: Decoder,
         maxlen: int,
         metrics: DetokMetrics | None = None,
+        poll: BusyPoll | None = None,
     ) -> None:
         self.link = link
+        self.poll = poll or BusyPoll(0.0)
         self.metrics = metrics or DetokMetrics(shard)
         self.names = names
         self.shard = shard
@@ -46,8 +49,9 @@ class DetokenizerService:
     def run(self) -> None:
         log.info("detokenizer shard %s reading %s", self.shard, self.names.detok(self.shard))
         while not self.link.stop.is_set():
-            entries = self.reader.read(count=512, block_ms=500)
+            entries = self.poll.read(self.reader, count=512, block_ms=500)
             self.handle(entries)
+            self.poll.note(bool(self.sessions))
             self._collect_expired()
 
     def handle(self, entries: list[Entry]) -> None:

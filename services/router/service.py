@@ -16,6 +16,7 @@ import uuid
 
 from services.router.core import Actions, RouterCore
 from services.router.metrics import RouterFigures
+from shared.busy_poll import BusyPoll
 from shared.config import RouterConfig
 from shared.messages import AbortReq, AbortReqs, AdmitReqs, GenerateReq, TokenBatch, WorkerStatus
 from shared.redis_link import RedisLink
@@ -31,8 +32,9 @@ READ_BLOCK_MS = 100
 
 
 class RouterService:
-    def __init__(self, cfg: RouterConfig, link: RedisLink) -> None:
+    def __init__(self, cfg: RouterConfig, link: RedisLink, poll: BusyPoll | None = None) -> None:
         self.cfg = cfg
+        self.poll = poll or BusyPoll(0.0)
         self.link = link
         self.names = StreamNames(cfg.namespace)
         self.core = RouterCore(cfg)
@@ -49,7 +51,8 @@ class RouterService:
     def run(self) -> None:
         log.info("router reading %s", self.names.router)
         while not self.link.stop.is_set():
-            self.step(self.reader.read(count=1024, block_ms=READ_BLOCK_MS))
+            self.step(self.poll.read(self.reader, count=1024, block_ms=READ_BLOCK_MS))
+            self.poll.note(bool(self.queued) or bool(self.core.where))  # requests waiting or running
 
     def step(self, entries: list[Entry]) -> None:
         act = Actions()
