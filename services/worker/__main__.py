@@ -10,6 +10,7 @@ from services.worker.metrics import WorkerCollector, WorkerMetrics
 from services.worker.service import WorkerService
 from services.worker.tp.group import RankWatchdog, start_group
 from services.worker.warmup import warm_up
+from shared.busy_poll import BusyPoll
 from shared.cli import parse_config
 from shared.config import WorkerConfig
 from shared.heartbeat import HeartbeatPublisher
@@ -40,7 +41,16 @@ def main() -> None:
         warm_up(engine, engine.runner.model.cfg.vocab_size)
     names = StreamNames(cfg.namespace)
     metrics = WorkerMetrics(cfg.group)
-    service = WorkerService(engine, link, names, cfg.group, cfg.status_interval_s, cfg.stream_maxlen, metrics)
+    service = WorkerService(
+        engine,
+        link,
+        names,
+        cfg.group,
+        cfg.status_interval_s,
+        cfg.stream_maxlen,
+        metrics,
+        BusyPoll.for_host(cfg.busy_poll_ms),
+    )
     serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine))  # after loading: serving means ready
     watchdog = None
     if group is not None:

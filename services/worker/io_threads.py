@@ -7,9 +7,8 @@ Handing a message to an idle outbox thread waits (at most HAND_OFF_S) until that
 has taken it. The step loop is Python that rarely lets go of the interpreter lock before
 it waits for the device, so without this the thread would get to send a step's tokens
 only then, up to a step later; while the loop waits here, the thread takes the lock and
-starts sending at once. The inbox does the same the other way: entries for a step loop
-that waits for them are handed over before the thread goes back to Redis, so the loop
-runs at once instead of after the thread's next read has started.
+starts sending at once. The inbox thread reads only while the loop has work: an idle loop
+reads for itself, so an admission wakes the loop directly.
 
 A small job for an idle outbox (a step of a few requests) may be sent by the step loop
 itself (at_once): at low load the loop has the device's step time to spare, and waking
@@ -24,42 +23,67 @@ import queue
 import threading
 from typing import Any
 
+from shared.busy_poll import BusyPoll
 from shared.redis_link import NotAtOnce, Stopping
 from shared.redis_streams import Entry, StreamReader, StreamWriter
 
 log = logging.getLogger(__name__)
 
 HAND_OFF_S = 0.002  # the longest the step loop waits for an idle outbox thread to take a message
+# the inbox thread's blocking read: the longest an idle loop may wait to take the reading over
+# (what arrives meanwhile reaches it through the queue at once)
+THREAD_READ_MS = 100
 
 
 class Inbox:
-    def __init__(self, reader: StreamReader, stop: threading.Event) -> None:
+    """Admissions and aborts in, in the order they were sent.
+
+    While the step loop has work, the inbox thread reads them into a queue that the loop
+    drains between steps. A loop with nothing to do takes the reading over (drain with
+    wait_s above 0), so what arrives goes straight to it instead of through a thread's
+    hand-off, and it may poll (shared/busy_poll.py) without taking the interpreter from a
+    step. Whichever reads holds the turn, so the two never read at once."""
+
+    def __init__(self, reader: StreamReader, stop: threading.Event, poll: BusyPoll | None = None) -> None:
         self.reader = reader
         self.stop = stop
+        self.poll = poll or BusyPoll(0.0)
         self.queue: queue.Queue[Entry] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="inbox", daemon=True)
-        self._waiting = False  # the step loop waits in drain for the first entry
-        self._taken = threading.Event()  # the waiting step loop has taken what was put
+        self._turn = threading.Lock()  # held by whichever of the thread and the loop reads
+        self._thread_reads = threading.Event()  # the loop has work: the thread reads
 
     def start(self) -> Inbox:
         self._thread.start()
         return self
 
+    def resume(self) -> None:
+        """The loop has work: hand the reading back to the thread."""
+        self._thread_reads.set()
+
     def drain(self, wait_s: float = 0.0) -> list[Entry]:
-        """Everything received so far; waits up to wait_s for the first entry when empty."""
-        out: list[Entry] = []
-        try:
-            if wait_s > 0:
-                self._waiting = True
-                try:
-                    out.append(self.queue.get(timeout=wait_s))
-                finally:
-                    self._waiting = False
-                    self._taken.set()
-            else:
-                out.append(self.queue.get_nowait())
-        except queue.Empty:
+        """Everything received so far. With nothing received and wait_s above 0, the loop is
+        idle: it takes the reading over and reads for up to wait_s itself."""
+        out = self._queued()
+        if out or wait_s <= 0:
             return out
+        self._thread_reads.clear()  # the thread stops after the read it is in
+        if not self._turn.acquire(timeout=wait_s):
+            return self._queued()
+        try:
+            out = self._queued()  # what the thread read last
+            if not out:
+                out = self.poll.read(self.reader, count=256, block_ms=max(1, round(wait_s * 1000)))
+        except Stopping:
+            pass
+        except Exception:
+            log.exception("inbox read failed; retrying")
+        finally:
+            self._turn.release()
+        return out
+
+    def _queued(self) -> list[Entry]:
+        out: list[Entry] = []
         while True:
             try:
                 out.append(self.queue.get_nowait())
@@ -68,15 +92,15 @@ class Inbox:
 
     def _run(self) -> None:
         while not self.stop.is_set():
+            if not self._thread_reads.wait(0.5):
+                continue
             try:
-                entries = self.reader.read(count=256, block_ms=500)
-                if entries:
-                    waiting = self._waiting
-                    self._taken.clear()
-                    for entry in entries:
+                with self._turn:
+                    if not self._thread_reads.is_set():
+                        continue  # the loop went idle while this thread waited for the turn
+                    # queued under the turn, so the loop, once it holds it, sees them first
+                    for entry in self.reader.read(count=256, block_ms=THREAD_READ_MS):
                         self.queue.put(entry)
-                    if waiting:
-                        self._taken.wait(HAND_OFF_S)
             except Stopping:
                 return
             except Exception:

@@ -1,6 +1,7 @@
 """The worker service loop: receive, schedule and run a step, publish.
 
-Admitted requests and aborts arrive through the inbox thread; each step's tokens go to
+Admitted requests and aborts arrive through the inbox (its thread while the loop has work,
+the loop itself when idle); each step's tokens go to
 the detokenizer shards (one TokenBatch per shard per step) and the group's status to
 the router, through the outbox thread. A status goes out every status_interval_s and
 soon after any step that freed memory or started a request's output (the router must
@@ -17,6 +18,7 @@ import uuid
 from services.worker.engine import Engine
 from services.worker.io_threads import Inbox, Outbox
 from services.worker.metrics import WorkerMetrics
+from shared.busy_poll import BusyPoll
 from shared.messages import AbortReqs, AdmitReqs, TokenBatch, TokenItem, WorkerStatus
 from shared.redis_link import RedisLink
 from shared.redis_streams import Entry, StreamReader, StreamWriter
@@ -38,6 +40,7 @@ class WorkerService:
         status_interval_s: float,
         maxlen: int,
         metrics: WorkerMetrics | None = None,
+        poll: BusyPoll | None = None,
     ) -> None:
         self.engine = engine
         self.metrics = metrics or WorkerMetrics(group)
@@ -47,7 +50,8 @@ class WorkerService:
         self.instance = uuid.uuid4().hex[:12]
         self.status_interval_s = status_interval_s
         reader = StreamReader(link, names.worker(group), GROUP_WORKER, consumer=f"{group}-{self.instance}")
-        self.inbox = Inbox(reader, link.stop)
+        self.poll = poll or BusyPoll(0.0)  # an idle loop's reads poll for a while after its last work
+        self.inbox = Inbox(reader, link.stop, self.poll)
         self.outbox = Outbox(StreamWriter(link, maxlen), link.stop)
         self.admit_seq = 0
         self._last_status = 0.0
@@ -64,6 +68,10 @@ class WorkerService:
             while not self.link.stop.is_set():
                 entries = self.inbox.drain(wait_s=self._idle_wait())
                 self._take(entries)
+                busy = self.engine.has_work()
+                self.poll.note(busy)
+                if busy:
+                    self.inbox.resume()
                 if self.engine.has_work():
                     started = time.perf_counter()
                     out = self.engine.step()

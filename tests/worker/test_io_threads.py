@@ -1,6 +1,7 @@
 """The worker's Redis threads against a real redis-server: the inbox delivers what was sent,
-the outbox sends in order, and a message handed to an idle outbox is on its way before the
-step loop goes on."""
+in order, read by the idle loop itself or by its thread while the loop is busy; the outbox
+sends in order, and a message handed to an idle outbox is on its way before the step loop
+goes on."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 import time
 
 from services.worker.io_threads import Inbox, Outbox
+from shared.busy_poll import BusyPoll
 from shared.messages import AbortReqs
 from shared.redis_link import RedisLink
 from shared.redis_streams import StreamReader, StreamWriter
@@ -76,26 +78,75 @@ def test_inbox_delivers_entries_and_waits_for_the_first(redis_url: str) -> None:
         stop.set()
 
 
-def test_a_waiting_step_loop_gets_its_entries_at_once_and_nothing_is_held_back(redis_url: str) -> None:
-    """The inbox hands entries to a loop waiting in drain before it reads again; entries that
-    come while nobody waits stay queued for the next drain."""
+class NotingReader(StreamReader):
+    """A real StreamReader that notes, for each read that returned entries, the thread and
+    the BLOCK it read with."""
+
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k)
+        self.reads: list[tuple[str, int | None]] = []
+
+    def read(self, count=256, block_ms=None, acks=(), once=False):  # type: ignore[override]
+        out = super().read(count, block_ms, acks, once)
+        if out:
+            self.reads.append((threading.current_thread().name, block_ms))
+        return out
+
+
+def test_an_idle_loop_reads_for_itself_and_a_busy_one_drains_what_the_thread_read(redis_url: str) -> None:
+    """drain with a wait: the loop (idle) takes the reading over, so an entry reaches it without
+    a hand-off; after resume the thread reads and queues; order holds across the change."""
     link = RedisLink(redis_url)
     stop = threading.Event()
-    inbox = Inbox(StreamReader(link, "t:hand", "g", consumer="c"), stop).start()
+    reader = NotingReader(link, "t:turn", "g", consumer="c")
+    inbox = Inbox(reader, stop).start()
     writer = StreamWriter(link)
+    loop_thread = threading.current_thread().name
     try:
         delays = []
         for k in range(10):
-            sent = threading.Timer(0.02, lambda k=k: writer.send("t:hand", AbortReqs([f"w{k}"], "test")))
+            sent = threading.Timer(0.02, lambda k=k: writer.send("t:turn", AbortReqs([f"w{k}"], "test")))
             t = time.perf_counter()
             sent.start()
             got = inbox.drain(wait_s=2.0)
             delays.append(time.perf_counter() - t - 0.02)
             assert [e.msg.rids[0] for e in got] == [f"w{k}"]
         assert sorted(delays)[5] < 0.05, delays
-        writer.send("t:hand", AbortReqs(["later"], "test"))  # nobody waits in drain now
-        time.sleep(0.1)
-        assert [e.msg.rids[0] for e in inbox.drain()] == ["later"]
+        assert {name for name, _ in reader.reads} == {loop_thread}
+        inbox.resume()  # the loop has work: the thread reads, the loop only drains
+        for k in range(5):
+            writer.send("t:turn", AbortReqs([f"b{k}"], "test"))
+        deadline = time.monotonic() + 5
+        got = []
+        while len(got) < 5 and time.monotonic() < deadline:
+            got += inbox.drain()  # no wait: a busy loop never reads
+            time.sleep(0.01)
+        assert reader.reads[-1][0] == "inbox"
+        # the loop goes idle while the thread may hold entries: they come first, in order
+        writer.send_many([("t:turn", AbortReqs([f"c{k}"], "test")) for k in range(3)])
+        while len(got) < 8 and time.monotonic() < deadline:
+            got += inbox.drain(wait_s=0.5)
+        assert [e.msg.rids[0] for e in got] == [f"b{k}" for k in range(5)] + [f"c{k}" for k in range(3)]
+    finally:
+        stop.set()
+
+
+def test_an_idle_loop_polls_inside_the_window(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    stop = threading.Event()
+    reader = NotingReader(link, "t:poll", "g", consumer="c")
+    poll = BusyPoll(5.0)
+    inbox = Inbox(reader, stop, poll).start()
+    writer = StreamWriter(link)
+    try:
+        poll.note(True)  # work just ended: the window is open
+        threading.Timer(0.02, lambda: writer.send("t:poll", AbortReqs(["p"], "test"))).start()
+        assert [e.msg.rids[0] for e in inbox.drain(wait_s=2.0)] == ["p"]
+        assert reader.reads == [(threading.current_thread().name, None)]  # read without BLOCK
+        poll.window_s = 0.0  # no polling: a blocking read
+        threading.Timer(0.02, lambda: writer.send("t:poll", AbortReqs(["q"], "test"))).start()
+        assert [e.msg.rids[0] for e in inbox.drain(wait_s=2.0)] == ["q"]
+        assert reader.reads[-1] == (threading.current_thread().name, 2000)
     finally:
         stop.set()
 
