@@ -14,6 +14,7 @@ from services.tokenizer.generation import FrontContext
 from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.pipeline import Pipeline
 from services.tokenizer.tokenization import Tokenization
+from shared.busy_poll import BusyPoll
 from shared.cli import parse_config
 from shared.config import TokenizerConfig
 from shared.heartbeat import HeartbeatPublisher
@@ -33,7 +34,15 @@ def main() -> None:
     max_total_len = min(cfg.max_req_total_len or model.context_length, model.context_length)
     link = RedisLink(cfg.redis_url)
     names = StreamNames(cfg.namespace)
-    pipeline = Pipeline(link, names, cfg.replica, cfg.stream_maxlen, cfg.pipeline_dead_after_s, cfg.pipeline_check_s)
+    pipeline = Pipeline(
+        link,
+        names,
+        cfg.replica,
+        cfg.stream_maxlen,
+        cfg.pipeline_dead_after_s,
+        cfg.pipeline_check_s,
+        BusyPoll.for_host(cfg.busy_poll_ms),
+    )
     ctx = FrontContext(
         cfg=cfg,
         pipeline=pipeline,

@@ -2,9 +2,11 @@
 
 Submitting registers the request with a detokenizer shard and then sends it to the
 router (in that order, in one round trip, so the shard knows it before any token can
-arrive). A reader thread takes TextBatch messages from this front end's stream and hands
-each item, tagged with its generation's index, to the asyncio queue of the HTTP request
-waiting for it (one queue for all the generations of a request). A watchdog thread fails
+arrive). A task on the event loop reads TextBatch messages from this front end's stream
+and puts each item, tagged with its generation's index, on the asyncio queue of the HTTP
+request waiting for it (one queue for all the generations of a request). While requests
+are in flight (and a while after, shared/busy_poll.py) it polls Redis from the loop
+itself; otherwise a blocking read waits in a thread of its own. A watchdog thread fails
 in-flight requests when no worker group or their detokenizer shard is alive any more.
 """
 
@@ -19,6 +21,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from services.tokenizer.errors import APIError
+from shared.busy_poll import BusyPoll
 from shared.heartbeat import live_replicas
 from shared.messages import (
     ERR_FAILED,
@@ -33,7 +36,7 @@ from shared.messages import (
     TextItem,
 )
 from shared.redis_link import NotAtOnce, RedisLink, Stopping
-from shared.redis_streams import StreamReader, StreamWriter
+from shared.redis_streams import Entry, StreamReader, StreamWriter
 from shared.streams import GROUP_FRONT, SERVICE_DETOK, SERVICE_ROUTER, SERVICE_WORKER, StreamNames
 
 log = logging.getLogger(__name__)
@@ -69,7 +72,14 @@ class Liveness:
 
 class Pipeline:
     def __init__(
-        self, link: RedisLink, names: StreamNames, front_id: str, maxlen: int, dead_after_s: float, check_s: float
+        self,
+        link: RedisLink,
+        names: StreamNames,
+        front_id: str,
+        maxlen: int,
+        dead_after_s: float,
+        check_s: float,
+        poll: BusyPoll | None = None,
     ) -> None:
         self.link = link
         self.names = names
@@ -81,23 +91,26 @@ class Pipeline:
         self.pending: dict[str, PendingRequest] = {}
         self.live = Liveness()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.poll = poll or BusyPoll(0.0)
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="redis-io")
-        self._threads = [
-            threading.Thread(target=self._read_replies, name="replies", daemon=True),
-            threading.Thread(target=self._watch, name="watchdog", daemon=True),
-        ]
+        self._blocking_reads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="replies")
+        self._watchdog = threading.Thread(target=self._watch, name="watchdog", daemon=True)
+        self._replies: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._refresh_liveness()
-        for t in self._threads:
-            t.start()
+        self._watchdog.start()
+        self._replies = loop.create_task(self._read_replies())
 
     def stop(self) -> None:
         self.link.stop.set()
+        if self._replies is not None:
+            self._replies.cancel()
         self._io.shutdown(wait=False, cancel_futures=True)
+        self._blocking_reads.shutdown(wait=False, cancel_futures=True)
 
     # ---------------------------------------------------------------- requests
 
@@ -178,29 +191,53 @@ class Pipeline:
 
     # ---------------------------------------------------------------- threads
 
-    def _read_replies(self) -> None:
+    async def _read_replies(self) -> None:
+        """One read at a time, so each request's items keep their order; the entries of a
+        read are acknowledged in the next one's round trip."""
+        loop = asyncio.get_running_loop()
+        acks: list[Entry] = []
         while not self.link.stop.is_set():
+            self.poll.note(bool(self.pending))
             try:
-                entries = self.reader.read(count=256, block_ms=500)
+                entries = self._polled(acks) if self.poll.polling() else None
+                if entries is None:
+                    entries = await loop.run_in_executor(self._blocking_reads, self._read_blocking, acks)
             except Stopping:
                 return
             except Exception:
                 log.exception("reading replies failed; retrying")
-                self.link.stop.wait(0.5)
+                await asyncio.sleep(0.5)
                 continue
-            deliveries: list[tuple[PendingRequest, TextItem]] = []
-            for entry in entries:
-                if isinstance(entry.msg, TextBatch):
-                    for item in entry.msg.items:
-                        pending = self.pending.get(item.rid)
-                        if pending is not None:
-                            deliveries.append((pending, item))
-            if deliveries:
-                self._deliver(deliveries)
-            if entries:
-                self.reader.ack(entries)
+            acks = entries
+            self._hand_out(entries)
+            await asyncio.sleep(0)  # the requests' tasks, and the HTTP side, between two reads
+
+    def _polled(self, acks: list[Entry]) -> list[Entry] | None:
+        """A read that does not wait, on the loop itself; None when Redis did not answer it at
+        once (the blocking read, with its retries, takes over)."""
+        try:
+            return self.reader.read(count=256, acks=acks, once=True)
+        except NotAtOnce:
+            return None
+        except Exception as e:  # e.g. the group is gone: the blocking read makes it again
+            log.warning("polling replies failed (%s); reading with a wait", e)
+            return None
+
+    def _read_blocking(self, acks: list[Entry]) -> list[Entry]:
+        return self.reader.read(count=256, block_ms=500, acks=acks)
+
+    def _hand_out(self, entries: list[Entry]) -> None:
+        """Each item to the queue of the request it belongs to (on the loop)."""
+        for entry in entries:
+            if isinstance(entry.msg, TextBatch):
+                for item in entry.msg.items:
+                    pending = self.pending.get(item.rid)
+                    if pending is not None:
+                        pending.queue.put_nowait((pending.index, item))
 
     def _deliver(self, deliveries: list[tuple[PendingRequest, TextItem]]) -> None:
+        """From another thread (the watchdog)."""
+
         def put_all() -> None:
             for pending, item in deliveries:
                 pending.queue.put_nowait((pending.index, item))

@@ -1,0 +1,82 @@
+"""The front end's replies against a real redis-server: a request's items reach its queue in
+order and are acknowledged, read by a blocking read off the loop or, while requests are in
+flight and the window is open, by reads on the loop that never block."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from services.tokenizer.pipeline import Liveness, Pipeline
+from shared.busy_poll import BusyPoll
+from shared.messages import Heartbeat, SamplingParams, TextBatch, TextItem
+from shared.redis_link import RedisLink
+from shared.redis_streams import StreamReader, StreamWriter
+from shared.streams import GROUP_FRONT, StreamNames
+
+
+class ReadsNoted(StreamReader):
+    """The pipeline's real reader, noting the thread, BLOCK and once of each read that returned entries."""
+
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k)
+        self.reads: list[tuple[str, int | None, bool]] = []
+
+    def read(self, count=256, block_ms=None, acks=(), once=False):  # type: ignore[override]
+        out = super().read(count, block_ms, acks, once)
+        if out:
+            self.reads.append((threading.current_thread().name, block_ms, once))
+        return out
+
+
+def beat(service: str, replica: str) -> Heartbeat:
+    return Heartbeat(service, replica, 1, time.time(), time.time(), {})
+
+
+def pipeline(link: RedisLink, namespace: str, poll: BusyPoll) -> Pipeline:
+    p = Pipeline(link, StreamNames(namespace), "front-0", maxlen=1000, dead_after_s=3.0, check_s=1.0, poll=poll)
+    p.reader = ReadsNoted(link, p.names.front("front-0"), GROUP_FRONT, consumer="front-0")
+    return p
+
+
+async def stream_of(p: Pipeline, n: int) -> list[str]:
+    """Submit one request, write n items for it as a detokenizer would, return the texts its queue got."""
+    p.start(asyncio.get_running_loop())
+    p.live = Liveness(
+        workers={"w": beat("worker", "w")}, detoks={"d0": beat("detokenizer", "d0")}, routers={"r": beat("router", "r")}
+    )
+    queue: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()
+    await p.submit("r0", [1, 2, 3], SamplingParams(), [], True, time.time() + 60, queue, 0)
+    writer = StreamWriter(p.link)
+    front = p.names.front("front-0")
+
+    def detokenizer() -> None:
+        for k in range(n):
+            writer.send(front, TextBatch([TextItem("r0", f"t{k}")]))
+            time.sleep(0.002)
+
+    threading.Thread(target=detokenizer).start()
+    got = [(await asyncio.wait_for(queue.get(), 5))[1].text for _ in range(n)]
+    deadline = time.monotonic() + 5
+    while p.reader.pending_count() and time.monotonic() < deadline:  # acknowledged with the next read
+        await asyncio.sleep(0.05)
+    assert p.reader.pending_count() == 0
+    p.stop()
+    return got
+
+
+@pytest.mark.parametrize("window_s", [0.0, 5.0])
+def test_items_arrive_in_order_and_are_acknowledged(redis_url: str, window_s: float) -> None:
+    link = RedisLink(redis_url)
+    p = pipeline(link, f"rep{int(window_s)}", BusyPoll(window_s))
+    assert asyncio.run(stream_of(p, 30)) == [f"t{k}" for k in range(30)]
+    kinds = {(block, once) for _, block, once in p.reader.reads}
+    if window_s:  # a request in flight: every read on the loop, none blocking
+        assert kinds == {(None, True)}
+        assert {name for name, _, _ in p.reader.reads} == {"MainThread"}
+    else:
+        assert kinds == {(500, False)}
+        assert {name for name, _, _ in p.reader.reads} != {"MainThread"}
