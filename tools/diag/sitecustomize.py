@@ -4,6 +4,8 @@ PYTHONPATH (it patches classes from outside; nothing here is imported by LightSt
     LS_PROF=DIR    the worker (and a benchmark_engine or bench_pipeline process) adds up the
                    wall time per (thread, function) of its step loop, Redis threads, message
                    encoding and garbage collection, and writes DIR/<role>-<pid>.json every 5 s
+    LS_POLL=1      every stream read that would block polls instead (reads without BLOCK until an
+                   entry comes or the wait is over): how much of a hop is the wake from sleep
     LS_STAMPS=DIR  every service appends "unix-time event detail" lines to DIR/<pid>.txt when a
                    stream read returns, a send starts and ends, a step starts and ends, and the
                    front end takes, submits and answers a request (tools/diag/hops.py reads them)
@@ -115,6 +117,22 @@ def _profile(out_dir: str) -> None:
           lambda t, a, o: add("Event.synchronize", time.perf_counter() - t))  # fmt: skip
 
 
+def _poll() -> None:
+    streams = importlib.import_module("shared.redis_streams")
+    read = streams.StreamReader.read
+
+    def polled(self, count=256, block_ms=None):
+        if not block_ms:
+            return read(self, count, block_ms)
+        end = time.monotonic() + block_ms / 1000
+        while True:
+            out = read(self, count, None)
+            if out or time.monotonic() >= end:
+                return out
+
+    streams.StreamReader.read = polled
+
+
 def _stamps(out_dir: str) -> None:
     f = open(os.path.join(out_dir, f"{os.getpid()}.txt"), "a", buffering=1)  # noqa: SIM115 (open for the process's life)
 
@@ -158,14 +176,14 @@ def _stamps(out_dir: str) -> None:
             return await submit(self, request_id, *a, **k)
 
         pipeline.Pipeline.submit = stamped_submit
-        deliver = pipeline.Pipeline._deliver
+        hand_out = pipeline.Pipeline._hand_out
 
-        def stamped_deliver(self, deliveries):
-            first = deliveries[0][1].rid
-            self.loop.call_soon_threadsafe(stamp, "delivered", first)
-            return deliver(self, deliveries)
+        def stamped_hand_out(self, entries):
+            if entries:
+                stamp("delivered", ",".join(rid(e.msg) for e in entries[:3]))
+            return hand_out(self, entries)
 
-        pipeline.Pipeline._deliver = stamped_deliver
+        pipeline.Pipeline._hand_out = stamped_hand_out
         http = importlib.import_module("uvicorn.protocols.http.httptools_impl")
         _wrap("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol", "on_message_begin",
               lambda a: stamp("http_begin"), lambda t, a, o: None)  # fmt: skip
@@ -183,6 +201,8 @@ if os.getcwd() not in sys.path:
 if os.environ.get("LS_PROF") and any(s in _CMD for s in ("services.worker", "benchmark_engine", "bench_pipeline")):
     os.makedirs(os.environ["LS_PROF"], exist_ok=True)
     _profile(os.environ["LS_PROF"])
+if os.environ.get("LS_POLL") and "services." in _CMD:
+    _poll()
 if os.environ.get("LS_STAMPS") and "services." in _CMD:
     os.makedirs(os.environ["LS_STAMPS"], exist_ok=True)
     _stamps(os.environ["LS_STAMPS"])
