@@ -69,15 +69,17 @@ class BusyPoll:
     def polling(self) -> bool:
         return self.window_s > 0 and self.clock() < self._until
 
-    def read(self, reader: StreamReader, count: int, block_ms: int) -> list[Entry]:
-        """What ``reader.read(count, block_ms)`` returns, polling inside the window: reads
-        without BLOCK until an entry comes or the wait is over; a window that closes first
-        leaves the rest of the wait to one blocking read."""
+    def read(self, reader: StreamReader, count: int, block_ms: int, acks: list[Entry] | None = None) -> list[Entry]:
+        """What ``reader.read(count, block_ms, acks)`` returns, polling inside the window:
+        reads without BLOCK until an entry comes or the wait is over; a window that closes
+        first leaves the rest of the wait to one blocking read. ``acks`` go with the first read."""
+        acks = acks or []
         if not self.polling():
-            return reader.read(count=count, block_ms=block_ms)
+            return reader.read(count=count, block_ms=block_ms, acks=acks)
         end = self.clock() + block_ms / 1000.0
         while True:
-            out = reader.read(count=count, block_ms=None)
+            out = reader.read(count=count, block_ms=None, acks=acks)
+            acks = []
             now = self.clock()
             if out or now >= end:
                 return out

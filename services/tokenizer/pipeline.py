@@ -4,9 +4,9 @@ Submitting registers the request with a detokenizer shard and then sends it to t
 router (in that order, in one round trip, so the shard knows it before any token can
 arrive). A task on the event loop reads TextBatch messages from this front end's stream
 and puts each item, tagged with its generation's index, on the asyncio queue of the HTTP
-request waiting for it (one queue for all the generations of a request). While requests
-are in flight (and a while after, shared/busy_poll.py) it polls Redis from the loop
-itself; otherwise a blocking read waits in a thread of its own. A watchdog thread fails
+request waiting for it (one queue for all the generations of a request); the reads are
+made in a thread of their own, and poll Redis while requests are in flight and a while
+after (shared/busy_poll.py). A watchdog thread fails
 in-flight requests when no worker group or their detokenizer shard is alive any more.
 """
 
@@ -93,7 +93,7 @@ class Pipeline:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.poll = poll or BusyPoll(0.0)
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="redis-io")
-        self._blocking_reads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="replies")
+        self._reads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="replies")
         self._watchdog = threading.Thread(target=self._watch, name="watchdog", daemon=True)
         self._replies: asyncio.Task[None] | None = None
 
@@ -110,7 +110,7 @@ class Pipeline:
         if self._replies is not None:
             self._replies.cancel()
         self._io.shutdown(wait=False, cancel_futures=True)
-        self._blocking_reads.shutdown(wait=False, cancel_futures=True)
+        self._reads.shutdown(wait=False, cancel_futures=True)
 
     # ---------------------------------------------------------------- requests
 
@@ -192,16 +192,17 @@ class Pipeline:
     # ---------------------------------------------------------------- threads
 
     async def _read_replies(self) -> None:
-        """One read at a time, so each request's items keep their order; the entries of a
-        read are acknowledged in the next one's round trip."""
+        """Reads in a thread of their own, one at a time so each request's items keep their
+        order; the loop itself only hands the items out. A read polls while requests are in
+        flight and the window after (reading on the loop would hold up every step of the
+        requests' own work by a round trip). A read's entries are acknowledged in the next
+        read's round trip."""
         loop = asyncio.get_running_loop()
         acks: list[Entry] = []
         while not self.link.stop.is_set():
             self.poll.note(bool(self.pending))
             try:
-                entries = self._polled(acks) if self.poll.polling() else None
-                if entries is None:
-                    entries = await loop.run_in_executor(self._blocking_reads, self._read_blocking, acks)
+                entries = await loop.run_in_executor(self._reads, self.poll.read, self.reader, 256, 500, acks)
             except Stopping:
                 return
             except Exception:
@@ -210,21 +211,6 @@ class Pipeline:
                 continue
             acks = entries
             self._hand_out(entries)
-            await asyncio.sleep(0)  # the requests' tasks, and the HTTP side, between two reads
-
-    def _polled(self, acks: list[Entry]) -> list[Entry] | None:
-        """A read that does not wait, on the loop itself; None when Redis did not answer it at
-        once (the blocking read, with its retries, takes over)."""
-        try:
-            return self.reader.read(count=256, acks=acks, once=True)
-        except NotAtOnce:
-            return None
-        except Exception as e:  # e.g. the group is gone: the blocking read makes it again
-            log.warning("polling replies failed (%s); reading with a wait", e)
-            return None
-
-    def _read_blocking(self, acks: list[Entry]) -> list[Entry]:
-        return self.reader.read(count=256, block_ms=500, acks=acks)
 
     def _hand_out(self, entries: list[Entry]) -> None:
         """Each item to the queue of the request it belongs to (on the loop)."""

@@ -71,13 +71,12 @@ class WorkerService:
                 busy = self.engine.has_work()
                 self.poll.note(busy)
                 if busy:
-                    self.inbox.resume()
-                if self.engine.has_work():
                     started = time.perf_counter()
                     out = self.engine.step()
                     self.metrics.on_step(out, time.perf_counter() - started)
                     self._publish_tokens(out.items)
                     self._changed |= out.changed
+                    self.inbox.resume()  # after the step: its wake-up does not delay a lone request's prefill
                 self._maybe_status()
                 self._send([])  # acknowledgements no step carried
         except Exception as e:  # a step failed (a tensor-parallel rank died, the device failed, ...)

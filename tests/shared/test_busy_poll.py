@@ -10,9 +10,8 @@ import pytest
 
 from shared.busy_poll import AUTO_MIN_CPUS, DEFAULT_WINDOW_MS, BusyPoll, window_s
 from shared.messages import AbortReq
-from shared.redis_link import NotAtOnce, RedisLink
+from shared.redis_link import RedisLink
 from shared.redis_streams import StreamReader, StreamWriter
-from tools.redis_server import free_port
 
 
 class BlocksNoted(StreamReader):
@@ -22,9 +21,9 @@ class BlocksNoted(StreamReader):
         super().__init__(*a, **k)
         self.blocks: list[int | None] = []
 
-    def read(self, count=256, block_ms=None, acks=(), once=False):  # type: ignore[override]
+    def read(self, count=256, block_ms=None, acks=()):  # type: ignore[override]
         self.blocks.append(block_ms)
-        return super().read(count, block_ms, acks, once)
+        return super().read(count, block_ms, acks)
 
 
 @pytest.mark.parametrize(
@@ -91,14 +90,5 @@ def test_a_read_acknowledges_in_the_same_round_trip(redis_url: str) -> None:
     StreamWriter(link).send_many([("bp:acks", AbortReq(r, "")) for r in "ab"])
     got = reader.read(block_ms=100)
     assert reader.pending_count() == 2
-    assert reader.read(block_ms=None, acks=got, once=True) == []
+    assert reader.read(block_ms=None, acks=got) == []
     assert reader.pending_count() == 0
-
-
-def test_a_read_once_refuses_at_once_when_redis_does_not_answer(redis_url: str) -> None:
-    reader = StreamReader(RedisLink(redis_url), "bp:once", "g", "c")
-    reader.link = RedisLink(f"redis://127.0.0.1:{free_port()}", quick_timeout_s=0.2)  # nothing listens there
-    t = time.perf_counter()
-    with pytest.raises(NotAtOnce):
-        reader.read(block_ms=None, once=True)
-    assert time.perf_counter() - t < 2

@@ -1,6 +1,6 @@
 """The front end's replies against a real redis-server: a request's items reach its queue in
-order and are acknowledged, read by a blocking read off the loop or, while requests are in
-flight and the window is open, by reads on the loop that never block."""
+order and are acknowledged, read off the loop by blocking reads or, while requests are in
+flight and the window is open, by reads that never block."""
 
 from __future__ import annotations
 
@@ -19,16 +19,16 @@ from shared.streams import GROUP_FRONT, StreamNames
 
 
 class ReadsNoted(StreamReader):
-    """The pipeline's real reader, noting the thread, BLOCK and once of each read that returned entries."""
+    """The pipeline's real reader, noting the thread and BLOCK of each read that returned entries."""
 
     def __init__(self, *a, **k) -> None:
         super().__init__(*a, **k)
-        self.reads: list[tuple[str, int | None, bool]] = []
+        self.reads: list[tuple[str, int | None]] = []
 
-    def read(self, count=256, block_ms=None, acks=(), once=False):  # type: ignore[override]
-        out = super().read(count, block_ms, acks, once)
+    def read(self, count=256, block_ms=None, acks=()):  # type: ignore[override]
+        out = super().read(count, block_ms, acks)
         if out:
-            self.reads.append((threading.current_thread().name, block_ms, once))
+            self.reads.append((threading.current_thread().name, block_ms))
         return out
 
 
@@ -73,10 +73,6 @@ def test_items_arrive_in_order_and_are_acknowledged(redis_url: str, window_s: fl
     link = RedisLink(redis_url)
     p = pipeline(link, f"rep{int(window_s)}", BusyPoll(window_s))
     assert asyncio.run(stream_of(p, 30)) == [f"t{k}" for k in range(30)]
-    kinds = {(block, once) for _, block, once in p.reader.reads}
-    if window_s:  # a request in flight: every read on the loop, none blocking
-        assert kinds == {(None, True)}
-        assert {name for name, _, _ in p.reader.reads} == {"MainThread"}
-    else:
-        assert kinds == {(500, False)}
-        assert {name for name, _, _ in p.reader.reads} != {"MainThread"}
+    assert {name for name, _ in p.reader.reads} == {"replies_0"}  # off the loop
+    # a request in flight and the window open: every read polls, else each one blocks
+    assert {block for _, block in p.reader.reads} == ({None} if window_s else {500})
