@@ -112,12 +112,16 @@ class StreamReader:
 
         self.link.call(run)
 
-    def read(self, count: int = 256, block_ms: int | None = None, acks: Iterable[Entry] = ()) -> list[Entry]:
+    def read(
+        self, count: int = 256, block_ms: int | None = None, acks: Iterable[Entry] = (), once: bool = False
+    ) -> list[Entry]:
         """Entries claimed from dead consumers first, then new ones; waits up to block_ms
         (None: do not wait) when there is nothing. Entries in ``acks`` (of this stream and
-        group) are acknowledged in the same round trip, ahead of the read."""
+        group) are acknowledged in the same round trip, ahead of the read. With ``once``, one
+        attempt that never blocks long (RedisLink.call_once: NotAtOnce if Redis does not
+        answer) and no claiming, for a caller that must not wait out an outage."""
         acks = list(acks)
-        claimed = self._claim_due()
+        claimed = [] if once else self._claim_due()
         if claimed:
             self.ack(acks)
             return claimed
@@ -131,7 +135,7 @@ class StreamReader:
             pipe.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
             return pipe.execute()[-1]
 
-        resp = self._call_group(run)
+        resp = self.link.call_once(run) if once else self._call_group(run)
         out: list[Entry] = []
         for _stream, entries in resp or []:
             out.extend(self._decode_entries(entries))

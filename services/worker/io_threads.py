@@ -7,8 +7,8 @@ Handing a message to an idle outbox thread waits (at most HAND_OFF_S) until that
 has taken it. The step loop is Python that rarely lets go of the interpreter lock before
 it waits for the device, so without this the thread would get to send a step's tokens
 only then, up to a step later; while the loop waits here, the thread takes the lock and
-starts sending at once. The inbox thread reads only while the loop has work: an idle loop
-reads for itself, so an admission wakes the loop directly.
+starts sending at once. The inbox thread reads only while the loop holds many requests:
+with few, the loop reads for itself, so an admission reaches it directly.
 
 A small job for an idle outbox (a step of a few requests) may be sent by the step loop
 itself (at_once): at low load the loop has the device's step time to spare, and waking
@@ -30,19 +30,21 @@ from shared.redis_streams import Entry, StreamReader, StreamWriter
 log = logging.getLogger(__name__)
 
 HAND_OFF_S = 0.002  # the longest the step loop waits for an idle outbox thread to take a message
-# the inbox thread's blocking read: the longest an idle loop may wait to take the reading over
-# (what arrives meanwhile reaches it through the queue at once)
-THREAD_READ_MS = 100
+THREAD_READ_MS = 500  # the inbox thread's blocking read (Redis ends a BLOCK on its own clock, 100 ms at hz 10)
 
 
 class Inbox:
     """Admissions and aborts in, in the order they were sent.
 
-    While the step loop has work, the inbox thread reads them into a queue that the loop
-    drains between steps. A loop with nothing to do takes the reading over (drain with
-    wait_s above 0), so what arrives goes straight to it instead of through a thread's
-    hand-off, and it may poll (shared/busy_poll.py) without taking the interpreter from a
-    step. Whichever reads holds the turn, so the two never read at once."""
+    With many requests the inbox thread reads them into a queue that the step loop drains
+    between steps, so the loop never spends a round trip on Redis. With few (or none), the
+    loop reads for itself: a read that does not wait after each step (hidden behind the
+    device's step, which takes longer than a few requests' host work), and, when idle, a
+    read that waits, polling in the window (shared/busy_poll.py). What arrives then goes
+    straight to the loop, with no thread to wake and hand over; and a polling thread would
+    take the interpreter from the steps. Whichever reads holds the turn, so the two never
+    read at once and the order holds. A loop that wants the turn back takes it when the
+    thread's read ends; until then it drains the queue."""
 
     def __init__(self, reader: StreamReader, stop: threading.Event, poll: BusyPoll | None = None) -> None:
         self.reader = reader
@@ -51,29 +53,36 @@ class Inbox:
         self.queue: queue.Queue[Entry] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="inbox", daemon=True)
         self._turn = threading.Lock()  # held by whichever of the thread and the loop reads
-        self._thread_reads = threading.Event()  # the loop has work: the thread reads
+        self._thread_reads = threading.Event()  # many requests: the thread reads
 
     def start(self) -> Inbox:
         self._thread.start()
         return self
 
-    def resume(self) -> None:
-        """The loop has work: hand the reading back to the thread."""
-        self._thread_reads.set()
+    def thread_reads(self, yes: bool) -> None:
+        """Many requests (yes): the thread reads; else the loop does, from its next drain."""
+        if yes:
+            self._thread_reads.set()
+        else:
+            self._thread_reads.clear()
 
     def drain(self, wait_s: float = 0.0) -> list[Entry]:
-        """Everything received so far. With nothing received and wait_s above 0, the loop is
-        idle: it takes the reading over and reads for up to wait_s itself."""
+        """Everything received so far. When the loop reads for itself, one read that waits up
+        to wait_s (0: does not wait)."""
         out = self._queued()
-        if out or wait_s <= 0:
+        if out or self._thread_reads.is_set():
             return out
-        self._thread_reads.clear()  # the thread stops after the read it is in
-        if not self._turn.acquire(timeout=wait_s):
-            return self._queued()
+        if not self._turn.acquire(timeout=wait_s) if wait_s > 0 else not self._turn.acquire(blocking=False):
+            return self._queued()  # the thread's last read has not ended
         try:
             out = self._queued()  # what the thread read last
-            if not out:
-                out = self.poll.read(self.reader, count=256, block_ms=max(1, round(wait_s * 1000)))
+            if out:
+                return out
+            if wait_s > 0:
+                return self.poll.read(self.reader, count=256, block_ms=max(1, round(wait_s * 1000)))
+            return self.reader.read(count=256, once=True)
+        except NotAtOnce:  # Redis did not answer at once: the thread, with its retries, reads for now
+            self._thread_reads.set()
         except Stopping:
             pass
         except Exception:
@@ -97,7 +106,7 @@ class Inbox:
             try:
                 with self._turn:
                     if not self._thread_reads.is_set():
-                        continue  # the loop went idle while this thread waited for the turn
+                        continue  # the loop took the reading back while this thread waited for the turn
                     # queued under the turn, so the loop, once it holds it, sees them first
                     for entry in self.reader.read(count=256, block_ms=THREAD_READ_MS):
                         self.queue.put(entry)

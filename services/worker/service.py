@@ -27,7 +27,8 @@ from shared.streams import GROUP_WORKER, StreamNames
 log = logging.getLogger(__name__)
 
 CHANGE_STATUS_MIN_GAP_S = 0.02  # statuses caused by a change, at most this often
-AT_ONCE_MAX_REQUESTS = 4  # up to this many requests held, the step loop sends its messages itself (io_threads)
+# up to this many requests held, the step loop sends its messages and reads its inbox itself (io_threads)
+AT_ONCE_MAX_REQUESTS = 4
 
 
 class WorkerService:
@@ -76,7 +77,10 @@ class WorkerService:
                     self.metrics.on_step(out, time.perf_counter() - started)
                     self._publish_tokens(out.items)
                     self._changed |= out.changed
-                    self.inbox.resume()  # after the step: its wake-up does not delay a lone request's prefill
+                    # after the step, so a wake-up of the thread does not delay a lone request's prefill
+                    self.inbox.thread_reads(self.engine.scheduler.num_held() > AT_ONCE_MAX_REQUESTS)
+                else:
+                    self.inbox.thread_reads(False)
                 self._maybe_status()
                 self._send([])  # acknowledgements no step carried
         except Exception as e:  # a step failed (a tensor-parallel rank died, the device failed, ...)

@@ -8,11 +8,14 @@ from __future__ import annotations
 import threading
 import time
 
+import redis
+
 from services.worker.io_threads import Inbox, Outbox
 from shared.busy_poll import BusyPoll
 from shared.messages import AbortReqs
 from shared.redis_link import RedisLink
 from shared.redis_streams import StreamReader, StreamWriter
+from tools.redis_server import free_port
 
 
 class RecordingWriter(StreamWriter):
@@ -86,16 +89,16 @@ class NotingReader(StreamReader):
         super().__init__(*a, **k)
         self.reads: list[tuple[str, int | None]] = []
 
-    def read(self, count=256, block_ms=None, acks=()):  # type: ignore[override]
-        out = super().read(count, block_ms, acks)
+    def read(self, count=256, block_ms=None, acks=(), once=False):  # type: ignore[override]
+        out = super().read(count, block_ms, acks, once)
         if out:
             self.reads.append((threading.current_thread().name, block_ms))
         return out
 
 
 def test_an_idle_loop_reads_for_itself_and_a_busy_one_drains_what_the_thread_read(redis_url: str) -> None:
-    """drain with a wait: the loop (idle) takes the reading over, so an entry reaches it without
-    a hand-off; after resume the thread reads and queues; order holds across the change."""
+    """drain with a wait: the loop (idle) reads for itself, so an entry reaches it without a
+    hand-off; with many requests the thread reads and queues; order holds across the change."""
     link = RedisLink(redis_url)
     stop = threading.Event()
     reader = NotingReader(link, "t:turn", "g", consumer="c")
@@ -113,20 +116,48 @@ def test_an_idle_loop_reads_for_itself_and_a_busy_one_drains_what_the_thread_rea
             assert [e.msg.rids[0] for e in got] == [f"w{k}"]
         assert sorted(delays)[5] < 0.05, delays
         assert {name for name, _ in reader.reads} == {loop_thread}
-        inbox.resume()  # the loop has work: the thread reads, the loop only drains
+        inbox.thread_reads(True)  # many requests: the thread reads, the loop only drains
         for k in range(5):
             writer.send("t:turn", AbortReqs([f"b{k}"], "test"))
         deadline = time.monotonic() + 5
         got = []
         while len(got) < 5 and time.monotonic() < deadline:
-            got += inbox.drain()  # no wait: a busy loop never reads
+            got += inbox.drain()  # no wait: a loop with many requests never reads
             time.sleep(0.01)
         assert reader.reads[-1][0] == "inbox"
-        # the loop goes idle while the thread may hold entries: they come first, in order
+        # the loop takes the reading back while the thread may hold entries: they come first, in order
+        inbox.thread_reads(False)
         writer.send_many([("t:turn", AbortReqs([f"c{k}"], "test")) for k in range(3)])
         while len(got) < 8 and time.monotonic() < deadline:
             got += inbox.drain(wait_s=0.5)
         assert [e.msg.rids[0] for e in got] == [f"b{k}" for k in range(5)] + [f"c{k}" for k in range(3)]
+    finally:
+        stop.set()
+
+
+def test_with_few_requests_the_loop_reads_between_steps_without_waiting(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    stop = threading.Event()
+    reader = NotingReader(link, "t:few", "g", consumer="c")
+    inbox = Inbox(reader, stop).start()
+    writer = StreamWriter(link)
+    try:
+        inbox.thread_reads(False)
+        assert inbox.drain() == []  # nothing yet, and no wait
+        writer.send("t:few", AbortReqs(["f"], "test"))
+        got: list = []
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            got = inbox.drain()
+        assert [e.msg.rids[0] for e in got] == ["f"]
+        assert reader.reads == [(threading.current_thread().name, None)]
+        link.quick = redis.Redis(port=free_port(), socket_connect_timeout=0.2)  # Redis does not answer at once
+        writer.send("t:few", AbortReqs(["g"], "test"))
+        got = inbox.drain()  # hands the reading to the thread instead of waiting
+        while not got and time.monotonic() < deadline:
+            got = inbox.drain()
+            time.sleep(0.01)
+        assert [e.msg.rids[0] for e in got] == ["g"] and reader.reads[-1][0] == "inbox"
     finally:
         stop.set()
 
