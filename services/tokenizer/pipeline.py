@@ -41,6 +41,7 @@ from shared.streams import GROUP_FRONT, SERVICE_DETOK, SERVICE_ROUTER, SERVICE_W
 
 log = logging.getLogger(__name__)
 
+KEEP_AWAKE_TICK_S = 0.001  # the event loop's timer while the reads poll
 AT_ONCE_MAX_PENDING = 4  # generations in flight (this one included) up to which a submission is sent from the loop
 
 
@@ -95,7 +96,7 @@ class Pipeline:
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="redis-io")
         self._reads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="replies")
         self._watchdog = threading.Thread(target=self._watch, name="watchdog", daemon=True)
-        self._replies: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -103,12 +104,12 @@ class Pipeline:
         self.loop = loop
         self._refresh_liveness()
         self._watchdog.start()
-        self._replies = loop.create_task(self._read_replies())
+        self._tasks = [loop.create_task(self._read_replies()), loop.create_task(self._keep_awake())]
 
     def stop(self) -> None:
         self.link.stop.set()
-        if self._replies is not None:
-            self._replies.cancel()
+        for task in self._tasks:
+            task.cancel()
         self._io.shutdown(wait=False, cancel_futures=True)
         self._reads.shutdown(wait=False, cancel_futures=True)
 
@@ -211,6 +212,13 @@ class Pipeline:
                 continue
             acks = entries
             self._hand_out(entries)
+
+    async def _keep_awake(self) -> None:
+        """While the reads poll, the loop wakes every millisecond, so that its CPU never sleeps
+        long: a CPU woken after a long sleep answers the reads thread's hand-over, or a new
+        request's bytes, 0.1-0.2 ms later than one that slept briefly."""
+        while not self.link.stop.is_set():
+            await asyncio.sleep(KEEP_AWAKE_TICK_S if self.poll.polling() else 0.05)
 
     def _hand_out(self, entries: list[Entry]) -> None:
         """Each item to the queue of the request it belongs to (on the loop)."""

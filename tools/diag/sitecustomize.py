@@ -6,6 +6,7 @@ PYTHONPATH (it patches classes from outside; nothing here is imported by LightSt
                    encoding and garbage collection, and writes DIR/<role>-<pid>.json every 5 s
     LS_POLL=1      every stream read that would block polls instead (reads without BLOCK until an
                    entry comes or the wait is over): how much of a hop is the wake from sleep
+    LS_NO_TICK=1   the front end's event loop does not tick while its reads poll (Pipeline._keep_awake)
     LS_STAMPS=DIR  every service appends "unix-time event detail" lines to DIR/<pid>.txt when a
                    stream read returns, a send starts and ends, a step starts and ends, and the
                    front end takes, submits and answers a request (tools/diag/hops.py reads them)
@@ -203,6 +204,12 @@ if os.environ.get("LS_PROF") and any(s in _CMD for s in ("services.worker", "ben
     _profile(os.environ["LS_PROF"])
 if os.environ.get("LS_POLL") and "services." in _CMD:
     _poll()
+if os.environ.get("LS_NO_TICK") and "services.tokenizer" in _CMD:
+
+    async def _no_tick(self) -> None:
+        return None
+
+    importlib.import_module("services.tokenizer.pipeline").Pipeline._keep_awake = _no_tick
 if os.environ.get("LS_STAMPS") and "services." in _CMD:
     os.makedirs(os.environ["LS_STAMPS"], exist_ok=True)
     _stamps(os.environ["LS_STAMPS"])
