@@ -49,39 +49,38 @@ def test_polling_while_busy_and_for_the_window_after() -> None:
     assert not off.polling()
 
 
-def test_outside_the_window_a_read_blocks(redis_url: str) -> None:
+def read_a_late_entry(redis_url: str, stream: str, poll: BusyPoll, after_s: float) -> tuple[list[str], list]:
+    """poll.read with a 2 s wait on a new stream, whose one entry is sent after_s later: the rids
+    read and the BLOCK of every read made."""
     link = RedisLink(redis_url)
-    reader = BlocksNoted(link, "bp:block", "g", "c")
-    threading.Timer(0.05, lambda: StreamWriter(link).send("bp:block", AbortReq("a", ""))).start()
-    got = BusyPoll(1.0).read(reader, count=10, block_ms=2000)
-    assert [e.msg.rid for e in got] == ["a"]
-    assert reader.blocks == [2000]
+    reader = BlocksNoted(link, stream, "g", "c")
+    threading.Timer(after_s, lambda: StreamWriter(link).send(stream, AbortReq("late", ""))).start()
+    got = poll.read(reader, count=10, block_ms=2000)
+    return [e.msg.rid for e in got], reader.blocks
+
+
+def test_outside_the_window_a_read_blocks(redis_url: str) -> None:
+    assert read_a_late_entry(redis_url, "bp:block", BusyPoll(1.0), 0.05) == (["late"], [2000])
 
 
 def test_inside_the_window_a_read_polls_until_an_entry_comes(redis_url: str) -> None:
-    link = RedisLink(redis_url)
-    reader = BlocksNoted(link, "bp:poll", "g", "c")
     poll = BusyPoll(5.0)
     poll.note(True)
-    threading.Timer(0.05, lambda: StreamWriter(link).send("bp:poll", AbortReq("a", ""))).start()
-    got = poll.read(reader, count=10, block_ms=2000)
-    assert [e.msg.rid for e in got] == ["a"]
-    assert len(reader.blocks) > 1 and set(reader.blocks) == {None}  # polled, never blocked
-    reader.blocks.clear()
+    rids, blocks = read_a_late_entry(redis_url, "bp:poll", poll, 0.05)
+    assert rids == ["late"]
+    assert len(blocks) > 1 and set(blocks) == {None}  # polled, never blocked
+    reader = StreamReader(RedisLink(redis_url), "bp:poll", "g", "c")
     t = time.perf_counter()
     assert poll.read(reader, count=10, block_ms=30) == []  # nothing comes: back after the wait
     assert 0.03 <= time.perf_counter() - t < 1.0
 
 
 def test_a_window_that_closes_mid_wait_leaves_the_rest_to_a_blocking_read(redis_url: str) -> None:
-    link = RedisLink(redis_url)
-    reader = BlocksNoted(link, "bp:close", "g", "c")
     poll = BusyPoll(0.05)
     poll.note(True)
-    threading.Timer(0.3, lambda: StreamWriter(link).send("bp:close", AbortReq("late", ""))).start()
-    got = poll.read(reader, count=10, block_ms=2000)
-    assert [e.msg.rid for e in got] == ["late"]
-    assert reader.blocks[0] is None and reader.blocks[-1] is not None and 1000 < reader.blocks[-1] < 2000
+    rids, blocks = read_a_late_entry(redis_url, "bp:close", poll, 0.3)
+    assert rids == ["late"]
+    assert blocks[0] is None and blocks[-1] is not None and 1000 < blocks[-1] < 2000
 
 
 def test_a_read_acknowledges_in_the_same_round_trip(redis_url: str) -> None:
