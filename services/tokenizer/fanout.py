@@ -1,7 +1,7 @@
 """The generations of one HTTP request, waited on as one, and the client's disconnect.
 
 ``merged`` yields (index, item) from all of them as items arrive, reading the request's one
-queue that the pipeline's reply thread fills; closing it, the client going away while a
+queue that the pipeline's reply task fills; closing it, the client going away while a
 route waits, or the request's deadline passing abandons (aborts) every generation not yet
 ended.
 """

@@ -1,7 +1,10 @@
-"""Redis I/O off the step loop: a thread that reads the inbox and one that sends and acks.
+"""Redis I/O around the step loop: a thread that reads the inbox and one that sends and acks.
 
-The step loop only touches in-process queues, so a slow or absent Redis never stalls
-a GPU step; the outbox keeps the order in which messages were handed to it.
+Under load the step loop only touches in-process queues, so a slow or absent Redis never
+stalls a GPU step; the outbox keeps the order in which messages were handed to it. With
+few requests the loop's own reads and sends are single attempts on a short-timeout
+connection (RedisLink.call_once) that hand the work to the threads when Redis does not
+answer at once.
 
 Handing a message to an idle outbox thread waits (at most HAND_OFF_S) until that thread
 has taken it. The step loop is Python that rarely lets go of the interpreter lock before
