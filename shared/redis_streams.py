@@ -135,7 +135,7 @@ class StreamReader:
             pipe.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
             return pipe.execute()[-1]
 
-        resp = self.link.call_once(run) if once else self._call_group(run)
+        resp = self._call_group(run, once=once)
         out: list[Entry] = []
         for _stream, entries in resp or []:
             out.extend(self._decode_entries(entries))
@@ -198,13 +198,15 @@ class StreamReader:
             self._call_group(lambda r: r.xack(self.stream, self.group, *bad))
         return out
 
-    def _call_group(self, fn: Any) -> Any:
-        """Run a group command, recreating the group once if Redis lost it."""
+    def _call_group(self, fn: Any, once: bool = False) -> Any:
+        """Run a group command (with ``once``, by RedisLink.call_once), recreating the group
+        once if Redis lost it."""
+        call = self.link.call_once if once else self.link.call
         try:
-            return self.link.call(fn)
+            return call(fn)
         except redis.ResponseError as e:
             if not is_nogroup(e):
                 raise
             log.warning("consumer group %s on %s is gone (redis restarted?); recreating", self.group, self.stream)
             self.ensure_group()
-            return self.link.call(fn)
+            return call(fn)

@@ -1,9 +1,9 @@
 """The worker service loop: receive, schedule and run a step, publish.
 
-Admitted requests and aborts arrive through the inbox (its thread while the loop has work,
-the loop itself when idle); each step's tokens go to
-the detokenizer shards (one TokenBatch per shard per step) and the group's status to
-the router, through the outbox thread. A status goes out every status_interval_s and
+Admitted requests and aborts arrive through the inbox (read by its thread while the loop
+holds many requests, by the loop itself with few); each step's tokens go to the
+detokenizer shards (one TokenBatch per shard per step) and the group's status to the
+router, through the outbox thread. A status goes out every status_interval_s and
 soon after any step that freed memory or started a request's output (the router must
 know which requests have output before it can safely re-queue them), and doubles as
 the group's heartbeat.

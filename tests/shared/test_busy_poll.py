@@ -91,3 +91,13 @@ def test_a_read_acknowledges_in_the_same_round_trip(redis_url: str) -> None:
     assert reader.pending_count() == 2
     assert reader.read(block_ms=None, acks=got) == []
     assert reader.pending_count() == 0
+
+
+def test_a_quick_read_makes_a_lost_group_again(redis_url: str) -> None:
+    """The worker's read between steps (once) after Redis lost the group (a restart without
+    persistence): the group is made again and the entries sent since are read."""
+    link = RedisLink(redis_url)
+    reader = StreamReader(link, "bp:lost", "g", "c")
+    link.client.delete("bp:lost")  # the stream and its group are gone
+    StreamWriter(link).send("bp:lost", AbortReq("after", ""))
+    assert [e.msg.rid for e in reader.read(block_ms=None, once=True)] == ["after"]
