@@ -1,13 +1,34 @@
-"""Helpers for the API tests: Hugging Face logprobs and penalised greedy references, and
-Prometheus samples."""
+"""Helpers for the API tests: LightLLM's two generation routes as a client calls them,
+Hugging Face logprobs and penalised greedy references, and Prometheus samples."""
 
 from __future__ import annotations
 
 import functools
+import json
 
 import httpx
 import torch
 from prometheus_client.parser import text_string_to_metric_families
+
+
+async def generate(client: httpx.AsyncClient, prompt: str, max_new: int) -> dict:
+    """POST /generate with details; the body."""
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "return_details": True}}
+    r = await client.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+async def generate_stream(client: httpx.AsyncClient, prompt: str, max_new: int) -> list[dict]:
+    """POST /generate_stream; its events."""
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new}}
+    events = []
+    async with client.stream("POST", "/generate_stream", json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    return events
 
 
 @functools.cache

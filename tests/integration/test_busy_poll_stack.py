@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import glob
-import json
 import os
 import pathlib
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ import httpx
 import pytest
 
 from tests import hf_reference
+from tests.integration.api_helpers import generate, generate_stream
 from tests.integration.conftest import keyed_stack
 from tools.stack import Stack
 
@@ -24,24 +24,6 @@ PROMPTS = ["Hello", "The quick brown fox jumps over the lazy dog.", "a b c", "Qu
 @pytest.fixture(scope="module", params=["llama"])
 def polling_stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     yield from keyed_stack(request, env={"LS_BUSY_POLL_MS": "200"})
-
-
-async def _streamed_ids(client: httpx.AsyncClient, prompt: str, max_new: int) -> list[int]:
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new}}
-    ids = []
-    async with client.stream("POST", "/generate_stream", json=body) as r:
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                ids.append(json.loads(line[6:])["token"]["id"])
-    return ids
-
-
-async def _whole_ids(client: httpx.AsyncClient, prompt: str, max_new: int) -> list[int]:
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "return_details": True}}
-    r = await client.post("/generate", json=body)
-    assert r.status_code == 200, r.text
-    return [t["id"] for t in r.json()["tokens"]]
 
 
 def test_every_service_polls(polling_stack: Stack) -> None:
@@ -59,9 +41,11 @@ def test_one_at_a_time_and_all_at_once_equal_hf(polling_stack: Stack) -> None:
 
     async def run() -> tuple[list, list]:
         async with httpx.AsyncClient(base_url=polling_stack.url, timeout=60) as client:
-            lone = [await _streamed_ids(client, p, n) for p, n in cases * 2]  # each as the last one ends
-            together = await asyncio.gather(*[_whole_ids(client, p, n) for p, n in cases * 3])
-        return lone, list(together)
+            lone = [await generate_stream(client, p, n) for p, n in cases * 2]  # each as the last one ends
+            together = await asyncio.gather(*[generate(client, p, n) for p, n in cases * 3])
+        return [[e["token"]["id"] for e in events] for events in lone], [
+            [t["id"] for t in b["tokens"]] for b in together
+        ]
 
     lone, together = asyncio.run(run())
     assert lone == want * 2

@@ -8,6 +8,7 @@ import json
 import httpx
 
 from tests import hf_reference
+from tests.integration.api_helpers import generate, generate_stream
 from tools.stack import Stack
 
 PROMPTS = [
@@ -24,32 +25,14 @@ PROMPTS = [
 ]
 
 
-async def _generate(client: httpx.AsyncClient, prompt: str, max_new: int) -> dict:
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "return_details": True}}
-    r = await client.post("/generate", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-async def _stream(client: httpx.AsyncClient, prompt: str, max_new: int) -> list[dict]:
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new}}
-    events = []
-    async with client.stream("POST", "/generate_stream", json=body) as r:
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                events.append(json.loads(line[6:]))
-    return events
-
-
 def test_concurrent_greedy_equals_hf(stack: Stack) -> None:
     tok = hf_reference.tokenizer(stack.model_dir)
     cases = [(p, 5 + 4 * i) for i, p in enumerate(PROMPTS)]
 
     async def run() -> tuple[list, list]:
         async with httpx.AsyncClient(base_url=stack.url, timeout=60) as client:
-            plain = [_generate(client, p, n) for p, n in cases]
-            streams = [_stream(client, p, n) for p, n in cases]
+            plain = [generate(client, p, n) for p, n in cases]
+            streams = [generate_stream(client, p, n) for p, n in cases]
             results = await asyncio.gather(*plain, *streams)
         return results[: len(cases)], results[len(cases) :]
 
