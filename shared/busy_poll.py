@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW_MS = 200.0
 AUTO_MIN_CPUS = 8
+# Redis ends a BLOCK that nothing answers on its own clock (every 100 ms at the default hz 10):
+# a 5 ms BLOCK lasts up to 100 ms, so a shorter wait is made by polling
+BLOCK_CLOCK_MS = 100
 
 
 def window_s(busy_poll_ms: float, cpus: int) -> float:
@@ -70,20 +73,19 @@ class BusyPoll:
         return self.window_s > 0 and self.clock() < self._until
 
     def read(self, reader: StreamReader, count: int, block_ms: int, acks: list[Entry] | None = None) -> list[Entry]:
-        """What ``reader.read(count, block_ms, acks)`` returns, polling inside the window:
-        reads without BLOCK until an entry comes or the wait is over; a window that closes
-        first leaves the rest of the wait to one blocking read. ``acks`` go with the first read."""
+        """What ``reader.read(count, block_ms, acks)`` returns, with no wait longer than block_ms.
+        Inside the window it reads without BLOCK until an entry comes or the wait is over; so
+        does a wait shorter than BLOCK_CLOCK_MS, which a BLOCK would stretch. Otherwise one
+        blocking read waits out what is left. ``acks`` go with the first read."""
         acks = acks or []
-        if not self.polling():
-            return reader.read(count=count, block_ms=block_ms, acks=acks)
         end = self.clock() + block_ms / 1000.0
+        left_ms = block_ms
         while True:
+            if left_ms >= BLOCK_CLOCK_MS and not self.polling():
+                return reader.read(count=count, block_ms=left_ms, acks=acks)
             out = reader.read(count=count, block_ms=None, acks=acks)
             acks = []
             now = self.clock()
             if out or now >= end:
                 return out
-            if now >= self._until:
-                left_ms = int((end - now) * 1000.0)
-                # BLOCK 0 would wait for ever
-                return reader.read(count=count, block_ms=left_ms) if left_ms > 0 else []
+            left_ms = int((end - now) * 1000.0)

@@ -83,6 +83,14 @@ def test_a_window_that_closes_mid_wait_leaves_the_rest_to_a_blocking_read(redis_
     assert blocks[0] is None and blocks[-1] is not None and 1000 < blocks[-1] < 2000
 
 
+def test_outside_the_window_a_wait_shorter_than_redis_can_time_is_polled(redis_url: str) -> None:
+    reader = BlocksNoted(RedisLink(redis_url), "bp:short", "g", "c")
+    t = time.perf_counter()
+    assert BusyPoll(0.0).read(reader, count=10, block_ms=20) == []
+    assert 0.02 <= time.perf_counter() - t < 0.09  # a BLOCK of 20 would last up to 100 ms
+    assert set(reader.blocks) == {None}
+
+
 def test_a_read_acknowledges_in_the_same_round_trip(redis_url: str) -> None:
     link = RedisLink(redis_url)
     reader = StreamReader(link, "bp:acks", "g", "c")
