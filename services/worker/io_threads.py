@@ -75,7 +75,7 @@ class Inbox:
         out = self._queued()
         if out or self._thread_reads.is_set():
             return out
-        if not self._turn.acquire(timeout=wait_s) if wait_s > 0 else not self._turn.acquire(blocking=False):
+        if not self._turn.acquire(timeout=max(wait_s, 0.0)):
             return self._queued()  # the thread's last read has not ended
         try:
             out = self._queued()  # what the thread read last
