@@ -118,7 +118,9 @@ class OpenAISampling(BaseModel):
 
 
 class CompletionRequest(OpenAISampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # token ids first: pydantic tries the members in turn and a member that fails reports every
+    # element, so list[str] ahead of list[int] cost a 1000-token prompt 120 us (of 146) locally
+    prompt: list[int] | str | list[str] | list[list[int]]
     max_tokens: int | None = Field(None, ge=1)
     best_of: int | None = Field(None, ge=1, le=MAX_N)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -127,7 +129,7 @@ class CompletionRequest(OpenAISampling):
 
     @field_validator("prompt")
     @classmethod
-    def _prompt(cls, v: str | list[str] | list[int] | list[list[int]]) -> Any:
+    def _prompt(cls, v: list[int] | str | list[str] | list[list[int]]) -> Any:
         if isinstance(v, list) and not v:
             raise ValueError("must not be an empty list")
         return v
@@ -146,8 +148,8 @@ class CompletionRequest(OpenAISampling):
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]
+        if isinstance(p[0], int):  # validated: an int first means every element is one
+            return [p]  # type: ignore[list-item]
         return list(p)  # type: ignore[arg-type]
 
     def check(self) -> None:

@@ -44,6 +44,9 @@ def test_prompts_in_every_form() -> None:
     assert _completion(prompt=["a", "b"]).prompts() == ["a", "b"]
     assert _completion(prompt=[1, 2]).prompts() == [[1, 2]]
     assert _completion(prompt=[[1], [2, 3]]).prompts() == [[1], [2, 3]]
+    for mixed in ([1, "a"], ["a", 1], [1, [2]]):  # prompts() tells the forms apart by the first element
+        with pytest.raises(ValidationError):
+            _completion(prompt=mixed)
 
 
 def test_chat_messages_flatten_text_parts() -> None:
