@@ -62,7 +62,13 @@ def main() -> None:
     # first event, and the front end logs each request itself, with its request id
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=cfg.host, port=cfg.port, log_level=cfg.log_level.lower(), log_config=None, access_log=False
+            app,
+            host=cfg.host,
+            port=cfg.port,
+            log_level=cfg.log_level.lower(),
+            log_config=None,
+            access_log=False,
+            interface="asgi3",  # the app is plain ASGI middleware (app.py): no guessing from its __call__
         )
     )
     sockets = [shared_listener(cfg.host, cfg.port)] if cfg.reuse_port else None

@@ -1,4 +1,5 @@
-"""The front end's FastAPI application: routes, error handlers, gates, /health and /metrics."""
+"""The front end's ASGI application: gates, the routes that generate, and FastAPI for the rest
+(its routes and error handlers, /health and /metrics)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp
 
 from services.tokenizer.errors import APIError, api_error_handler, validation_handler
 from services.tokenizer.fastchat_api import fastchat_post_routes, fastchat_router
@@ -22,7 +24,7 @@ from services.tokenizer.openai_api import openai_post_routes, openai_router
 from services.tokenizer.post_routes import PostRoutes
 
 
-def create_app(ctx: FrontContext) -> FastAPI:
+def create_app(ctx: FrontContext) -> ASGIApp:
     fastchat = FastChatWorker(ctx)
 
     @contextlib.asynccontextmanager
@@ -38,12 +40,6 @@ def create_app(ctx: FrontContext) -> FastAPI:
     app = FastAPI(title="LightStream", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, validation_handler)
     app.add_exception_handler(APIError, api_error_handler)
-    # the last added runs first: count every request, then the gates may refuse it, then the
-    # routes that generate are served; the rest go on to FastAPI's router
-    post = {**openai_post_routes(ctx), **lightllm_post_routes(ctx), **fastchat_post_routes(fastchat)}
-    app.add_middleware(PostRoutes, routes=post)
-    app.add_middleware(Gates, max_body_bytes=ctx.cfg.max_body_bytes, api_keys=ctx.cfg.api_keys)
-    app.add_middleware(CountRequests, metrics=ctx.metrics)
     app.include_router(openai_router(ctx))
     app.include_router(fastchat_router(fastchat))
 
@@ -62,4 +58,9 @@ def create_app(ctx: FrontContext) -> FastAPI:
     async def metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
 
-    return app
+    # outside FastAPI, so that a request that generates passes no layer it does not need (its
+    # routing, its error middleware's wrap of every send): count every request, then the gates
+    # may refuse it, then the routes that generate are served; the rest go on to FastAPI
+    post = {**openai_post_routes(ctx), **lightllm_post_routes(ctx), **fastchat_post_routes(fastchat)}
+    gated = Gates(PostRoutes(app, routes=post), max_body_bytes=ctx.cfg.max_body_bytes, api_keys=ctx.cfg.api_keys)
+    return CountRequests(gated, metrics=ctx.metrics)

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp
 
 from services.tokenizer.errors import APIError
 from services.tokenizer.post_routes import PostRoute, PostRoutes
@@ -26,7 +27,7 @@ class Body(BaseModel):
     n: int = 1
 
 
-def make_app(closed: list[str]) -> FastAPI:
+def make_app(closed: list[str]) -> ASGIApp:
     async def echo(request: Request, body: Body, arrival: float) -> Response:
         if body.n > 3:
             raise APIError(400, "n: at most 3", param="n")
@@ -43,6 +44,9 @@ def make_app(closed: list[str]) -> FastAPI:
     async def raw(request: Request, body: None, arrival: float) -> Response:
         return JSONResponse({"got": (await request.body()).decode()})
 
+    async def boom(request: Request, body: Body, arrival: float) -> Response:
+        raise RuntimeError("a bug")
+
     app = FastAPI()
 
     @app.get("/v1/models")
@@ -53,9 +57,9 @@ def make_app(closed: list[str]) -> FastAPI:
         "/v1/echo": PostRoute(Body, echo),
         "/stream": PostRoute(Body, stream),
         "/raw": PostRoute(None, raw),
+        "/v1/boom": PostRoute(Body, boom),
     }
-    app.add_middleware(PostRoutes, routes=routes)
-    return app
+    return PostRoutes(app, routes=routes)  # outside FastAPI, as app.py serves them
 
 
 @pytest.fixture
@@ -63,7 +67,7 @@ def closed() -> list[str]:
     return []
 
 
-async def call(app: FastAPI, method: str, path: str, **kw) -> httpx.Response:
+async def call(app: ASGIApp, method: str, path: str, **kw) -> httpx.Response:
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         return await client.request(method, path, **kw)
@@ -110,6 +114,13 @@ def test_a_bad_body_gets_a_400_that_names_the_problem(closed: list[str], raw: by
 def test_a_route_error_gets_its_status_and_parameter(closed: list[str]) -> None:
     r = run(call(make_app(closed), "POST", "/v1/echo", json={"prompt": "hi", "n": 4}))
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
+def test_a_bug_in_a_route_gets_a_500_in_the_apis_shape_and_the_next_request_is_served(closed: list[str]) -> None:
+    app = make_app(closed)
+    r = run(call(app, "POST", "/v1/boom", json={"prompt": "hi"}))
+    assert r.status_code == 500 and r.json()["error"]["message"] == "internal error: RuntimeError"
+    assert run(call(app, "POST", "/v1/echo", json={"prompt": "hi"})).status_code == 200
 
 
 def test_a_route_without_a_model_reads_the_body_itself(closed: list[str]) -> None:
