@@ -212,6 +212,10 @@ class Pipeline:
                 continue
             acks = entries
             self._hand_out(entries)
+            if entries and len(self.pending) <= AT_ONCE_MAX_PENDING:
+                # the requests' tasks run to their chunks before the next read wakes the reads
+                # thread, whose polling would contend with them for the interpreter lock
+                await asyncio.sleep(0)
 
     async def _keep_awake(self) -> None:
         """While the reads poll, the loop wakes every millisecond, so that its CPU never sleeps

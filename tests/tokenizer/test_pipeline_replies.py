@@ -24,8 +24,10 @@ class ReadsNoted(StreamReader):
     def __init__(self, *a, **k) -> None:
         super().__init__(*a, **k)
         self.reads: list[tuple[str, int | None]] = []
+        self.starts: list[float] = []  # time.monotonic() at the start of every read
 
     def read(self, count=256, block_ms=None, acks=()):  # type: ignore[override]
+        self.starts.append(time.monotonic())
         out = super().read(count, block_ms, acks)
         if out:
             self.reads.append((threading.current_thread().name, block_ms))
@@ -42,23 +44,34 @@ def pipeline(link: RedisLink, namespace: str, poll: BusyPoll) -> Pipeline:
     return p
 
 
-async def stream_of(p: Pipeline, n: int) -> list[str]:
-    """Submit one request, write n items for it as a detokenizer would, return the texts its queue got."""
+async def submitted(p: Pipeline) -> asyncio.Queue[tuple[int, TextItem]]:
+    """Start the pipeline with every service alive and submit request r0; its queue."""
     p.start(asyncio.get_running_loop())
     p.live = Liveness(
         workers={"w": beat("worker", "w")}, detoks={"d0": beat("detokenizer", "d0")}, routers={"r": beat("router", "r")}
     )
     queue: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()
     await p.submit("r0", [1, 2, 3], SamplingParams(), [], True, time.time() + 60, queue, 0)
+    return queue
+
+
+def detokenize(p: Pipeline, texts: list[str], gap_s: float) -> None:
+    """Write an item of r0 for each text to the front end's stream, as a detokenizer would, from a thread."""
     writer = StreamWriter(p.link)
     front = p.names.front("front-0")
 
-    def detokenizer() -> None:
-        for k in range(n):
-            writer.send(front, TextBatch([TextItem("r0", f"t{k}")]))
-            time.sleep(0.002)
+    def run() -> None:
+        for text in texts:
+            writer.send(front, TextBatch([TextItem("r0", text)]))
+            time.sleep(gap_s)
 
-    threading.Thread(target=detokenizer).start()
+    threading.Thread(target=run).start()
+
+
+async def stream_of(p: Pipeline, n: int) -> list[str]:
+    """Submit one request, write n items for it as a detokenizer would, return the texts its queue got."""
+    queue = await submitted(p)
+    detokenize(p, [f"t{k}" for k in range(n)], 0.002)
     got = [(await asyncio.wait_for(queue.get(), 5))[1].text for _ in range(n)]
     deadline = time.monotonic() + 5
     while p.reader.pending_count() and time.monotonic() < deadline:  # acknowledged with the next read
@@ -76,3 +89,29 @@ def test_items_arrive_in_order_and_are_acknowledged(redis_url: str, window_s: fl
     assert {name for name, _ in p.reader.reads} == {"replies_0"}  # off the loop
     # a request in flight and the window open: every read polls, else each one blocks
     assert {block for _, block in p.reader.reads} == ({None} if window_s else {500})
+
+
+def test_a_lone_requests_task_runs_to_its_chunk_before_the_next_read(redis_url: str) -> None:
+    """With few requests in flight, the next read (a polling one here) is not asked for until
+    the task that an item woke has run its step, so the reads thread does not take the
+    interpreter lock from the task as it writes its chunk."""
+    link = RedisLink(redis_url)
+    p = pipeline(link, "turn", BusyPoll(5.0))
+
+    async def run() -> list[tuple[float, float]]:
+        queue = await submitted(p)
+        detokenize(p, ["a", "b", "c"], 0.05)
+        steps = []
+        for _ in range(3):
+            await queue.get()  # as the routes wait (fanout.merged): woken in the turn after the hand-out
+            got = time.monotonic()
+            while time.monotonic() - got < 0.02:  # the step's own work, holding the lock: 20 ms of Python
+                pass
+            steps.append((got, time.monotonic()))
+        p.stop()
+        return steps
+
+    steps = asyncio.run(asyncio.wait_for(run(), 10))
+    assert len(p.reader.starts) > 10  # it polled
+    for got, done in steps:
+        assert not [t for t in p.reader.starts if got < t < done], "a read began while the task ran"
