@@ -7,6 +7,10 @@ PYTHONPATH (it patches classes from outside; nothing here is imported by LightSt
     LS_POLL=1      every stream read that would block polls instead (reads without BLOCK until an
                    entry comes or the wait is over): how much of a hop is the wake from sleep
     LS_NO_TICK=1   the front end's event loop does not tick while its reads poll (Pipeline._keep_awake)
+    LS_PIN=1       each process of a bench_pipeline job on a physical core of its own (all of the
+                   core's hardware threads): the worker, redis-server, each front end, the router,
+                   the detokenizer, and the benchmark's client (which runs the engine alone after
+                   the stack): whether neighbours on a process's CPUs slow its hops
     LS_STAMPS=DIR  every service appends "unix-time event detail" lines to DIR/<pid>.txt when a
                    stream read returns, a send starts and ends, a step starts and ends, and the
                    front end takes, submits and answers a request (tools/diag/hops.py reads them)
@@ -197,11 +201,53 @@ def _stamps(out_dir: str) -> None:
         http.RequestResponseCycle.send = stamped_http_send
 
 
+def _cores() -> list[list[int]]:
+    """The host's physical cores, each as its CPUs (hardware threads), in order."""
+    seen: dict[str, list[int]] = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        path = f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
+        key = str(cpu)
+        if os.path.exists(path):
+            with open(path) as f:
+                key = f.read().strip()
+        seen.setdefault(key, []).append(cpu)
+    return list(seen.values())
+
+
+PIN_ROLES = ["worker", "redis", "front-0", "front-1", "router", "detok", "client"]  # core 1 on; core 0 is the system's
+
+
+def _pin_cpus(role: str) -> set[int]:
+    cores = _cores()
+    return set(cores[(1 + PIN_ROLES.index(role)) % len(cores)])
+
+
+def _pin() -> None:
+    roles = {"services.worker": "worker", "services.router": "router", "services.detokenizer": "detok",
+             "front-0": "front-0", "front-1": "front-1", "bench_pipeline": "client"}  # fmt: skip
+    role = next((r for key, r in roles.items() if key in _CMD), None)
+    if role is None:
+        return
+    os.sched_setaffinity(0, _pin_cpus(role))
+    if role == "client":  # redis-server is started by this process
+        redis_server = importlib.import_module("tools.redis_server")
+        start = redis_server.RedisServer.start
+
+        def pinned_start(self):
+            out = start(self)
+            os.sched_setaffinity(self.proc.pid, _pin_cpus("redis"))
+            return out
+
+        redis_server.RedisServer.start = pinned_start
+
+
 if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())  # the services' modules, for a tool started as a script
 if os.environ.get("LS_PROF") and any(s in _CMD for s in ("services.worker", "benchmark_engine", "bench_pipeline")):
     os.makedirs(os.environ["LS_PROF"], exist_ok=True)
     _profile(os.environ["LS_PROF"])
+if os.environ.get("LS_PIN"):
+    _pin()
 if os.environ.get("LS_POLL") and "services." in _CMD:
     _poll()
 if os.environ.get("LS_NO_TICK") and "services.tokenizer" in _CMD:
