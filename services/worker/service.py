@@ -78,7 +78,7 @@ class WorkerService:
                     self._publish_tokens(out.items)
                     self._changed |= out.changed
                     # after the step, so a wake-up of the thread does not delay a lone request's prefill
-                    self.inbox.thread_reads(self.engine.scheduler.num_held() > AT_ONCE_MAX_REQUESTS)
+                    self.inbox.thread_reads(not self._few())
                 else:
                     self.inbox.thread_reads(False)
                 self._maybe_status()
@@ -134,8 +134,11 @@ class WorkerService:
         step's tokens at low load go out from the loop itself (Outbox.send's at_once); the
         rest, acknowledgements alone among them, never cost the loop a round trip."""
         acks, self._acks = self._acks, []
-        at_once = bool(items) and self.engine.scheduler.num_held() <= AT_ONCE_MAX_REQUESTS
-        self.outbox.send(items, acks=acks, at_once=at_once)
+        self.outbox.send(items, acks=acks, at_once=bool(items) and self._few())
+
+    def _few(self) -> bool:
+        """Few requests held: the loop reads its inbox and sends a step's tokens itself."""
+        return self.engine.scheduler.num_held() <= AT_ONCE_MAX_REQUESTS
 
     def _publish_tokens(self, items: list[tuple[str, TokenItem]]) -> None:
         by_shard: dict[str, list[TokenItem]] = {}
