@@ -9,10 +9,10 @@
    services as processes (tools/stack.py), the worker on CUDA and --fronts front-end
    processes sharing the HTTP port (a front end is one Python process: at thousands of
    streamed tokens a second, one alone becomes the limit).
-2. Runs tools/benchmark_serving.py against it: one request at a time (low load), the
-   first --side-by-side requests all at once (for the Hugging Face peer's ratio), the full
-   --requests all at once (offline), then Poisson arrivals at each of --rates, with a plot
-   (--parts picks some of these four).
+2. Runs tools/benchmark_serving.py against it: one request at a time (low load; and again
+   through aiohttp, lowload-aiohttp), the first --side-by-side requests all at once (for the
+   Hugging Face peer's ratio), the full --requests all at once (offline), then Poisson
+   arrivals at each of --rates, with a plot (--parts picks some of these five).
 3. Stops the stack and runs tools/benchmark_engine.py on the same workload: the engine
    alone, no Redis and no HTTP, offline and at low load (those of the two that ran).
 Everything goes to DIR/pipeline.json (and each part's own JSON) and a summary is printed.
@@ -39,7 +39,7 @@ from tools.stack import Stack, StackOptions
 WORKER_ARGS = ["--device", "cuda", "--random-weights", "true", "--running-max-req-size", "2048",
                "--batch-max-tokens", "16384"]  # fmt: skip
 ROUTER_ARGS = ["--running-max-req-size", "4096", "--max-waiting", "20000"]
-PARTS = ("lowload", "side", "offline", "online")
+PARTS = ("lowload", "lowload-aiohttp", "side", "offline", "online")
 
 
 def serving(url: str, out: str, **kw) -> dict | list:
@@ -118,6 +118,10 @@ def main(argv: list[str] | None = None) -> dict:
             res["low_load"] = serving(stack.url, os.path.join(d, "low_load.json"), requests=args.low_load,
                                       max_concurrency=1)  # fmt: skip
             save()
+        if "lowload-aiohttp" in parts:  # the same through aiohttp, vLLM's client: what the client's own time adds
+            res["low_load_aiohttp"] = serving(stack.url, os.path.join(d, "low_load_aiohttp.json"),
+                                              requests=args.low_load, max_concurrency=1, client="aiohttp")  # fmt: skip
+            save()
         if "side" in parts:
             res["side_by_side"] = serving(stack.url, os.path.join(d, "side_by_side.json"), requests=args.side_by_side)
             save()
@@ -135,6 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
         stack.stop()
         redis.stop()
     engine_parts = ["ceilings"] + [p for p in ("lowload", "offline") if p in parts]
+    if "lowload-aiohttp" in parts and "lowload" not in parts:
+        engine_parts.insert(1, "lowload")
     if not args.skip_engine and len(engine_parts) > 1:
         side = args.side_by_side if "side" in parts else 0
         engine = benchmark_engine.main(
@@ -148,8 +154,12 @@ def main(argv: list[str] | None = None) -> dict:
         if "lowload" in parts:
             added = res["low_load"]["ttft_ms"]["median"] - engine["low_load"]["ttft_ms"]["median"]
             res["low_load_ttft_added_ms"] = added
+        if "lowload-aiohttp" in parts:
+            added = res["low_load_aiohttp"]["ttft_ms"]["median"] - engine["low_load"]["ttft_ms"]["median"]
+            res["low_load_aiohttp_ttft_added_ms"] = added
         save()
-    print(json.dumps({k: res.get(k) for k in ("pipeline_over_engine", "low_load_ttft_added_ms")}), flush=True)
+    keys = ("pipeline_over_engine", "low_load_ttft_added_ms", "low_load_aiohttp_ttft_added_ms")
+    print(json.dumps({k: res.get(k) for k in keys}), flush=True)
     return res
 
 

@@ -11,6 +11,11 @@ Reports requests/s, input, output and total tokens/s, and TTFT, TPOT ((E2E - TTF
 (output tokens - 1)), ITL (every gap between streamed chunks, pooled) and end-to-end
 latency, each as mean, median and p99, in milliseconds. With --plot and --rates it runs
 each rate in turn and draws latency against request rate.
+
+The client (--client) is tools/http_stream.py on uvloop by default: each request's clock
+starts as its bytes go out, and the client's own Python between the wire and the clock is
+small. --client aiohttp measures with aiohttp on asyncio's loop, as vLLM's client does;
+at low load its own time adds about 0.4 ms to each TTFT (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 if __package__ in (None, ""):
@@ -31,7 +38,10 @@ if __package__ in (None, ""):
 import aiohttp
 from tqdm import tqdm
 
+from tools.http_stream import HTTPStreamError, StreamClient
 from tools.workload import random_prompts, sharegpt_shaped
+
+JSON = {"content-type": "application/json"}
 
 
 @dataclass
@@ -45,9 +55,7 @@ class Outcome:
     itl: list[float] = field(default_factory=list)
 
 
-async def one_request(
-    session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], max_tokens: int
-) -> Outcome:
+def request_body(model: str, prompt: list[int], max_tokens: int) -> bytes:
     body = {
         "model": model,
         "prompt": prompt,
@@ -57,37 +65,62 @@ async def one_request(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    out = Outcome(prompt_tokens=len(prompt))
-    start = time.perf_counter()
+    return json.dumps(body).encode()
+
+
+async def consume(lines: AsyncIterator[bytes], out: Outcome, start: float) -> None:
+    """Read a completion's server-sent events: the first chunk's time, every gap after it,
+    the usage at the end."""
     last = start
+    async for raw in lines:
+        line = raw.strip()
+        if not line.startswith(b"data: "):
+            continue
+        data = line[6:]
+        if data == b"[DONE]":
+            break
+        chunk = json.loads(data)
+        if chunk.get("usage"):
+            out.output_tokens = chunk["usage"]["completion_tokens"]
+        if not chunk.get("choices"):
+            continue  # the usage-only chunk at the end
+        # every chunk with a choice is one step's tokens, text or not (held-back bytes)
+        now = time.perf_counter()
+        if out.ttft == 0.0:
+            out.ttft = now - start
+        else:
+            out.itl.append(now - last)
+        last = now
+    out.e2e = time.perf_counter() - start
+    out.ok = out.output_tokens > 0
+    if not out.ok:
+        out.error = "no usage in the stream"
+
+
+async def lean_request(client: StreamClient, body: bytes, out: Outcome, timeout_s: float) -> Outcome:
+    """One streamed completion through tools/http_stream.py; the clock starts as its bytes go out."""
     try:
-        async with session.post(url + "/v1/completions", json=body) as resp:
+        async with asyncio.timeout(timeout_s):
+            start = time.perf_counter()
+            async with client.request("POST", "/v1/completions", body) as resp:
+                if resp.status != 200:
+                    out.error = f"HTTP {resp.status}: {(await resp.read())[:200].decode(errors='replace')}"
+                    return out
+                await consume(resp.lines(), out, start)
+    except (TimeoutError, HTTPStreamError) as e:
+        out.error = repr(e)
+    return out
+
+
+async def aiohttp_request(session: aiohttp.ClientSession, url: str, body: bytes, out: Outcome) -> Outcome:
+    """The same through aiohttp, as vLLM's benchmark client makes it."""
+    start = time.perf_counter()
+    try:
+        async with session.post(url + "/v1/completions", data=body, headers=JSON) as resp:
             if resp.status != 200:
                 out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return out
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data: "):
-                    continue
-                data = line[6:]
-                if data == b"[DONE]":
-                    break
-                chunk = json.loads(data)
-                if chunk.get("usage"):
-                    out.output_tokens = chunk["usage"]["completion_tokens"]
-                if not chunk.get("choices"):
-                    continue  # the usage-only chunk at the end
-                # every chunk with a choice is one step's tokens, text or not (held-back bytes)
-                now = time.perf_counter()
-                if out.ttft == 0.0:
-                    out.ttft = now - start
-                else:
-                    out.itl.append(now - last)
-                last = now
-        out.e2e = time.perf_counter() - start
-        out.ok = out.output_tokens > 0
-        if not out.ok:
-            out.error = "no usage in the stream"
+            await consume(resp.content, out, start)
     except (TimeoutError, aiohttp.ClientError) as e:
         out.error = repr(e)
     return out
@@ -109,34 +142,70 @@ async def run(args: argparse.Namespace, rate: float) -> dict:
     prompts = random_prompts([i for i, _ in pairs], args.vocab, seed=1)
     arrivals = arrival_times(len(pairs), rate)
     limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
-    timeout = aiohttp.ClientTimeout(total=args.timeout_s)
-    connector = aiohttp.TCPConnector(limit=0)
     bar = tqdm(total=len(pairs), desc=f"rate {rate}", disable=args.quiet)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        model = args.model or await _model_name(session, args.url)
+    async with _client(args) as send:
+        model = args.model or await send.model_name()
+        bodies = [request_body(model, prompt, out_len) for prompt, (_, out_len) in zip(prompts, pairs, strict=True)]
         begin = time.perf_counter()
 
         async def scheduled(k: int) -> Outcome:
             delay = arrivals[k] - (time.perf_counter() - begin)
             if delay > 0:
                 await asyncio.sleep(delay)
+            out = Outcome(prompt_tokens=len(prompts[k]))
             if limit is None:
-                res = await one_request(session, args.url, model, prompts[k], pairs[k][1])
+                res = await send(bodies[k], out)
             else:
                 async with limit:
-                    res = await one_request(session, args.url, model, prompts[k], pairs[k][1])
+                    res = await send(bodies[k], out)
             bar.update(1)
             return res
 
         outcomes = await asyncio.gather(*(scheduled(k) for k in range(len(pairs))))
         duration = time.perf_counter() - begin
     bar.close()
-    return summarize(outcomes, duration, rate, args.max_concurrency)
+    return {"client": args.client, **summarize(outcomes, duration, rate, args.max_concurrency)}
 
 
-async def _model_name(session: aiohttp.ClientSession, url: str) -> str:
-    async with session.get(url + "/v1/models") as resp:
-        return (await resp.json())["data"][0]["id"]
+class _Lean:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.client = StreamClient(args.url)
+        self.timeout_s = args.timeout_s
+
+    async def __call__(self, body: bytes, out: Outcome) -> Outcome:
+        return await lean_request(self.client, body, out, self.timeout_s)
+
+    async def model_name(self) -> str:
+        async with self.client.request("GET", "/v1/models") as resp:
+            return json.loads(await resp.read())["data"][0]["id"]
+
+
+class _Aiohttp:
+    def __init__(self, args: argparse.Namespace, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self.url = args.url
+
+    async def __call__(self, body: bytes, out: Outcome) -> Outcome:
+        return await aiohttp_request(self.session, self.url, body, out)
+
+    async def model_name(self) -> str:
+        async with self.session.get(self.url + "/v1/models") as resp:
+            return (await resp.json())["data"][0]["id"]
+
+
+@asynccontextmanager
+async def _client(args: argparse.Namespace):
+    """A callable that sends one request body and fills its Outcome, with --client's library."""
+    if args.client == "lean":
+        lean = _Lean(args)
+        try:
+            yield lean
+        finally:
+            await lean.client.close()
+        return
+    timeout = aiohttp.ClientTimeout(total=args.timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        yield _Aiohttp(args, session)
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -204,8 +273,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default="", help="model name to send; default: the first of GET /v1/models")
     ap.add_argument("--workload", default="", help="path to workload.py (default: .peer/ or ../shared/bench/)")
     ap.add_argument("--timeout-s", type=float, default=3600.0)
+    ap.add_argument(
+        "--client",
+        choices=("lean", "aiohttp"),
+        default="lean",
+        help="lean: tools/http_stream.py on uvloop; aiohttp: aiohttp on asyncio's loop, as vLLM's client",
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     return ap.parse_args(argv)
+
+
+def _run_loop(client: str):
+    if client == "lean":
+        try:
+            import uvloop
+
+            return uvloop.run
+        except ImportError:
+            pass
+    return asyncio.run
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -213,7 +299,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.request_rate]
     results = []
     for rate in rates:
-        res = asyncio.run(run(args, rate))
+        res = _run_loop(args.client)(run(args, rate))
         results.append(res)
         print(json.dumps(res), flush=True)
     with open(args.out, "w") as f:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from tests.integration.conftest import start_stack
 from tools import benchmark_serving
 from tools.redis_server import RedisServer
@@ -20,10 +22,19 @@ def test_benchmark_serving_on_the_tiny_model(long_context_model: str, redis_serv
             ["--url", stack.url, "--out", str(out), "--requests", "6", "--vocab", "1000", "--rates", "inf,20",
              "--plot", str(png), "--quiet"]
         )  # fmt: skip
+        # one at a time (each request on the connection the last one left), through aiohttp as vLLM's client
+        one_by_one = benchmark_serving.main(
+            ["--url", stack.url, "--out", str(tmp_path / "one.json"), "--requests", "6", "--vocab", "1000",
+             "--max-concurrency", "1", "--client", "aiohttp", "--quiet"]
+        )  # fmt: skip
     finally:
         stack.stop()
-    assert len(results) == 2
-    for r in results:
+    assert len(results) == 2 and len(one_by_one) == 1
+    assert results[0]["client"] == "lean" and one_by_one[0]["client"] == "aiohttp"
+    assert one_by_one[0]["output_tok_per_s"] * one_by_one[0]["duration_s"] == pytest.approx(
+        results[0]["output_tok_per_s"] * results[0]["duration_s"]
+    )  # the same output tokens, counted from the usage chunk, through either client
+    for r in [*results, *one_by_one]:
         assert r["completed"] == 6 and r["failed"] == 0, r["errors"]
         assert r["req_per_s"] > 0 and r["output_tok_per_s"] > 0
         for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
