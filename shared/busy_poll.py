@@ -48,18 +48,22 @@ def host_cpus() -> int:
 class BusyPoll:
     """Whether a reader polls now: while its service is busy and window_s after."""
 
-    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic, spin: bool = False) -> None:
+        """``spin``: the polling reads wait for Redis's answers without sleeping
+        (shared/spin_read.py); only for a reader that is its process's one busy thread."""
         self.window_s = window_s
         self.clock = clock
+        self.spin = spin
         self._until = 0.0
 
     @classmethod
-    def for_host(cls, busy_poll_ms: float) -> BusyPoll:
+    def for_host(cls, busy_poll_ms: float, spin: bool = False) -> BusyPoll:
         """The setting resolved for this host, and said in the log."""
         cpus = host_cpus()
-        poll = cls(window_s(busy_poll_ms, cpus))
+        poll = cls(window_s(busy_poll_ms, cpus), spin=spin)
         if poll.window_s > 0:
-            log.info("reads poll Redis while requests are in flight and %.0f ms after", 1000 * poll.window_s)
+            how = ", spinning on each answer" if spin else ""
+            log.info("reads poll Redis%s while requests are in flight and %.0f ms after", how, 1000 * poll.window_s)
         else:
             log.info("reads block (busy_poll_ms=%g, %d CPUs)", busy_poll_ms, cpus)
         return poll
@@ -83,7 +87,7 @@ class BusyPoll:
         while True:
             if left_ms >= BLOCK_CLOCK_MS and not self.polling():
                 return reader.read(count=count, block_ms=left_ms, acks=acks)
-            out = reader.read(count=count, block_ms=None, acks=acks)
+            out = reader.read(count=count, block_ms=None, acks=acks, spin=self.spin)
             acks = []
             now = self.clock()
             if out or now >= end:

@@ -19,6 +19,7 @@ import redis
 
 from shared.messages import WireError, decode, encode
 from shared.redis_link import RedisLink, is_nogroup, maybe
+from shared.spin_read import SpinConnection
 from shared.streams import consumer_lease
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class StreamReader:
         self.claim_every_s = claim_every_s
         self.lease = consumer_lease(stream, group, consumer)
         self._next_claim = 0.0
+        self._spin: SpinConnection | None = None  # made at the first read with spin
         self.ensure_group()
 
     def ensure_group(self) -> None:
@@ -113,19 +115,30 @@ class StreamReader:
         self.link.call(run)
 
     def read(
-        self, count: int = 256, block_ms: int | None = None, acks: Iterable[Entry] = (), once: bool = False
+        self,
+        count: int = 256,
+        block_ms: int | None = None,
+        acks: Iterable[Entry] = (),
+        once: bool = False,
+        spin: bool = False,
     ) -> list[Entry]:
         """Entries claimed from dead consumers first, then new ones; waits up to block_ms
         (None: do not wait) when there is nothing. Entries in ``acks`` (of this stream and
         group) are acknowledged in the same round trip, ahead of the read. With ``once``, one
         attempt that never blocks long (RedisLink.call_once: NotAtOnce if Redis does not
-        answer) and no claiming, for a caller that must not wait out an outage."""
+        answer) and no claiming, for a caller that must not wait out an outage. With ``spin``,
+        a read that does not wait goes through a connection that waits for the answer
+        without sleeping (shared/spin_read.py), and through redis-py if that one fails."""
         acks = list(acks)
         claimed = [] if once else self._claim_due()
         if claimed:
             self.ack(acks)
             return claimed
         ack_ids = [e.entry_id for e in acks]
+        if spin and block_ms is None and not once:
+            spun = self._spin_read(count, ack_ids)
+            if spun is not None:
+                return self._decode_entries(spun)
 
         def run(r: redis.Redis) -> Any:
             pipe = r.pipeline(transaction=False)
@@ -140,6 +153,30 @@ class StreamReader:
         for _stream, entries in resp or []:
             out.extend(self._decode_entries(entries))
         return out
+
+    def _spin_read(self, count: int, ack_ids: list[bytes]) -> list[tuple[bytes, Any]] | None:
+        """The read as StreamReader.read's pipeline makes it, through the spinning connection:
+        (entry id, fields) pairs; None if that connection failed or the group is gone (the
+        caller reads through redis-py, which reconnects and recreates)."""
+        if self._spin is None:
+            self._spin = SpinConnection(self.link.client.connection_pool.connection_kwargs)
+        commands: list[tuple[Any, ...]] = [("SET", self.lease, b"1", "PX", self.claim_idle_ms)]
+        if ack_ids:
+            commands.append(("XACK", self.stream, self.group, *ack_ids))
+        commands.append(("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, "STREAMS", self.stream, ">"))
+        try:
+            resp = self._spin.execute(commands)[-1]
+        except redis.ConnectionError:
+            return None
+        except redis.ResponseError as e:
+            if is_nogroup(e):
+                return None
+            raise
+        return [
+            (entry_id, None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True)))
+            for _stream, entries in resp or []
+            for entry_id, flat in entries
+        ]
 
     def ack(self, entries: Iterable[Entry]) -> None:
         ids = [e.entry_id for e in entries]

@@ -20,10 +20,12 @@ class BlocksNoted(StreamReader):
     def __init__(self, *a, **k) -> None:
         super().__init__(*a, **k)
         self.blocks: list[int | None] = []
+        self.spins: list[bool] = []
 
-    def read(self, count=256, block_ms=None, acks=()):  # type: ignore[override]
+    def read(self, count=256, block_ms=None, acks=(), **kw):  # type: ignore[override]
         self.blocks.append(block_ms)
-        return super().read(count, block_ms, acks)
+        self.spins.append(kw.get("spin", False))
+        return super().read(count, block_ms, acks, **kw)
 
 
 @pytest.mark.parametrize(
@@ -49,13 +51,17 @@ def test_polling_while_busy_and_for_the_window_after() -> None:
     assert not off.polling()
 
 
-def read_a_late_entry(redis_url: str, stream: str, poll: BusyPoll, after_s: float) -> tuple[list[str], list]:
+def read_a_late_entry(
+    redis_url: str, stream: str, poll: BusyPoll, after_s: float, spins: list[bool] | None = None
+) -> tuple[list[str], list]:
     """poll.read with a 2 s wait on a new stream, whose one entry is sent after_s later: the rids
-    read and the BLOCK of every read made."""
+    read and the BLOCK of every read made (and in ``spins``, whether each spun)."""
     link = RedisLink(redis_url)
     reader = BlocksNoted(link, stream, "g", "c")
     threading.Timer(after_s, lambda: StreamWriter(link).send(stream, AbortReq("late", ""))).start()
     got = poll.read(reader, count=10, block_ms=2000)
+    if spins is not None:
+        spins += reader.spins
     return [e.msg.rid for e in got], reader.blocks
 
 
@@ -73,6 +79,16 @@ def test_inside_the_window_a_read_polls_until_an_entry_comes(redis_url: str) -> 
     t = time.perf_counter()
     assert poll.read(reader, count=10, block_ms=30) == []  # nothing comes: back after the wait
     assert 0.03 <= time.perf_counter() - t < 1.0
+
+
+def test_a_spinning_poll_makes_its_polling_reads_spin_and_its_blocking_read_not(redis_url: str) -> None:
+    poll = BusyPoll(0.05, spin=True)
+    poll.note(True)
+    spins: list[bool] = []
+    rids, blocks = read_a_late_entry(redis_url, "bp:spin", poll, 0.3, spins)
+    assert rids == ["late"]
+    assert [s for s, b in zip(spins, blocks, strict=True) if b is None] == [True] * (len(blocks) - 1)
+    assert blocks[-1] is not None and spins[-1] is False  # after the window: redis-py's blocking read
 
 
 def test_a_window_that_closes_mid_wait_leaves_the_rest_to_a_blocking_read(redis_url: str) -> None:
