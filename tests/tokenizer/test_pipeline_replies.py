@@ -26,9 +26,9 @@ class ReadsNoted(StreamReader):
         self.reads: list[tuple[str, int | None]] = []
         self.starts: list[float] = []  # time.monotonic() at the start of every read
 
-    def read(self, count=256, block_ms=None, acks=()):  # type: ignore[override]
+    def read(self, count=256, block_ms=None, acks=(), **kw):  # type: ignore[override]
         self.starts.append(time.monotonic())
-        out = super().read(count, block_ms, acks)
+        out = super().read(count, block_ms, acks, **kw)
         if out:
             self.reads.append((threading.current_thread().name, block_ms))
         return out

@@ -91,8 +91,8 @@ class NotingReader(StreamReader):
         super().__init__(*a, **k)
         self.reads: list[tuple[str, int | None]] = []
 
-    def read(self, count=256, block_ms=None, acks=(), once=False):  # type: ignore[override]
-        out = super().read(count, block_ms, acks, once)
+    def read(self, count=256, block_ms=None, acks=(), once=False, **kw):  # type: ignore[override]
+        out = super().read(count, block_ms, acks, once, **kw)
         if out:
             self.reads.append((threading.current_thread().name, block_ms))
         return out
