@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import redis
 
 from shared.messages import AbortReq
@@ -96,23 +97,32 @@ def test_undecodable_entries_are_dropped(redis_url: str) -> None:
     assert reader.pending_count() == 0
 
 
-def test_survives_redis_restart() -> None:
+@pytest.mark.parametrize("spin", [False, True])
+def test_survives_redis_restart(spin: bool) -> None:
+    """With ``spin`` the reads go through shared/spin_read.py: its connection dies with the
+    server, redis-py's read reconnects and makes the group again, and the next read spins on
+    a new connection."""
     first = RedisServer().start()
     second = RedisServer(port=first.port)
     try:
         link = RedisLink(first.url, max_backoff_s=0.2)
         reader = StreamReader(link, "s", "g", "c")
         writer = StreamWriter(link)
+
+        def read() -> list[str]:
+            return [e.msg.rid for e in reader.read(block_ms=None if spin else 200, spin=spin)]
+
         writer.send("s", AbortReq("before", ""))
-        assert [e.msg.rid for e in reader.read(block_ms=100)] == ["before"]
+        assert read() == ["before"]
         first.stop()
         # the same port comes back after a while, empty: the stream and its group are gone
         t = threading.Timer(0.5, second.start)
         t.start()
         writer.send("s", AbortReq("after", ""))  # retries with backoff until redis answers
         t.join()
-        got = reader.read(block_ms=200)  # NOGROUP -> the group is made again, from the start
-        assert [e.msg.rid for e in got] == ["after"]
+        assert read() == ["after"]  # NOGROUP -> the group is made again, from the start
+        writer.send("s", AbortReq("later", ""))
+        assert read() == ["later"]
     finally:
         first.stop()
         second.stop()

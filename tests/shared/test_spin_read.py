@@ -1,8 +1,7 @@
-"""shared/spin_read.py and StreamReader's spinning reads against a real redis-server."""
+"""shared/spin_read.py and StreamReader's spinning reads against a real redis-server (a restart
+under spinning reads: test_redis_streams.py)."""
 
 from __future__ import annotations
-
-import threading
 
 import pytest
 import redis
@@ -54,26 +53,3 @@ def test_a_spinning_read_is_the_read_redis_py_makes(redis_url: str) -> None:
     assert reader.pending_count() == 1
     assert redis.Redis.from_url(redis_url).pttl(reader.lease) > 0  # the lease is kept, as redis-py's read keeps it
     assert reader._spin is not None  # the read went through the spinning connection
-
-
-def test_a_spinning_read_falls_back_to_redis_py_through_a_restart() -> None:
-    first = RedisServer().start()
-    second = RedisServer(port=first.port)
-    try:
-        link = RedisLink(first.url, max_backoff_s=0.2)
-        reader = StreamReader(link, "s", "g", "c")
-        writer = StreamWriter(link)
-        writer.send("s", AbortReq("before", ""))
-        assert [e.msg.rid for e in reader.read(spin=True)] == ["before"]
-        first.stop()
-        t = threading.Timer(0.5, second.start)
-        t.start()
-        writer.send("s", AbortReq("after", ""))  # retries with backoff until redis answers
-        t.join()
-        # the spinning connection is dead and the group gone: redis-py reconnects and makes it again
-        assert [e.msg.rid for e in reader.read(spin=True)] == ["after"]
-        writer.send("s", AbortReq("later", ""))
-        assert [e.msg.rid for e in reader.read(spin=True)] == ["later"]  # spinning again, on a new connection
-    finally:
-        first.stop()
-        second.stop()
