@@ -25,6 +25,7 @@ from shared.streams import consumer_lease
 log = logging.getLogger(__name__)
 
 FIELD = b"m"  # every entry holds one msgpack message under this field
+SPIN_RETRY_S = 1.0  # after the spinning connection fails, reads go through redis-py for this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,7 @@ class StreamReader:
         self.lease = consumer_lease(stream, group, consumer)
         self._next_claim = 0.0
         self._spin: SpinConnection | None = None  # made at the first read with spin
+        self._spin_after = 0.0  # after a failure of its connection, reads with spin use redis-py until then
         self.ensure_group()
 
     def ensure_group(self) -> None:
@@ -135,7 +137,7 @@ class StreamReader:
             self.ack(acks)
             return claimed
         ack_ids = [e.entry_id for e in acks]
-        if spin and block_ms is None and not once:
+        if spin and block_ms is None and not once and time.monotonic() >= self._spin_after:
             spun = self._spin_read(count, ack_ids)
             if spun is not None:
                 return self._decode_entries(spun)
@@ -167,6 +169,7 @@ class StreamReader:
         try:
             resp = self._spin.execute(commands)[-1]
         except redis.ConnectionError:
+            self._spin_after = time.monotonic() + SPIN_RETRY_S  # Redis away: no reconnect on every poll
             return None
         except redis.ResponseError as e:
             if is_nogroup(e):

@@ -40,11 +40,14 @@ def pack(commands: list[tuple[Arg, ...]]) -> bytes:
 
 
 class SpinConnection:
-    def __init__(self, connection_kwargs: dict[str, Any], timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, connection_kwargs: dict[str, Any], timeout_s: float = 10.0, connect_timeout_s: float = 0.5
+    ) -> None:
         """``connection_kwargs``: redis-py's for the link's pool (host, port or path, db,
-        username, password)."""
+        username, password). ``timeout_s``: the longest wait for an answer."""
         self.kw = connection_kwargs
         self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self._sock: socket.socket | None = None
         self._reader = hiredis.Reader()
 
@@ -95,10 +98,11 @@ class SpinConnection:
         try:
             if kw.get("path"):
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(self.timeout_s)
+                sock.settimeout(self.connect_timeout_s)
                 sock.connect(kw["path"])
             else:
-                sock = socket.create_connection((kw.get("host", "localhost"), kw.get("port", 6379)), self.timeout_s)
+                address = (kw.get("host", "localhost"), kw.get("port", 6379))
+                sock = socket.create_connection(address, self.connect_timeout_s)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError as e:
             raise redis.ConnectionError(f"spinning read: cannot connect: {e}") from e

@@ -8,6 +8,7 @@ import time
 import pytest
 import redis
 
+from shared import redis_streams
 from shared.messages import AbortReq
 from shared.redis_link import RedisLink
 from shared.redis_streams import FIELD, StreamReader, StreamWriter
@@ -98,10 +99,11 @@ def test_undecodable_entries_are_dropped(redis_url: str) -> None:
 
 
 @pytest.mark.parametrize("spin", [False, True])
-def test_survives_redis_restart(spin: bool) -> None:
+def test_survives_redis_restart(spin: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``spin`` the reads go through shared/spin_read.py: its connection dies with the
-    server, redis-py's read reconnects and makes the group again, and the next read spins on
-    a new connection."""
+    server, redis-py's read reconnects and makes the group again, and a read after
+    SPIN_RETRY_S spins on a new connection."""
+    monkeypatch.setattr(redis_streams, "SPIN_RETRY_S", 0.1)
     first = RedisServer().start()
     second = RedisServer(port=first.port)
     try:
@@ -122,7 +124,10 @@ def test_survives_redis_restart(spin: bool) -> None:
         t.join()
         assert read() == ["after"]  # NOGROUP -> the group is made again, from the start
         writer.send("s", AbortReq("later", ""))
+        time.sleep(0.15)
         assert read() == ["later"]
+        if spin:
+            assert reader._spin is not None and reader._spin._sock is not None  # spinning again
     finally:
         first.stop()
         second.stop()
