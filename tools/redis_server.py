@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -11,11 +12,40 @@ import time
 
 import redis
 
+_handed_out: set[int] = set()
+LOWEST_PORT = 20000
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nothing listens on, for a process started next to bind.
+
+    Drawn below the kernel's ephemeral range, so that no outgoing connection (a service's
+    to Redis) is given it before that process binds it, and never the same one twice in
+    this process: a port from bind(0) is in that range, and is free again the moment its
+    probe closes, so two callers in a row could be handed the same one."""
+    top = _ephemeral_low() - 1
+    rng = random.SystemRandom()
+    for _ in range(500):
+        port = rng.randint(LOWEST_PORT, top) if top > LOWEST_PORT else 0
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))  # every address: a listener on any of them makes it taken
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free TCP port found")
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class RedisServer:
