@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -46,9 +47,19 @@ DEFAULT_PARTS = "lowload,side,offline,online"  # lowload-aiohttp on request: it 
 def serving(url: str, out: str, **kw) -> dict | list:
     argv = ["--url", url, "--out", out, "--quiet"]
     for k, v in kw.items():
-        argv += [f"--{k.replace('_', '-')}", str(v)]
+        flag = f"--{k.replace('_', '-')}"
+        argv += [flag] if v is True else [flag, str(v)]
     results = benchmark_serving.main(argv)
     return results if len(results) > 1 else results[0]
+
+
+def paired_added(pipeline: dict, engine: dict) -> float | None:
+    """The median over requests of the pipeline's TTFT less the engine alone's for the same
+    prompt: each request is paired with itself, so the prompt's length (the prefill's time)
+    drops out, which the difference of the two medians keeps."""
+    pairs = zip(pipeline.get("per_request_ttft_ms") or [], engine.get("ttft_each_ms") or [], strict=False)
+    diffs = [p - e for p, e in pairs if p is not None]
+    return statistics.median(diffs) if diffs else None
 
 
 def worker_figures(metrics_url: str) -> dict[str, float]:
@@ -117,11 +128,12 @@ def main(argv: list[str] | None = None) -> dict:
         serving(stack.url, os.path.join(d, "warmup.json"), requests=16)
         if "lowload" in parts:
             res["low_load"] = serving(stack.url, os.path.join(d, "low_load.json"), requests=args.low_load,
-                                      max_concurrency=1)  # fmt: skip
+                                      max_concurrency=1, per_request=True)  # fmt: skip
             save()
         if "lowload-aiohttp" in parts:  # the same through aiohttp, vLLM's client: what the client's own time adds
             res["low_load_aiohttp"] = serving(stack.url, os.path.join(d, "low_load_aiohttp.json"),
-                                              requests=args.low_load, max_concurrency=1, client="aiohttp")  # fmt: skip
+                                              requests=args.low_load, max_concurrency=1, client="aiohttp",
+                                              per_request=True)  # fmt: skip
             save()
         if "side" in parts:
             res["side_by_side"] = serving(stack.url, os.path.join(d, "side_by_side.json"), requests=args.side_by_side)
@@ -152,14 +164,14 @@ def main(argv: list[str] | None = None) -> dict:
         res["engine_alone"] = {k: engine.get(k) for k in ("ceilings", "engine", "low_load", "side_by_side", "offline")}
         if "offline" in parts:
             res["pipeline_over_engine"] = res["offline"]["req_per_s"] / engine["offline"]["req_per_s"]
-        if "lowload" in parts:
-            added = res["low_load"]["ttft_ms"]["median"] - engine["low_load"]["ttft_ms"]["median"]
-            res["low_load_ttft_added_ms"] = added
-        if "lowload-aiohttp" in parts:
-            added = res["low_load_aiohttp"]["ttft_ms"]["median"] - engine["low_load"]["ttft_ms"]["median"]
-            res["low_load_aiohttp_ttft_added_ms"] = added
+        for part, key in (("lowload", "low_load"), ("lowload-aiohttp", "low_load_aiohttp")):
+            if part in parts:
+                added = res[key]["ttft_ms"]["median"] - engine["low_load"]["ttft_ms"]["median"]
+                res[f"{key}_ttft_added_ms"] = added
+                res[f"{key}_ttft_added_paired_ms"] = paired_added(res[key], engine["low_load"])
         save()
-    keys = ("pipeline_over_engine", "low_load_ttft_added_ms", "low_load_aiohttp_ttft_added_ms")
+    keys = ("pipeline_over_engine", "low_load_ttft_added_ms", "low_load_ttft_added_paired_ms",
+            "low_load_aiohttp_ttft_added_ms")  # fmt: skip
     print(json.dumps({k: res.get(k) for k in keys}), flush=True)
     return res
 

@@ -290,6 +290,7 @@ def low_load(engine: Engine, cfg: ModelConfig, n: int, workload: str) -> dict:
     return {
         "requests": n,
         "ttft_ms": {"mean": 1000 * sum(ttft) / n, "median": 1000 * sorted(ttft)[n // 2]},
+        "ttft_each_ms": [1000 * t for t in ttft],  # in the workload's order, to pair with the pipeline's
         "tpot_ms": {"mean": 1000 * sum(tpot) / len(tpot), "median": 1000 * sorted(tpot)[len(tpot) // 2]},
     }
 

@@ -164,7 +164,10 @@ async def run(args: argparse.Namespace, rate: float) -> dict:
         outcomes = await asyncio.gather(*(scheduled(k) for k in range(len(pairs))))
         duration = time.perf_counter() - begin
     bar.close()
-    return {"client": args.client, **summarize(outcomes, duration, rate, args.max_concurrency)}
+    res = {"client": args.client, **summarize(outcomes, duration, rate, args.max_concurrency)}
+    if args.per_request:  # in the workload's order; None for a request that failed
+        res["per_request_ttft_ms"] = [1000 * o.ttft if o.ok else None for o in outcomes]
+    return res
 
 
 class _Lean:
@@ -280,6 +283,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="lean: tools/http_stream.py on uvloop; aiohttp: aiohttp on asyncio's loop, as vLLM's client",
     )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--per-request", action="store_true", help="each request's TTFT too, in the workload's order")
     return ap.parse_args(argv)
 
 

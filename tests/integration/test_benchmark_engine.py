@@ -37,6 +37,8 @@ def test_one_rank_and_a_tp2_group_run_the_same_workload(long_context_model: str,
     assert off["output_tokens"] == REQUESTS * off["mean_output"] > 0
     assert one["static"][0]["batch"] == 2 and one["static"][0]["ms_per_step"] > 0
     assert one["low_load"]["ttft_ms"]["median"] > 0
+    each = one["low_load"]["ttft_each_ms"]  # per request, in the workload's order, for the pairing
+    assert len(each) == 2 and all(t > 0 for t in each)
     # the same requests, steps and tokens whichever way the model is split
     assert (two["offline"]["output_tokens"], two["offline"]["steps"]) == (off["output_tokens"], off["steps"])
 

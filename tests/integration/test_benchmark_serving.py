@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 
 import pytest
 
@@ -25,7 +26,7 @@ def test_benchmark_serving_on_the_tiny_model(long_context_model: str, redis_serv
         # one at a time (each request on the connection the last one left), through aiohttp as vLLM's client
         one_by_one = benchmark_serving.main(
             ["--url", stack.url, "--out", str(tmp_path / "one.json"), "--requests", "6", "--vocab", "1000",
-             "--max-concurrency", "1", "--client", "aiohttp", "--quiet"]
+             "--max-concurrency", "1", "--client", "aiohttp", "--per-request", "--quiet"]
         )  # fmt: skip
     finally:
         stack.stop()
@@ -41,4 +42,8 @@ def test_benchmark_serving_on_the_tiny_model(long_context_model: str, redis_serv
             assert 0 < r[metric]["median"] <= r[metric]["p99"], (metric, r[metric])
         assert r["e2e_ms"]["median"] >= r["ttft_ms"]["median"]
     assert json.loads(out.read_text())[0]["request_rate"] == "inf"
+    each = one_by_one[0]["per_request_ttft_ms"]  # in the workload's order
+    assert len(each) == 6 and all(t > 0 for t in each)
+    assert statistics.median(each) == pytest.approx(one_by_one[0]["ttft_ms"]["median"])
+    assert "per_request_ttft_ms" not in results[0]
     assert png.exists() and os.path.getsize(png) > 1000
