@@ -150,6 +150,7 @@ class StreamClient:
         self.port = url.port or 80
         self.prefix = url.path.rstrip("/")
         self._idle: list[_Connection] = []
+        self.connections_opened = 0
 
     @asynccontextmanager
     async def request(self, method: str, path: str, body: bytes = b"", content_type: str = "application/json"):
@@ -197,6 +198,7 @@ class StreamClient:
             _, conn = await loop.create_connection(_Connection, self.host, self.port)
         except OSError as e:
             raise HTTPStreamError(f"cannot connect to {self.host}:{self.port}: {e}") from e
+        self.connections_opened += 1
         return conn
 
     def _release(self, conn: _Connection) -> None:

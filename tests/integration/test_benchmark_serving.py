@@ -23,19 +23,24 @@ def test_benchmark_serving_on_the_tiny_model(long_context_model: str, redis_serv
             ["--url", stack.url, "--out", str(out), "--requests", "6", "--vocab", "1000", "--rates", "inf,20",
              "--plot", str(png), "--quiet"]
         )  # fmt: skip
-        # one at a time (each request on the connection the last one left), through aiohttp as vLLM's client
+        # one at a time: each request on the connection the last one left
         one_by_one = benchmark_serving.main(
             ["--url", stack.url, "--out", str(tmp_path / "one.json"), "--requests", "6", "--vocab", "1000",
-             "--max-concurrency", "1", "--client", "aiohttp", "--per-request", "--quiet"]
+             "--max-concurrency", "1", "--per-request", "--quiet"]
+        )  # fmt: skip
+        # through aiohttp, as vLLM's client
+        through_aiohttp = benchmark_serving.main(
+            ["--url", stack.url, "--out", str(tmp_path / "aiohttp.json"), "--requests", "6", "--vocab", "1000",
+             "--client", "aiohttp", "--quiet"]
         )  # fmt: skip
     finally:
         stack.stop()
-    assert len(results) == 2 and len(one_by_one) == 1
-    assert results[0]["client"] == "lean" and one_by_one[0]["client"] == "aiohttp"
-    assert one_by_one[0]["output_tok_per_s"] * one_by_one[0]["duration_s"] == pytest.approx(
-        results[0]["output_tok_per_s"] * results[0]["duration_s"]
-    )  # the same output tokens, counted from the usage chunk, through either client
-    for r in [*results, *one_by_one]:
+    assert len(results) == 2 and len(one_by_one) == 1 and len(through_aiohttp) == 1
+    assert results[0]["client"] == one_by_one[0]["client"] == "lean" and through_aiohttp[0]["client"] == "aiohttp"
+    assert one_by_one[0]["connections_opened"] == 1 and results[0]["connections_opened"] == 6
+    tokens = [r["output_tok_per_s"] * r["duration_s"] for r in (results[0], one_by_one[0], through_aiohttp[0])]
+    assert tokens == pytest.approx([tokens[0]] * 3)  # the same output tokens, from the usage chunk, either client
+    for r in [*results, *one_by_one, *through_aiohttp]:
         assert r["completed"] == 6 and r["failed"] == 0, r["errors"]
         assert r["req_per_s"] > 0 and r["output_tok_per_s"] > 0
         for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
