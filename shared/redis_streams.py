@@ -144,10 +144,8 @@ class StreamReader:
 
         def run(r: redis.Redis) -> Any:
             pipe = r.pipeline(transaction=False)
-            pipe.set(self.lease, b"1", px=self.claim_idle_ms)  # "still alive", in the same round trip
-            if ack_ids:
-                pipe.xack(self.stream, self.group, *ack_ids)
-            pipe.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+            for command in self._read_commands(count, ack_ids, block_ms):
+                pipe.execute_command(*command)  # redis-py parses each answer by its command's name
             return pipe.execute()[-1]
 
         resp = self._call_group(run, once=once)
@@ -156,18 +154,24 @@ class StreamReader:
             out.extend(self._decode_entries(entries))
         return out
 
-    def _spin_read(self, count: int, ack_ids: list[bytes]) -> list[tuple[bytes, Any]] | None:
-        """The read as StreamReader.read's pipeline makes it, through the spinning connection:
-        (entry id, fields) pairs; None if that connection failed or the group is gone (the
-        caller reads through redis-py, which reconnects and recreates)."""
-        if self._spin is None:
-            self._spin = SpinConnection(self.link.client.connection_pool.connection_kwargs)
+    def _read_commands(self, count: int, ack_ids: list[bytes], block_ms: int | None) -> list[tuple[Any, ...]]:
+        """One read's pipeline: the lease ("still alive"), the acknowledgements, the read."""
         commands: list[tuple[Any, ...]] = [("SET", self.lease, b"1", "PX", self.claim_idle_ms)]
         if ack_ids:
             commands.append(("XACK", self.stream, self.group, *ack_ids))
-        commands.append(("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, "STREAMS", self.stream, ">"))
+        block = () if block_ms is None else ("BLOCK", block_ms)
+        commands.append(("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, *block,
+                         "STREAMS", self.stream, ">"))  # fmt: skip
+        return commands
+
+    def _spin_read(self, count: int, ack_ids: list[bytes]) -> list[tuple[bytes, Any]] | None:
+        """The read's pipeline through the spinning connection: (entry id, fields) pairs; None
+        if that connection failed or the group is gone (the caller reads through redis-py,
+        which reconnects and recreates)."""
+        if self._spin is None:
+            self._spin = SpinConnection(self.link.client.connection_pool.connection_kwargs)
         try:
-            resp = self._spin.execute(commands)[-1]
+            resp = self._spin.execute(self._read_commands(count, ack_ids, None))[-1]
         except redis.ConnectionError:
             self._spin_after = time.monotonic() + SPIN_RETRY_S  # Redis away: no reconnect on every poll
             return None
