@@ -54,13 +54,12 @@ class _Connection(asyncio.Protocol):
 
     async def wait(self) -> None:
         """Until the parser has something new (or the connection failed)."""
-        if self.error is not None:
-            raise HTTPStreamError(str(self.error) or type(self.error).__name__) from self.error
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
+        if self.error is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
         if self.error is not None:
             raise HTTPStreamError(str(self.error) or type(self.error).__name__) from self.error
 
