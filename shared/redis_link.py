@@ -43,6 +43,7 @@ class RedisLink:
         self.url = url
         self.stop = stop or threading.Event()
         self.max_backoff_s = max_backoff_s
+        self.quick_timeout_s = quick_timeout_s
         self.client = redis.Redis.from_url(
             url,
             socket_timeout=socket_timeout_s,
@@ -77,11 +78,16 @@ class RedisLink:
             self._note_recovery()
             return result
 
+    @property
+    def in_outage(self) -> bool:
+        """Redis was last found unreachable (a call_once now raises NotAtOnce at once)."""
+        return self._outage_since is not None
+
     def call_once(self, fn: Callable[[redis.Redis], T]) -> T:
         """Run ``fn`` once on the quick connection, never waiting long. A connection error or
         timeout raises NotAtOnce, for the caller to fall back to ``call`` off its event loop;
         so does any call while an outage is known."""
-        if self._outage_since is not None:
+        if self.in_outage:
             raise NotAtOnce("redis is unreachable")
         try:
             return fn(self.quick)

@@ -130,21 +130,22 @@ class StreamReader:
         attempt that never blocks long (RedisLink.call_once: NotAtOnce if Redis does not
         answer) and no claiming, for a caller that must not wait out an outage. With ``spin``,
         a read that does not wait goes through a connection that waits for the answer
-        without sleeping (shared/spin_read.py), and through redis-py if that one fails."""
+        without sleeping (shared/spin_read.py; with ``once``, for no longer than call_once
+        would), and through redis-py if that one fails."""
         acks = list(acks)
         claimed = [] if once else self._claim_due()
         if claimed:
             self.ack(acks)
             return claimed
         ack_ids = [e.entry_id for e in acks]
-        if spin and block_ms is None and not once and time.monotonic() >= self._spin_after:
-            spun = self._spin_read(count, ack_ids)
+        if spin and block_ms is None and time.monotonic() >= self._spin_after and not (once and self.link.in_outage):
+            spun = self._spin_read(count, ack_ids, self.link.quick_timeout_s if once else None)
             if spun is not None:
-                return self._decode_entries(spun)
+                return self.entries_of(spun)
 
         def run(r: redis.Redis) -> Any:
             pipe = r.pipeline(transaction=False)
-            for command in self._read_commands(count, ack_ids, block_ms):
+            for command in self.read_commands(count, ack_ids, block_ms):
                 pipe.execute_command(*command)  # redis-py parses each answer by its command's name
             return pipe.execute()[-1]
 
@@ -154,24 +155,27 @@ class StreamReader:
             out.extend(self._decode_entries(entries))
         return out
 
-    def _read_commands(self, count: int, ack_ids: list[bytes], block_ms: int | None) -> list[tuple[Any, ...]]:
-        """One read's pipeline: the lease ("still alive"), the acknowledgements, the read."""
+    def read_commands(
+        self, count: int, ack_ids: list[bytes], block_ms: int | None, start: str = ">"
+    ) -> list[tuple[Any, ...]]:
+        """One read's pipeline: the lease ("still alive"), the acknowledgements, the read (of
+        new entries; with ``start`` "0", of this consumer's own pending ones)."""
         commands: list[tuple[Any, ...]] = [("SET", self.lease, b"1", "PX", self.claim_idle_ms)]
         if ack_ids:
             commands.append(("XACK", self.stream, self.group, *ack_ids))
         block = () if block_ms is None else ("BLOCK", block_ms)
         commands.append(("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, *block,
-                         "STREAMS", self.stream, ">"))  # fmt: skip
+                         "STREAMS", self.stream, start))  # fmt: skip
         return commands
 
-    def _spin_read(self, count: int, ack_ids: list[bytes]) -> list[tuple[bytes, Any]] | None:
-        """The read's pipeline through the spinning connection: (entry id, fields) pairs; None
+    def _spin_read(self, count: int, ack_ids: list[bytes], timeout_s: float | None) -> Any:
+        """The read's pipeline through the spinning connection: XREADGROUP's raw answer; None
         if that connection failed or the group is gone (the caller reads through redis-py,
         which reconnects and recreates)."""
         if self._spin is None:
             self._spin = SpinConnection(self.link.client.connection_pool.connection_kwargs)
         try:
-            resp = self._spin.execute(self._read_commands(count, ack_ids, None))[-1]
+            resp = self._spin.execute(self.read_commands(count, ack_ids, None), timeout_s)[-1]
         except redis.ConnectionError:
             self._spin_after = time.monotonic() + SPIN_RETRY_S  # Redis away: no reconnect on every poll
             return None
@@ -179,11 +183,16 @@ class StreamReader:
             if is_nogroup(e):
                 return None
             raise
-        return [
+        return resp or []
+
+    def entries_of(self, resp: Any) -> list[Entry]:
+        """The entries in XREADGROUP's raw answer as hiredis parses it (streams of entry ids
+        and flat field lists), for reads made outside redis-py."""
+        return self._decode_entries([
             (entry_id, None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True)))
             for _stream, entries in resp or []
             for entry_id, flat in entries
-        ]
+        ])  # fmt: skip
 
     def ack(self, entries: Iterable[Entry]) -> None:
         ids = [e.entry_id for e in entries]

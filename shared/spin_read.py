@@ -51,12 +51,13 @@ class SpinConnection:
         self._sock: socket.socket | None = None
         self._reader = hiredis.Reader()
 
-    def execute(self, commands: list[tuple[Arg, ...]]) -> list[Any]:
-        """Each command's answer, in order."""
+    def execute(self, commands: list[tuple[Arg, ...]], timeout_s: float | None = None) -> list[Any]:
+        """Each command's answer, in order, waited for up to ``timeout_s`` (None: the
+        connection's own)."""
         sock = self._sock or self._connect()
         try:
             sock.sendall(pack(commands))
-            return self._answers(sock, len(commands))
+            return self._answers(sock, len(commands), self.timeout_s if timeout_s is None else timeout_s)
         except OSError as e:
             self.close()
             raise redis.ConnectionError(f"spinning read: {e}") from e
@@ -67,7 +68,7 @@ class SpinConnection:
         self._sock = None
         self._reader = hiredis.Reader()
 
-    def _answers(self, sock: socket.socket, n: int) -> list[Any]:
+    def _answers(self, sock: socket.socket, n: int, timeout_s: float) -> list[Any]:
         out: list[Any] = []
         reader = self._reader
         deadline = 0.0
@@ -81,9 +82,9 @@ class SpinConnection:
             except BlockingIOError:
                 now = time.monotonic()
                 if not deadline:
-                    deadline = now + self.timeout_s
+                    deadline = now + timeout_s
                 elif now > deadline:
-                    raise TimeoutError(f"no answer from Redis in {self.timeout_s} s") from None
+                    raise TimeoutError(f"no answer from Redis in {timeout_s} s") from None
                 continue
             if not data:
                 raise ConnectionResetError("Redis closed the connection")

@@ -69,21 +69,34 @@ class Inbox:
         else:
             self._thread_reads.clear()
 
+    @property
+    def loop_reads(self) -> bool:
+        """The loop reads the inbox itself (few requests), not the thread."""
+        return not self._thread_reads.is_set()
+
     def drain(self, wait_s: float = 0.0) -> list[Entry]:
         """Everything received so far. When the loop reads for itself, one read that waits up
         to wait_s (0: does not wait)."""
+        return self.drain_acking(wait_s, [])[0]
+
+    def drain_acking(self, wait_s: float, acks: list[Entry]) -> tuple[list[Entry], list[Entry]]:
+        """What drain returns, and the entries of ``acks`` (taken in earlier) not yet
+        acknowledged: a read the loop makes itself acknowledges them in its own round trip,
+        so that a lone request's admission costs no hand-off to the outbox thread between its
+        prefill's step and the next. The loop's read that does not wait spins on the answer
+        when the polls do (BusyPoll.spin)."""
         out = self._queued()
         if out or self._thread_reads.is_set():
-            return out
+            return out, acks
         if not self._turn.acquire(timeout=max(wait_s, 0.0)):
-            return self._queued()  # the thread's last read has not ended
+            return self._queued(), acks  # the thread's last read has not ended
         try:
             out = self._queued()  # what the thread read last
             if out:
-                return out
+                return out, acks
             if wait_s > 0:
-                return self.poll.read(self.reader, count=256, block_ms=max(1, round(wait_s * 1000)))
-            return self.reader.read(count=256, once=True)
+                return self.poll.read(self.reader, count=256, block_ms=max(1, round(wait_s * 1000)), acks=acks), []
+            return self.reader.read(count=256, acks=acks, once=True, spin=self.poll.spin and self.poll.polling()), []
         except NotAtOnce:  # Redis did not answer at once: the thread, with its retries, reads for now
             self._thread_reads.set()
         except Stopping:
@@ -92,7 +105,7 @@ class Inbox:
             log.exception("inbox read failed; retrying")
         finally:
             self._turn.release()
-        return out
+        return out, acks  # acknowledging an entry twice is harmless, so a failed read's go again
 
     def _queued(self) -> list[Entry]:
         out: list[Entry] = []

@@ -67,7 +67,7 @@ class WorkerService:
         why = "the worker is shutting down"
         try:
             while not self.link.stop.is_set():
-                entries = self.inbox.drain(wait_s=self._idle_wait())
+                entries, self._acks = self.inbox.drain_acking(self._idle_wait(), self._acks)
                 self._take(entries)
                 busy = self.engine.has_work()
                 self.poll.note(busy)
@@ -89,6 +89,7 @@ class WorkerService:
             raise
         finally:
             self._publish_tokens(self.engine.fail_all(why))
+            self._send([], flush=True)
             self.outbox.close()
 
     def abandon(self, why: str) -> None:
@@ -124,15 +125,19 @@ class WorkerService:
                     self.engine.abort(rid)
             else:
                 log.error("unexpected %s on the worker stream", type(msg).__name__)
-        # the side effect (the engine holds them) is done; the acknowledgement goes out with the
-        # first send after the next step (its tokens, or on its own) rather than before it: a
-        # hand-off to the outbox thread here would sit between an admission and its prefill
+        # the side effect (the engine holds them) is done; the acknowledgement goes out after the
+        # next step, with the loop's next read of its inbox or else with the next send (its
+        # tokens, or on its own), rather than before it: a hand-off to the outbox thread here
+        # would sit between an admission and its prefill
         self._acks += entries
 
-    def _send(self, items: list[tuple[str, object]]) -> None:
+    def _send(self, items: list[tuple[str, object]], flush: bool = False) -> None:
         """Hand items to the outbox with the acknowledgements taken in since the last send. A
         step's tokens at low load go out from the loop itself (Outbox.send's at_once); the
-        rest, acknowledgements alone among them, never cost the loop a round trip."""
+        rest never cost the loop a round trip. Acknowledgements alone wait for the loop's next
+        read of its inbox when the loop reads it (Inbox.drain_acking), unless ``flush``."""
+        if not items and not flush and self.inbox.loop_reads:
+            return
         acks, self._acks = self._acks, []
         self.outbox.send(items, acks=acks, at_once=bool(items) and self._few())
 

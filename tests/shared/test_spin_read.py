@@ -3,11 +3,13 @@ under spinning reads: test_redis_streams.py)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 
 from shared.messages import AbortReq
-from shared.redis_link import RedisLink
+from shared.redis_link import NotAtOnce, RedisLink
 from shared.redis_streams import StreamReader, StreamWriter
 from shared.spin_read import SpinConnection, pack
 from tools.redis_server import RedisServer
@@ -53,3 +55,24 @@ def test_a_spinning_read_is_the_read_redis_py_makes(redis_url: str) -> None:
     assert reader.pending_count() == 1
     assert redis.Redis.from_url(redis_url).pttl(reader.lease) > 0  # the lease is kept, as redis-py's read keeps it
     assert reader._spin is not None  # the read went through the spinning connection
+
+
+def test_a_spinning_read_made_once_acknowledges_and_with_redis_gone_raises_not_at_once_quickly() -> None:
+    server = RedisServer().start()
+    try:
+        link = RedisLink(server.url, quick_timeout_s=0.3)
+        reader = StreamReader(link, "s", "g", "c1")
+        reader.ensure_group()
+        StreamWriter(link).send_many([("s", AbortReq("a", "x"))])
+        got = reader.read(once=True, spin=True)
+        assert [e.msg.rid for e in got] == ["a"] and reader._spin is not None
+        assert reader.read(acks=got, once=True, spin=True) == []
+        assert reader.pending_count() == 0  # acknowledged in the read's own round trip
+    finally:
+        server.stop()
+    started = time.monotonic()
+    with pytest.raises(NotAtOnce):
+        reader.read(once=True, spin=True)
+    with pytest.raises(NotAtOnce):  # now through redis-py's quick connection, and then the known outage
+        reader.read(once=True, spin=True)
+    assert time.monotonic() - started < 2.0

@@ -1,6 +1,7 @@
-"""The worker service against a real redis-server: an admission is acknowledged with the first
-message sent after its prefill step was launched (nothing goes out between taking it and
-launching that step), and a message that starts no step is acknowledged at once."""
+"""The worker service against a real redis-server: an admission is acknowledged after its
+prefill step was launched (nothing goes out between taking it and launching that step), by
+the loop's next read of its inbox while it holds few requests; and a message that starts no
+step is acknowledged at once."""
 
 from __future__ import annotations
 
@@ -25,15 +26,24 @@ def test_admissions_are_acknowledged_with_their_first_tokens_and_idle_messages_a
     link = RedisLink(redis_url)
     engine = build_engine(WorkerConfig(model_dir=tiny_llama, device="cpu"))
     service = WorkerService(engine, link, names, "0", status_interval_s=0.5, maxlen=1000)
-    sends: list[tuple[list[str], int, int]] = []  # (message types, acknowledgements, steps launched), in order
+    # (message types sent, acknowledgements, steps launched), in order, from sends and inbox reads
+    sends: list[tuple[list[str], int, int]] = []
     real_send = service.outbox.writer.send_many
+    real_read = service.inbox.reader.read
 
     def recording(items, acks=(), **kw):
         items, acks = list(items), list(acks)
         sends.append(([type(m).__name__ for _, m in items], len(acks), engine.steps))
         real_send(items, acks, **kw)
 
+    def reading(*a, acks=(), **kw):
+        acks = list(acks)
+        if acks:
+            sends.append(([], len(acks), engine.steps))
+        return real_read(*a, acks=acks, **kw)
+
     service.outbox.writer.send_many = recording  # type: ignore[method-assign]
+    service.inbox.reader.read = reading  # type: ignore[method-assign]
     worker_stream = StreamReader(link, names.worker("0"), GROUP_WORKER, consumer="observer")
     detok = StreamReader(link, names.detok("detok"), GROUP_DETOK, consumer="observer")
     thread = threading.Thread(target=service.run, daemon=True)
