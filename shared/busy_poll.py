@@ -76,6 +76,10 @@ class BusyPoll:
     def polling(self) -> bool:
         return self.window_s > 0 and self.clock() < self._until
 
+    def left_s(self) -> float:
+        """How much of the window is left (0: not polling)."""
+        return max(0.0, self._until - self.clock()) if self.window_s > 0 else 0.0
+
     def read(self, reader: StreamReader, count: int, block_ms: int, acks: list[Entry] | None = None) -> list[Entry]:
         """What ``reader.read(count, block_ms, acks)`` returns, with no wait longer than block_ms.
         Inside the window it reads without BLOCK until an entry comes or the wait is over; so

@@ -4,9 +4,10 @@ Submitting registers the request with a detokenizer shard and then sends it to t
 router (in that order, in one round trip, so the shard knows it before any token can
 arrive). A task on the event loop reads TextBatch messages from this front end's stream
 and puts each item, tagged with its generation's index, on the asyncio queue of the HTTP
-request waiting for it (one queue for all the generations of a request); the reads are
-made in a thread of their own, and poll Redis while requests are in flight and a while
-after (shared/busy_poll.py). A watchdog thread fails
+request waiting for it (one queue for all the generations of a request). While requests are
+in flight and a while after (shared/busy_poll.py), the loop polls Redis itself,
+asynchronously (shared/loop_read.py); otherwise, or when those polls fail, the reads are
+made in a thread of their own. A watchdog thread fails
 in-flight requests when no worker group or their detokenizer shard is alive any more.
 """
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from services.tokenizer.errors import APIError
 from shared.busy_poll import BusyPoll
 from shared.heartbeat import live_replicas
+from shared.loop_read import LoopReader
 from shared.messages import (
     ERR_FAILED,
     ERR_TOO_LARGE,
@@ -42,6 +44,7 @@ from shared.streams import GROUP_FRONT, SERVICE_DETOK, SERVICE_ROUTER, SERVICE_W
 log = logging.getLogger(__name__)
 
 KEEP_AWAKE_TICK_S = 0.001  # the event loop's timer while the reads poll
+READ_WAIT_S = 0.5  # the longest one read of the replies waits
 AT_ONCE_MAX_PENDING = 4  # generations in flight (this one included) up to which a submission is sent from the loop
 
 
@@ -95,6 +98,7 @@ class Pipeline:
         self.poll = poll or BusyPoll(0.0)
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="redis-io")
         self._reads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="replies")
+        self._loop_reader: LoopReader | None = None  # the replies' polls, made by the loop itself
         self._watchdog = threading.Thread(target=self._watch, name="watchdog", daemon=True)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -102,6 +106,7 @@ class Pipeline:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        self._loop_reader = LoopReader(self.reader)
         self._refresh_liveness()
         self._watchdog.start()
         self._tasks = [loop.create_task(self._read_replies()), loop.create_task(self._keep_awake())]
@@ -112,6 +117,8 @@ class Pipeline:
             task.cancel()
         self._io.shutdown(wait=False, cancel_futures=True)
         self._reads.shutdown(wait=False, cancel_futures=True)
+        if self._loop_reader is not None:
+            self._loop_reader.close()
 
     # ---------------------------------------------------------------- requests
 
@@ -193,17 +200,23 @@ class Pipeline:
     # ---------------------------------------------------------------- threads
 
     async def _read_replies(self) -> None:
-        """Reads in a thread of their own, one at a time so each request's items keep their
-        order; the loop itself only hands the items out. A read polls while requests are in
-        flight and the window after (reading on the loop would hold up every step of the
-        requests' own work by a round trip). A read's entries are acknowledged in the next
+        """Reads one at a time, so each request's items keep their order. While requests are in
+        flight and the window after, the loop's own asynchronous polls (no thread to wake and
+        hand over; a blocking read on the loop would hold up every step of the requests' own
+        work by a round trip); otherwise a blocking read in a thread of their own, which also
+        takes over when the loop's polls fail. A read's entries are acknowledged in the next
         read's round trip."""
         loop = asyncio.get_running_loop()
         acks: list[Entry] = []
         while not self.link.stop.is_set():
             self.poll.note(bool(self.pending))
             try:
-                entries = await loop.run_in_executor(self._reads, self.poll.read, self.reader, 256, 500, acks)
+                polling, polls = self.poll.left_s(), self._loop_reader
+                entries = await polls.read(256, acks, min(polling, READ_WAIT_S)) if polling and polls else None
+                if entries is None:  # not polling, or the loop's own polls failed: the thread reads
+                    entries = await loop.run_in_executor(
+                        self._reads, self.poll.read, self.reader, 256, round(1000 * READ_WAIT_S), acks
+                    )
             except Stopping:
                 return
             except Exception:
@@ -213,8 +226,7 @@ class Pipeline:
             acks = entries
             self._hand_out(entries)
             if entries and len(self.pending) <= AT_ONCE_MAX_PENDING:
-                # the requests' tasks run to their chunks before the next read wakes the reads
-                # thread, whose polling would contend with them for the interpreter lock
+                # the requests' tasks run to their chunks before the next read's round trip
                 await asyncio.sleep(0)
 
     async def _keep_awake(self) -> None:

@@ -1,6 +1,7 @@
 """The front end's replies against a real redis-server: a request's items reach its queue in
 order and are acknowledged, read off the loop by blocking reads or, while requests are in
-flight and the window is open, by reads that never block."""
+flight and the window is open, by the loop's own polls (shared/loop_read.py); and when those
+fail, by the thread again."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import time
 
 import pytest
+import redis
 
 from services.tokenizer.pipeline import Liveness, Pipeline
 from shared.busy_poll import BusyPoll
@@ -19,12 +21,13 @@ from shared.streams import GROUP_FRONT, StreamNames
 
 
 class ReadsNoted(StreamReader):
-    """The pipeline's real reader, noting the thread and BLOCK of each read that returned entries."""
+    """The pipeline's real reader, noting the thread and BLOCK of each read that returned entries
+    ("loop" for the loop's polls), and when each read or poll began."""
 
     def __init__(self, *a, **k) -> None:
         super().__init__(*a, **k)
         self.reads: list[tuple[str, int | None]] = []
-        self.starts: list[float] = []  # time.monotonic() at the start of every read
+        self.starts: list[float] = []  # time.monotonic() at the start of every read or poll
 
     def read(self, count=256, block_ms=None, acks=(), **kw):  # type: ignore[override]
         self.starts.append(time.monotonic())
@@ -33,13 +36,24 @@ class ReadsNoted(StreamReader):
             self.reads.append((threading.current_thread().name, block_ms))
         return out
 
+    def read_commands(self, count, ack_ids, block_ms, start=">"):  # type: ignore[override]
+        if threading.current_thread() is threading.main_thread():
+            self.starts.append(time.monotonic())
+        return super().read_commands(count, ack_ids, block_ms, start)
+
+    def entries_of(self, resp):  # type: ignore[override]
+        out = super().entries_of(resp)
+        if out:
+            self.reads.append(("loop", None))
+        return out
+
 
 def beat(service: str, replica: str) -> Heartbeat:
     return Heartbeat(service, replica, 1, time.time(), time.time(), {})
 
 
-def pipeline(link: RedisLink, namespace: str, poll: BusyPoll) -> Pipeline:
-    p = Pipeline(link, StreamNames(namespace), "front-0", maxlen=1000, dead_after_s=3.0, check_s=1.0, poll=poll)
+def pipeline(link: RedisLink, namespace: str, poll: BusyPoll, check_s: float = 1.0) -> Pipeline:
+    p = Pipeline(link, StreamNames(namespace), "front-0", maxlen=1000, dead_after_s=3.0, check_s=check_s, poll=poll)
     p.reader = ReadsNoted(link, p.names.front("front-0"), GROUP_FRONT, consumer="front-0")
     return p
 
@@ -86,9 +100,38 @@ def test_items_arrive_in_order_and_are_acknowledged(redis_url: str, window_s: fl
     link = RedisLink(redis_url)
     p = pipeline(link, f"rep{int(window_s)}", BusyPoll(window_s))
     assert asyncio.run(stream_of(p, 30)) == [f"t{k}" for k in range(30)]
-    assert {name for name, _ in p.reader.reads} == {"replies_0"}  # off the loop
-    # a request in flight and the window open: every read polls, else each one blocks
-    assert {block for _, block in p.reader.reads} == ({None} if window_s else {500})
+    # a request in flight and the window open: every read is the loop's poll, else each one blocks in the thread
+    assert set(p.reader.reads) == ({("loop", None)} if window_s else {("replies_0", 500)})
+
+
+def test_when_the_loops_polls_fail_the_thread_reads_and_nothing_is_lost(redis_url: str) -> None:
+    """The loop's connection is cut after it read the first items: the thread's polls take over
+    (redis-py, reconnecting); a poll whose answer was cut off leaves its entries pending, and the
+    loop's first poll on its next connection reads them."""
+    link = RedisLink(redis_url)
+    p = pipeline(link, "cut", BusyPoll(5.0), check_s=60.0)  # the liveness set here stays while it runs
+
+    async def run() -> list[str]:
+        queue = await submitted(p)
+        detokenize(p, ["a", "b"], 0.002)
+        got = [(await asyncio.wait_for(queue.get(), 5))[1].text for _ in range(2)]
+        loop_reader = p._loop_reader
+        lost = p.reader.read_commands(256, [], None)  # a poll taken by Redis whose answer never arrives
+        StreamWriter(link).send(p.names.front("front-0"), TextBatch([TextItem("r0", "c")]))
+        raw = redis.Redis.from_url(redis_url)
+        raw.execute_command(*lost[-1])  # as the loop's consumer: "c" is now pending, unseen
+        for client in raw.client_list():  # cut every connection but this one: the loop's among them
+            if int(client["id"]) != raw.client_id():
+                raw.client_kill_filter(_id=client["id"])
+        detokenize(p, ["d"], 0.002)
+        got += [(await asyncio.wait_for(queue.get(), 5))[1].text for _ in range(2)]
+        assert loop_reader._retry_at > 0  # the loop's polls failed and the thread took over
+        p.stop()
+        return got
+
+    got = asyncio.run(asyncio.wait_for(run(), 20))
+    assert got[:2] == ["a", "b"] and sorted(got[2:]) == ["c", "d"]
+    assert ("replies_0", 500) in p.reader.reads or ("loop", None) in p.reader.reads[2:]
 
 
 def test_a_lone_requests_task_runs_to_its_chunk_before_the_next_read(redis_url: str) -> None:

@@ -1,0 +1,158 @@
+"""Polling a stream from an asyncio event loop, with no thread between Redis's answer and the loop.
+
+The front end reads its replies while requests are in flight by polling (shared/busy_poll.py).
+Through a thread, each entry then waits for the thread to wake from redis-py's recv and for
+the loop to wake for the thread's hand-over: on the H200 host, 0.36 ms from the detokenizer's
+send to the thread's read and 0.14 ms more to the loop (docs/benchmarks.md, r56). Here the
+loop makes the polls itself, asynchronously: a poll's commands (the read's pipeline, packed
+as RESP) are written to a connection of the loop's own, and the answer is parsed by hiredis
+as it arrives. An empty answer sends the next poll from the same callback, so the coroutine
+that waits is woken only by entries (or when its wait is over). Between answers the loop
+serves everything else: unlike a blocking read on the loop (r43), a poll never holds up the
+requests' own work by more than its callback.
+
+A failure (the connection lost or refused, the group gone, an error answer, no answer in
+ANSWER_TIMEOUT_S) makes ``read`` return None, and the caller reads through its thread, with
+redis-py's retries and the group's re-creation, for RETRY_S before this way is tried again.
+A poll whose answer was lost may have taken entries that nobody saw: they stay pending for
+this consumer. So the first poll on each new connection, once the acknowledgements it
+carries are applied, reads this consumer's pending entries (start "0"), which are then
+exactly those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import hiredis
+
+from shared.redis_streams import Entry, StreamReader
+from shared.spin_read import Arg, pack
+
+RETRY_S = 1.0  # after a failure, reads go through the caller's thread for this long
+CONNECT_TIMEOUT_S = 0.5
+ANSWER_TIMEOUT_S = 0.5  # a poll not answered in this long means Redis is stalled
+
+
+class _Answers(asyncio.Protocol):
+    """Hands each batch of ``expect`` answers to ``on_answers``, in order."""
+
+    def __init__(self) -> None:
+        self.parser = hiredis.Reader()
+        self.expect = 0
+        self.got: list[Any] = []
+        self.on_answers: Any = None
+        self.on_lost: Any = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed(data)
+        while (reply := self.parser.gets()) is not False:
+            self.got.append(reply)
+            if len(self.got) == self.expect and self.on_answers is not None:
+                answers, self.got = self.got, []
+                self.on_answers(answers)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.on_lost is not None:
+            self.on_lost(exc or ConnectionResetError("Redis closed the connection"))
+
+
+class LoopReader:
+    """Non-blocking polls of one StreamReader's stream and group, made from the running loop."""
+
+    def __init__(self, reader: StreamReader) -> None:
+        self.reader = reader
+        self._conn: _Answers | None = None
+        self._retry_at = 0.0
+        self._busy = False
+        self._recover = True  # the next poll reads this consumer's pending entries first
+
+    async def read(self, count: int, acks: list[Entry], wait_s: float) -> list[Entry] | None:
+        """Entries (``acks`` acknowledged in the first poll's round trip), [] if none came within
+        ``wait_s``, or None if this way cannot read now (the caller reads through its thread)."""
+        if time.monotonic() < self._retry_at or self._busy:
+            return None
+        self._busy = True
+        try:
+            conn = self._conn if self._conn is not None and self._conn.transport is not None else await self._connect()
+            answer = self._poll(conn, count, [e.entry_id for e in acks], wait_s, "0" if self._recover else ">")
+            resp = await asyncio.wait_for(answer, wait_s + ANSWER_TIMEOUT_S)
+            self._recover = False
+        except (OSError, hiredis.ProtocolError, hiredis.ReplyError):  # TimeoutError is an OSError
+            self.close()
+            self._retry_at = time.monotonic() + RETRY_S
+            self._recover = True
+            return None
+        finally:
+            self._busy = False
+        return self.reader.entries_of(resp)
+
+    def close(self) -> None:
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.close()
+        self._conn = None
+
+    def _poll(self, conn: _Answers, count: int, ack_ids: list[bytes], wait_s: float, start: str) -> asyncio.Future[Any]:
+        """Polls until one answers with entries or ``wait_s`` is over; the first with ``start``
+        (its answer, even an empty one, ends the wait), the rest for new entries."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        end = loop.time() + wait_s
+
+        def send(ids: list[bytes], start: str = ">") -> None:
+            commands = self.reader.read_commands(count, ids, None, start)
+            conn.expect = len(commands)
+            assert conn.transport is not None
+            conn.transport.write(pack(commands))
+
+        def on_answers(answers: list[Any]) -> None:
+            if done.done():
+                return
+            error = next((a for a in answers if isinstance(a, hiredis.ReplyError)), None)
+            if error is not None:  # the group gone (NOGROUP) among them: the thread's read recreates it
+                done.set_exception(error)
+            elif answers[-1] or loop.time() >= end:
+                done.set_result(answers[-1])
+            else:
+                send([])
+
+        def on_lost(exc: Exception) -> None:
+            if not done.done():
+                done.set_exception(ConnectionResetError(str(exc)))
+
+        conn.on_answers, conn.on_lost = on_answers, on_lost
+        send(ack_ids, start)
+        return done
+
+    async def _connect(self) -> _Answers:
+        loop = asyncio.get_running_loop()
+        kw = self.reader.link.client.connection_pool.connection_kwargs
+        conn = _Answers()
+        if kw.get("path"):
+            connect = loop.create_unix_connection(lambda: conn, kw["path"])
+        else:
+            connect = loop.create_connection(lambda: conn, kw.get("host", "localhost"), kw.get("port", 6379))
+        await asyncio.wait_for(connect, CONNECT_TIMEOUT_S)
+        hello: list[tuple[Arg, ...]] = []
+        if kw.get("password"):
+            hello.append(("AUTH", *((kw["username"], kw["password"]) if kw.get("username") else (kw["password"],))))
+        if kw.get("db"):
+            hello.append(("SELECT", kw["db"]))
+        if hello:
+            answered: asyncio.Future[list[Any]] = loop.create_future()
+            conn.expect = len(hello)
+            conn.on_answers = lambda answers: answered.done() or answered.set_result(answers)
+            assert conn.transport is not None
+            conn.transport.write(pack(hello))
+            for answer in await asyncio.wait_for(answered, CONNECT_TIMEOUT_S):
+                if isinstance(answer, hiredis.ReplyError):
+                    raise answer
+        self._conn = conn
+        return conn
