@@ -13,7 +13,8 @@ PYTHONPATH (it patches classes from outside; nothing here is imported by LightSt
                    the stack): whether neighbours on a process's CPUs slow its hops
     LS_STAMPS=DIR  every service appends "unix-time event detail" lines to DIR/<pid>.txt when a
                    stream read returns, a send starts and ends, a step starts and ends, and the
-                   front end takes, submits and answers a request (tools/diag/hops.py reads them)
+                   front end takes, submits and answers a request (tools/diag/hops.py reads them);
+                   in a benchmark_engine or bench_pipeline process, the engine alone's steps and adds
 
 Used for docs/benchmarks.md r24 (why a lone request's first token takes longer through the
 pipeline than through the engine alone).
@@ -159,6 +160,7 @@ def _stamps(out_dir: str) -> None:
             stamp("read", a[0].stream + " " + ",".join(rid(e.msg) for e in out[:3]))
 
     _wrap("shared.redis_streams", "StreamReader", "read", lambda a: None, after_read)
+    _wrap("shared.redis_streams", "StreamReader", "entries_of", lambda a: None, after_read)  # the loop's polls
     streams = importlib.import_module("shared.redis_streams")
     send_many = streams.StreamWriter.send_many
 
@@ -199,6 +201,19 @@ def _stamps(out_dir: str) -> None:
             stamp("uv_send", message.get("type"))
 
         http.RequestResponseCycle.send = stamped_http_send
+
+
+def _engine_stamps(out_dir: str) -> None:
+    """The engine alone's steps (benchmark_engine's low-load part), stamped as the worker's are,
+    with each request's add: hops.py compares a lone request's steps in both."""
+    f = open(os.path.join(out_dir, f"engine-{os.getpid()}.txt"), "a", buffering=1)  # noqa: SIM115
+
+    def stamp(name: str, info: str = "") -> None:
+        f.write(f"{time.time():.6f} {name} {info}\n")
+
+    _wrap("services.worker.engine", "Engine", "add", lambda a: stamp("add", a[1].rid), lambda t, a, o: None)
+    _wrap("services.worker.engine", "Engine", "step", lambda a: stamp("step0"),
+          lambda t, a, o: stamp("step1", str(sum(1 for _, it in o.items if it.token_ids))))  # fmt: skip
 
 
 def _cores() -> list[list[int]]:
@@ -259,3 +274,6 @@ if os.environ.get("LS_NO_TICK") and "services.tokenizer" in _CMD:
 if os.environ.get("LS_STAMPS") and "services." in _CMD:
     os.makedirs(os.environ["LS_STAMPS"], exist_ok=True)
     _stamps(os.environ["LS_STAMPS"])
+elif os.environ.get("LS_STAMPS") and any(s in _CMD for s in ("benchmark_engine", "bench_pipeline")):
+    os.makedirs(os.environ["LS_STAMPS"], exist_ok=True)
+    _engine_stamps(os.environ["LS_STAMPS"])
