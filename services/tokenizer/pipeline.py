@@ -231,8 +231,9 @@ class Pipeline:
 
     async def _keep_awake(self) -> None:
         """While the reads poll, the loop wakes every millisecond, so that its CPU never sleeps
-        long: a CPU woken after a long sleep answers the reads thread's hand-over, or a new
-        request's bytes, 0.1-0.2 ms later than one that slept briefly."""
+        long: a CPU woken after a long sleep answers a poll's answer, the reads thread's
+        hand-over (when the thread polls), or a new request's bytes 0.1-0.2 ms later than one
+        that slept briefly."""
         while not self.link.stop.is_set():
             await asyncio.sleep(KEEP_AWAKE_TICK_S if self.poll.polling() else 0.05)
 
