@@ -85,6 +85,10 @@ class LoopReader:
             answer = self._poll(conn, count, [e.entry_id for e in acks], wait_s, "0" if self._recover else ">")
             resp = await asyncio.wait_for(answer, wait_s + ANSWER_TIMEOUT_S)
             self._recover = False
+        except asyncio.CancelledError:  # a poll may still be in flight: its answer must not be taken for the next's
+            self.close()
+            self._recover = True
+            raise
         except (OSError, hiredis.ProtocolError, hiredis.ReplyError):  # TimeoutError is an OSError
             self.close()
             self._retry_at = time.monotonic() + RETRY_S
@@ -100,8 +104,8 @@ class LoopReader:
         self._conn = None
 
     def _poll(self, conn: _Answers, count: int, ack_ids: list[bytes], wait_s: float, start: str) -> asyncio.Future[Any]:
-        """Polls until one answers with entries or ``wait_s`` is over; the first with ``start``
-        (its answer, even an empty one, ends the wait), the rest for new entries."""
+        """Polls until one answers with entries or ``wait_s`` is over: the first from ``start``,
+        the rest for new entries."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Any] = loop.create_future()
         end = loop.time() + wait_s
@@ -118,7 +122,7 @@ class LoopReader:
             error = next((a for a in answers if isinstance(a, hiredis.ReplyError)), None)
             if error is not None:  # the group gone (NOGROUP) among them: the thread's read recreates it
                 done.set_exception(error)
-            elif answers[-1] or loop.time() >= end:
+            elif any(entries for _stream, entries in answers[-1] or []) or loop.time() >= end:
                 done.set_result(answers[-1])
             else:
                 send([])
