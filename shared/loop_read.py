@@ -144,6 +144,7 @@ class LoopReader:
         else:
             connect = loop.create_connection(lambda: conn, kw.get("host", "localhost"), kw.get("port", 6379))
         await asyncio.wait_for(connect, CONNECT_TIMEOUT_S)
+        self._conn = conn  # from here a failure closes it (read's handlers)
         hello: list[tuple[Arg, ...]] = []
         if kw.get("password"):
             hello.append(("AUTH", *((kw["username"], kw["password"]) if kw.get("username") else (kw["password"],))))
@@ -158,5 +159,4 @@ class LoopReader:
             for answer in await asyncio.wait_for(answered, CONNECT_TIMEOUT_S):
                 if isinstance(answer, hiredis.ReplyError):
                     raise answer
-        self._conn = conn
         return conn

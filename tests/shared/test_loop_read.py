@@ -112,3 +112,15 @@ def test_a_cancelled_read_loses_nothing(redis_url: str) -> None:
         return [e.msg.rid for e in got]
 
     assert asyncio.run(asyncio.wait_for(run(), 10)) == ["a"]
+
+
+def test_a_password_is_sent_and_a_wrong_one_answers_none() -> None:
+    with RedisServer() as server:
+        redis.Redis.from_url(server.url).config_set("requirepass", "s3cret")
+        host_port = server.url.split("//", 1)[1]
+        good = RedisLink(f"redis://:s3cret@{host_port}")
+        StreamWriter(good).send("auth", AbortReq("a", "x"))
+        reader = StreamReader(good, "auth", "g", "c1")
+        assert [e.msg.rid for e in asyncio.run(LoopReader(reader).read(16, [], 0.5))] == ["a"]
+        reader.link = RedisLink(f"redis://:nope@{host_port}")  # the loop's connection takes the link's password
+        assert asyncio.run(LoopReader(reader).read(16, [], 0.5)) is None
