@@ -57,12 +57,13 @@ class BusyPoll:
         self._until = 0.0
 
     @classmethod
-    def for_host(cls, busy_poll_ms: float, spin: bool = False) -> BusyPoll:
-        """The setting resolved for this host, and said in the log."""
+    def for_host(cls, busy_poll_ms: float, spin: bool = False, by: str = "") -> BusyPoll:
+        """The setting resolved for this host, and said in the log (``by``: who makes the polls,
+        where that is not the reading thread itself)."""
         cpus = host_cpus()
         poll = cls(window_s(busy_poll_ms, cpus), spin=spin)
         if poll.window_s > 0:
-            how = ", spinning on each answer" if spin else ""
+            how = ", spinning on each answer" if spin else f", by {by}" if by else ""
             log.info("reads poll Redis%s while requests are in flight and %.0f ms after", how, 1000 * poll.window_s)
         else:
             log.info("reads block (busy_poll_ms=%g, %d CPUs)", busy_poll_ms, cpus)

@@ -23,6 +23,7 @@ exactly those.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -30,6 +31,8 @@ import hiredis
 
 from shared.redis_streams import Entry, StreamReader
 from shared.spin_read import Arg, pack
+
+log = logging.getLogger(__name__)
 
 RETRY_S = 1.0  # after a failure, reads go through the caller's thread for this long
 CONNECT_TIMEOUT_S = 0.5
@@ -89,7 +92,9 @@ class LoopReader:
             self.close()
             self._recover = True
             raise
-        except (OSError, hiredis.ProtocolError, hiredis.ReplyError):  # TimeoutError is an OSError
+        except (OSError, hiredis.ProtocolError, hiredis.ReplyError) as e:  # TimeoutError is an OSError
+            log.warning("the event loop's polls of %s failed (%s: %s); its thread reads for %.0f s",
+                        self.reader.stream, type(e).__name__, e, RETRY_S)  # fmt: skip
             self.close()
             self._retry_at = time.monotonic() + RETRY_S
             self._recover = True

@@ -1,6 +1,7 @@
 """The four services with busy polling on (as on a GPU host, where the default turns it on):
 outputs equal Hugging Face's greedy ones, one request at a time and many at once, streamed and
-whole, and every service says that it polls (the router, worker and detokenizer spinning)."""
+whole, and every service says that it polls (the router, worker and detokenizer spinning, the
+front end from its event loop)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ def test_every_service_polls(polling_stack: Stack) -> None:
     assert {"tokenizer.log", "router.log", "worker-0.log", "detokenizer-0.log"} <= set(logs)
     for name, text in logs.items():
         # the services whose loop is their one polling thread spin on each answer; the front end's
-        # reads share the interpreter with its event loop and sleep in recv
-        how = "" if name == "tokenizer.log" else ", spinning on each answer"
+        # polls are its event loop's own, asynchronous
+        how = ", by the event loop" if name == "tokenizer.log" else ", spinning on each answer"
         assert f"reads poll Redis{how} while requests are in flight and 200 ms after" in text, name
 
 
@@ -53,3 +54,15 @@ def test_one_at_a_time_and_all_at_once_equal_hf(polling_stack: Stack) -> None:
     lone, together = asyncio.run(run())
     assert lone == want * 2
     assert together == want * 3
+
+
+def test_the_front_ends_loop_polls_never_fell_back(polling_stack: Stack) -> None:
+    """Last in this file: over all of its requests."""
+    asyncio.run(_one_request(polling_stack))
+    text = pathlib.Path(polling_stack.opts.log_dir, "tokenizer.log").read_text(encoding="utf-8")
+    assert "the event loop's polls" not in text  # shared/loop_read.py's warning when its thread takes over
+
+
+async def _one_request(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.url, timeout=60) as client:
+        await generate_stream(client, "Hello", 3)
