@@ -27,7 +27,7 @@ for part in "$@"; do
     offline) timeout 200 python3 tools/benchmark_engine.py --parts offline --running-max-req-size 2048 --out "$out/offline.json" 2>&1 | grep -v "it/s\]" | tail -4 ;;
     static) timeout 100 python3 tools/benchmark_engine.py --parts ceilings,static --out "$out/static.json" 2>&1 | grep -v "it/s\]" | tail -6 ;;
     pipeline) timeout 500 python3 tools/bench_pipeline.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" \
-                --low-load "${LOW_LOAD:-20}" 2>&1 \
+                --low-load "${LOW_LOAD:-100}" 2>&1 \
                 | grep -v "it/s\]" | tail -12
               tar czf "$out/logs.tgz" -C /tmp/lightstream-bench logs 2>/dev/null ;;
     trace) timeout 200 python3 tools/trace_lowload.py --device cuda --requests 12 --redis-server "$PWD/.redis/redis-server" \
