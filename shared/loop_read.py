@@ -30,7 +30,7 @@ from typing import Any
 import hiredis
 
 from shared.redis_streams import Entry, StreamReader
-from shared.spin_read import Arg, pack
+from shared.spin_read import hello, pack
 
 log = logging.getLogger(__name__)
 
@@ -150,17 +150,12 @@ class LoopReader:
             connect = loop.create_connection(lambda: conn, kw.get("host", "localhost"), kw.get("port", 6379))
         await asyncio.wait_for(connect, CONNECT_TIMEOUT_S)
         self._conn = conn  # from here a failure closes it (read's handlers)
-        hello: list[tuple[Arg, ...]] = []
-        if kw.get("password"):
-            hello.append(("AUTH", *((kw["username"], kw["password"]) if kw.get("username") else (kw["password"],))))
-        if kw.get("db"):
-            hello.append(("SELECT", kw["db"]))
-        if hello:
+        if commands := hello(kw):
             answered: asyncio.Future[list[Any]] = loop.create_future()
-            conn.expect = len(hello)
+            conn.expect = len(commands)
             conn.on_answers = lambda answers: answered.done() or answered.set_result(answers)
             assert conn.transport is not None
-            conn.transport.write(pack(hello))
+            conn.transport.write(pack(commands))
             for answer in await asyncio.wait_for(answered, CONNECT_TIMEOUT_S):
                 if isinstance(answer, hiredis.ReplyError):
                     raise answer

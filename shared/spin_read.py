@@ -39,6 +39,17 @@ def pack(commands: list[tuple[Arg, ...]]) -> bytes:
     return bytes(out)
 
 
+def hello(connection_kwargs: dict[str, Any]) -> list[tuple[Arg, ...]]:
+    """What a new connection sends first for redis-py's connection settings: AUTH, SELECT."""
+    kw = connection_kwargs
+    out: list[tuple[Arg, ...]] = []
+    if kw.get("password"):
+        out.append(("AUTH", *((kw["username"], kw["password"]) if kw.get("username") else (kw["password"],))))
+    if kw.get("db"):
+        out.append(("SELECT", kw["db"]))
+    return out
+
+
 class SpinConnection:
     def __init__(
         self, connection_kwargs: dict[str, Any], timeout_s: float = 10.0, connect_timeout_s: float = 0.5
@@ -109,15 +120,9 @@ class SpinConnection:
             raise redis.ConnectionError(f"spinning read: cannot connect: {e}") from e
         sock.setblocking(False)
         self._sock = sock
-        hello: list[tuple[Arg, ...]] = []
-        if kw.get("password"):
-            auth: tuple[Arg, ...] = (kw["username"], kw["password"]) if kw.get("username") else (kw["password"],)
-            hello.append(("AUTH", *auth))
-        if kw.get("db"):
-            hello.append(("SELECT", kw["db"]))
-        if hello:
+        if commands := hello(kw):
             try:
-                self.execute(hello)
+                self.execute(commands)
             except redis.ResponseError:
                 self.close()
                 raise
