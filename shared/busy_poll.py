@@ -75,7 +75,7 @@ class BusyPoll:
             self._until = self.clock() + self.window_s
 
     def polling(self) -> bool:
-        return self.window_s > 0 and self.clock() < self._until
+        return self.left_s() > 0
 
     def left_s(self) -> float:
         """How much of the window is left (0: not polling)."""
