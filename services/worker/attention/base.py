@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -26,6 +27,22 @@ class AttentionBackend(ABC):
         every earlier token of its request, itself included (causal)."""
         self.store(layer, k, v, batch.out_slots)
         return self.attend(layer, q, k, v, batch)
+
+    def rotary_store(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        slots: torch.Tensor,
+        rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None],
+    ) -> None:
+        """Rotate q and k in place with rotary(q, k, positions, cos_sin) (the ops' rotary_), then
+        store k and v at slots. A backend with a kernel doing both at once overrides this."""
+        rotary(q, k, positions, cos_sin)
+        self.store(layer, k, v, slots)
 
     @abstractmethod
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:

@@ -1,6 +1,7 @@
 """Attention on Triton kernels: the CUDA path.
 
-A step stores its new K/V in the pool, runs extend attention over the packed extend
+A step rotates its q and k and stores its new K/V in the pool (one kernel, rotary_store.py;
+an int8 pool's store is its own kernel), runs extend attention over the packed extend
 segments (prefix read from the pool, new tokens from this step's k/v) and split-K decode
 attention over the decoding requests, each into its slice of one output tensor.
 
@@ -14,6 +15,8 @@ inside the grid each request uses as many splits as its own context warrants (SP
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from services.worker.attention.base import AttentionBackend
@@ -22,6 +25,7 @@ from services.worker.kernels.decode_attention import SPLIT_TOKENS, choose_num_sp
 from services.worker.kernels.extend_attention import extend_attention
 from services.worker.kernels.kv_store import store_kv
 from services.worker.kernels.kv_store_int8 import store_kv_int8
+from services.worker.kernels.rotary_store import rotary_store_
 from services.worker.kv_cache import KVCache
 
 
@@ -37,6 +41,24 @@ class TritonAttention(AttentionBackend):
         if max_decode_batch > 0:
             worst = max(b * self._num_splits(b, 1 << 30) for b in range(1, max_decode_batch + 1))
             self._reserve(worst)
+
+    def rotary_store(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        slots: torch.Tensor,
+        rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None],
+    ) -> None:
+        """One kernel rotates q and k and stores k and v (the same arithmetic as the rotary
+        kernel, TritonOps.rotary_); an int8 pool keeps the two, its store computing the scales."""
+        if self.cache.layout.quantized:
+            super().rotary_store(layer, q, k, v, positions, cos_sin, slots, rotary)
+            return
+        rotary_store_(q, k, v, positions, cos_sin, self.cache.k[layer], self.cache.v[layer], slots)
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         cache = self.cache

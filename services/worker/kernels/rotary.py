@@ -17,9 +17,10 @@ from services.worker.kernels.launch import launcher, next_pow2
 
 
 @triton.jit
-def _rotate_heads(x_ptr, row_stride, head_stride, token, num_heads, cos, sin, HALF: tl.constexpr,
+def rotate_heads(x_ptr, row_stride, head_stride, token, num_heads, cos, sin, HALF: tl.constexpr,
                   BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
-    """Rotate all heads of one token of x in place; cos, sin: [BLOCK_HALF] float32."""
+    """Rotate all heads of one token of x in place; cos, sin: [BLOCK_HALF] float32. Returns the
+    rotated halves [BLOCK_H, BLOCK_HALF] in x's dtype (for a caller that also stores them)."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
     mask = (offs_h < num_heads)[:, None] & (offs_d < HALF)[None, :]
@@ -29,8 +30,11 @@ def _rotate_heads(x_ptr, row_stride, head_stride, token, num_heads, cos, sin, HA
     s = sin.to(dtype).to(tl.float32)[None, :]
     x1 = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(ptrs + HALF, mask=mask, other=0.0).to(tl.float32)
-    tl.store(ptrs, (x1 * c - x2 * s).to(dtype), mask=mask)
-    tl.store(ptrs + HALF, (x2 * c + x1 * s).to(dtype), mask=mask)
+    r1 = (x1 * c - x2 * s).to(dtype)
+    r2 = (x2 * c + x1 * s).to(dtype)
+    tl.store(ptrs, r1, mask=mask)
+    tl.store(ptrs + HALF, r2, mask=mask)
+    return r1, r2
 
 
 @triton.jit
@@ -57,30 +61,38 @@ def _rotary_kernel(
     dmask = offs_d < HALF
     cos = tl.load(cs_ptr + pos * cs_row_stride + offs_d, mask=dmask, other=0.0)  # [BLOCK_HALF] float32
     sin = tl.load(cs_ptr + pos * cs_row_stride + HALF + offs_d, mask=dmask, other=0.0)
-    _rotate_heads(q_ptr, q_row_stride, q_head_stride, token, num_q_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HQ)
-    _rotate_heads(k_ptr, k_row_stride, k_head_stride, token, num_k_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HK)
+    rotate_heads(q_ptr, q_row_stride, q_head_stride, token, num_q_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HQ)
+    rotate_heads(k_ptr, k_row_stride, k_head_stride, token, num_k_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HK)
 
 
 _rotary_launch = launcher(_rotary_kernel)
 
 
-def rotary_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
-    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place; positions [T] int; cos_sin [max_pos, D] float32."""
+def check_rotary_args(
+    name: str, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+) -> None:
+    """Input checks shared by the rotary kernels (alone and fused with the KV store)."""
     if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"rotary: q [T, Hq, D] and k [T, Hkv, D] expected, got {tuple(q.shape)} {tuple(k.shape)}")
+        raise ValueError(f"{name}: q [T, Hq, D] and k [T, Hkv, D] expected, got {tuple(q.shape)} {tuple(k.shape)}")
     if q.stride(-1) != 1 or k.stride(-1) != 1:
-        raise ValueError("rotary: q and k need a contiguous last dim")
+        raise ValueError(f"{name}: q and k need a contiguous last dim")
     if q.dtype != k.dtype:
-        raise ValueError(f"rotary: q and k dtypes differ ({q.dtype}, {k.dtype})")
-    t, hq, d = q.shape
+        raise ValueError(f"{name}: q and k dtypes differ ({q.dtype}, {k.dtype})")
+    t, d = q.shape[0], q.shape[2]
     if d % 2 or cos_sin.dim() != 2 or cos_sin.shape[1] != d or cos_sin.stride(-1) != 1:
         raise ValueError(
-            f"rotary: cos_sin must be [max_pos, {d}] with a contiguous last dim, got {tuple(cos_sin.shape)}"
+            f"{name}: cos_sin must be [max_pos, {d}] with a contiguous last dim, got {tuple(cos_sin.shape)}"
         )
     if cos_sin.dtype != torch.float32:
-        raise ValueError(f"rotary: cos_sin must be float32, got {cos_sin.dtype}")
+        raise ValueError(f"{name}: cos_sin must be float32, got {cos_sin.dtype}")
     if positions.shape != (t,) or positions.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"rotary: positions must be [{t}] int32/int64, got {tuple(positions.shape)} {positions.dtype}")
+        raise ValueError(f"{name}: positions must be [{t}] int32/int64, got {tuple(positions.shape)} {positions.dtype}")
+
+
+def rotary_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place; positions [T] int; cos_sin [max_pos, D] float32."""
+    check_rotary_args("rotary", q, k, positions, cos_sin)
+    t, hq, d = q.shape
     if t == 0:
         return
     half = d // 2

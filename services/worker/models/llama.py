@@ -137,8 +137,7 @@ class LlamaModel:
         q = qkv[:, : self.q_size].view(t, self.q_heads, self.head_dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
-        self.ops.rotary_(q, k, positions, self.cos_sin)
-        self.attn.store(i, k, v, out_slots)
+        self.attn.rotary_store(i, q, k, v, positions, self.cos_sin, out_slots, self.ops.rotary_)
         return Carry(residual, q=q, k=k, v=v)
 
     def logits(self, last: Carry, sample_index: torch.Tensor) -> torch.Tensor:
