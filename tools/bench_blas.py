@@ -6,7 +6,8 @@ chooses between), at the Llama-3-8B shape, per batch size. GPU only.
 Each projection's weights are drawn for every layer, so the L2 cache cannot hold them, and
 the x @ w.t() of all layers is captured in a CUDA graph whose replays are timed, as a decode
 step runs them. Reports µs per layer and the share of the measured copy bandwidth, for
-weights stored [N, K] (LightStream's layout) and, for comparison, [K, N].
+weights stored [N, K] (LightStream's layout) and, for comparison, [K, N]; and the same
+product computed as w @ x.t() ("wx"), and at batch 1 as torch.mv ("mv").
 """
 
 from __future__ import annotations
@@ -77,13 +78,19 @@ def main() -> None:
         for m in (int(b) for b in args.batches.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             row = {"projection": name, "batch": m}
-            for lib in LIBRARIES:
-                for layout, ws in layouts.items():
-                    with prefer(lib):
-                        ms = graph_ms(lambda x=x, ws=ws: [x @ w.t() for w in ws])
-                    us = ms * 1000 / args.layers
-                    row[f"{lib}/{layout}_us"] = round(us, 2)
-                    row[f"{lib}/{layout}_pct_copy"] = round(100 * n * k * 2 / (us / 1e6) / 1e9 / bw, 1)
+            forms = {f"{lib}/{layout}": (lib, lambda x=x, ws=ws: [x @ w.t() for w in ws])
+                     for lib in LIBRARIES for layout, ws in layouts.items()}  # fmt: skip
+            # the same product with the weight as the left operand: cuBLAS sees an [N, M] result, and at
+            # M = 1 the result [N, 1] is the [1, N] row as laid out, so nothing is copied
+            forms |= {f"{lib}/wx": (lib, lambda x=x, nk=nk: [w @ x.t() for w in nk]) for lib in LIBRARIES}
+            if m == 1:
+                forms["mv"] = (None, lambda x=x, nk=nk: [torch.mv(w, x[0]) for w in nk])
+            for form, (lib, fn) in forms.items():
+                with prefer(lib):
+                    ms = graph_ms(fn)
+                us = ms * 1000 / args.layers
+                row[f"{form}_us"] = round(us, 2)
+                row[f"{form}_pct_copy"] = round(100 * n * k * 2 / (us / 1e6) / 1e9 / bw, 1)
             print(json.dumps(row), flush=True)
             rows.append(row)
         del nk, layouts
