@@ -34,7 +34,8 @@ class TritonAttention(AttentionBackend):
         super().__init__(cache, num_heads, head_dim)
         device = cache.k[0].device
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-        self.block_n = decode_config(head_dim, cache.layout.dtype, device.type == "cuda")["BLOCK_N"]
+        cuda, quantized = device.type == "cuda", cache.layout.quantized
+        self.block_n = decode_config(head_dim, cache.layout.dtype, cuda, quantized)["BLOCK_N"]
         # split-K scratch, flat so any (batch, splits) views it; grows, never shrinks
         self._mid_o = torch.empty(0, dtype=torch.float32, device=device)
         self._mid_lse = torch.empty(0, dtype=torch.float32, device=device)
