@@ -29,7 +29,7 @@ def _check(t: int, hq: int, hkv: int, d: int, dtype: torch.dtype, device: torch.
     q, k, v = views(qkv)
     rotary_store_(q, k, v, positions, cos_sin, k_pool, v_pool, slots)
 
-    rq, rk, rv = views(ref)
+    rq, rk, _ = views(ref)
     TorchOps().rotary_(rq, rk, positions, cos_sin)
     torch.testing.assert_close(qkv, ref, **tol(dtype))  # q and k rotated in place, v untouched
     assert torch.equal(qkv[:, (hq + hkv) * d :], ref[:, (hq + hkv) * d :])
