@@ -15,9 +15,11 @@ A failure (the connection lost or refused, the group gone, an error answer, no a
 ANSWER_TIMEOUT_S) makes ``read`` return None, and the caller reads through its thread, with
 redis-py's retries and the group's re-creation, for RETRY_S before this way is tried again.
 A poll whose answer was lost may have taken entries that nobody saw: they stay pending for
-this consumer. So the first poll on each new connection, once the acknowledgements it
-carries are applied, reads this consumer's pending entries (start "0"), which are then
-exactly those.
+this consumer. Each poll is marked sent to the StreamReader until its answer is read, so the
+next read, here or the thread's, recovers them (redis_streams.py). The first poll on each new
+connection, once the acknowledgements it carries are applied, reads all this consumer's
+pending entries (start "0"): the front end acknowledges every entry it is handed before its
+next read, so those are the lost ones, and what a predecessor of the same name left.
 """
 
 from __future__ import annotations
@@ -85,8 +87,9 @@ class LoopReader:
         self._busy = True
         try:
             conn = self._conn if self._conn is not None and self._conn.transport is not None else await self._connect()
-            answer = self._poll(conn, count, [e.entry_id for e in acks], wait_s, "0" if self._recover else ">")
-            resp = await asyncio.wait_for(answer, wait_s + ANSWER_TIMEOUT_S)
+            start = "0" if self._recover else self.reader.start()
+            answer = self._poll(conn, count, [e.entry_id for e in acks], wait_s, start)
+            resp, start = await asyncio.wait_for(answer, wait_s + ANSWER_TIMEOUT_S)
             self._recover = False
         except asyncio.CancelledError:  # a poll may still be in flight: its answer must not be taken for the next's
             self.close()
@@ -101,7 +104,9 @@ class LoopReader:
             return None
         finally:
             self._busy = False
-        return self.reader.entries_of(resp)
+        out = self.reader.entries_of(resp)
+        self.reader.answered(start, count, len(out))
+        return out
 
     def close(self) -> None:
         if self._conn is not None and self._conn.transport is not None:
@@ -110,15 +115,21 @@ class LoopReader:
 
     def _poll(self, conn: _Answers, count: int, ack_ids: list[bytes], wait_s: float, start: str) -> asyncio.Future[Any]:
         """Polls until one answers with entries or ``wait_s`` is over: the first from ``start``,
-        the rest for new entries."""
+        the rest from where the reader says (new entries, unless a recovery poll came back
+        full). The future gives the last answer and the start it read from. Each poll is
+        marked sent to the reader until answered, so a poll whose answer is lost is recovered
+        by whichever read comes next, this way or the thread's."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Any] = loop.create_future()
         end = loop.time() + wait_s
+        sent_from = [start]
 
-        def send(ids: list[bytes], start: str = ">") -> None:
+        def send(ids: list[bytes], start: str) -> None:
             commands = self.reader.read_commands(count, ids, None, start)
             conn.expect = len(commands)
             assert conn.transport is not None
+            sent_from[0] = start
+            self.reader.sent()
             conn.transport.write(pack(commands))
 
         def on_answers(answers: list[Any]) -> None:
@@ -128,9 +139,10 @@ class LoopReader:
             if error is not None:  # the group gone (NOGROUP) among them: the thread's read recreates it
                 done.set_exception(error)
             elif any(entries for _stream, entries in answers[-1] or []) or loop.time() >= end:
-                done.set_result(answers[-1])
+                done.set_result((answers[-1], sent_from[0]))
             else:
-                send([])
+                self.reader.answered(sent_from[0], count, 0)
+                send([], self.reader.start())
 
         def on_lost(exc: Exception) -> None:
             if not done.done():

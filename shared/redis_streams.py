@@ -5,6 +5,13 @@ consume through a consumer group and acknowledge an entry only after its side ef
 is done; a reader also claims the pending entries of a consumer that died (idle past
 ``claim_idle_ms``), so a restarted service picks up where its predecessor stopped. A
 group that vanished (Redis restarted without persistence) is created again.
+
+A read whose answer is lost (the connection dropped or timed out after Redis ran it) has
+made its entries this consumer's pending ones, and no later read of new entries returns
+them. So after a read that was not answered, the reader's next read asks for its own
+pending entries after the last one it has handed out (``XREADGROUP ... STREAMS s <id>``):
+exactly what the lost answer held, since new entries come in id order, and never the
+entries a consumer still holds unacknowledged (the router's queue, the worker's read-ahead).
 """
 
 from __future__ import annotations
@@ -72,6 +79,12 @@ class StreamWriter:
             self.link.call(run)
 
 
+def _id_key(entry_id: bytes | str) -> tuple[int, int]:
+    """A stream entry id ("ms-seq") as a pair that orders as Redis orders ids."""
+    ms, _, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
+    return int(ms), int(seq or 0)
+
+
 def _by_group(entries: list[Entry]) -> dict[tuple[str, str], list[bytes]]:
     out: dict[tuple[str, str], list[bytes]] = {}
     for e in entries:
@@ -101,6 +114,9 @@ class StreamReader:
         self._next_claim = 0.0
         self._spin: SpinConnection | None = None  # made at the first read with spin
         self._spin_after = 0.0  # after a failure of its connection, reads with spin use redis-py until then
+        self._handed_out = (0, 0)  # the highest entry id this reader has returned (or dropped)
+        # a read was sent and its answer not yet read: the next read recovers what it may have taken
+        self._unanswered = False
         self.ensure_group()
 
     def ensure_group(self) -> None:
@@ -141,19 +157,42 @@ class StreamReader:
         if spin and block_ms is None and time.monotonic() >= self._spin_after and not (once and self.link.in_outage):
             spun = self._spin_read(count, ack_ids, self.link.quick_timeout_s if once else None)
             if spun is not None:
-                return self.entries_of(spun)
+                return spun
 
-        def run(r: redis.Redis) -> Any:
-            pipe = r.pipeline(transaction=False)
-            for command in self.read_commands(count, ack_ids, block_ms):
-                pipe.execute_command(*command)  # redis-py parses each answer by its command's name
-            return pipe.execute()[-1]
+        def run(r: redis.Redis) -> list[Entry]:
+            ids = ack_ids
+            while True:
+                start = self.start()
+                pipe = r.pipeline(transaction=False)
+                for command in self.read_commands(count, ids, block_ms if start == ">" else None, start):
+                    pipe.execute_command(*command)  # redis-py parses each answer by its command's name
+                self.sent()
+                try:
+                    resp = pipe.execute()[-1]
+                except redis.ResponseError:  # answered, with an error (the group gone): nothing taken
+                    self._unanswered = start != ">"
+                    raise
+                out = [e for _stream, entries in resp or [] for e in self._decode_entries(entries)]
+                self.answered(start, count, len(out))
+                if out or start == ">":
+                    return out
+                ids = []  # a recovery read that found nothing lost: now the read of new entries
 
-        resp = self._call_group(run, once=once)
-        out: list[Entry] = []
-        for _stream, entries in resp or []:
-            out.extend(self._decode_entries(entries))
-        return out
+        return self._call_group(run, once=once) or []
+
+    def start(self) -> str:
+        """Where the next read starts: ">" (new entries), or after a read that was not answered,
+        just past the last entry handed out (this consumer's pending entries that came later)."""
+        return f"{self._handed_out[0]}-{self._handed_out[1]}" if self._unanswered else ">"
+
+    def answered(self, start: str, count: int, got: int) -> None:
+        """A read from ``start`` was answered with ``got`` entries (handed out): a recovery read
+        that came back full may have left more behind, so the next read recovers too."""
+        self._unanswered = start != ">" and got >= count
+
+    def sent(self) -> None:
+        """A read is on its way: until answered, the next read must recover what it takes."""
+        self._unanswered = True
 
     def read_commands(
         self, count: int, ack_ids: list[bytes], block_ms: int | None, start: str = ">"
@@ -168,22 +207,31 @@ class StreamReader:
                          "STREAMS", self.stream, start))  # fmt: skip
         return commands
 
-    def _spin_read(self, count: int, ack_ids: list[bytes], timeout_s: float | None) -> Any:
-        """The read's pipeline through the spinning connection: XREADGROUP's raw answer; None
-        if that connection failed or the group is gone (the caller reads through redis-py,
-        which reconnects and recreates)."""
+    def _spin_read(self, count: int, ack_ids: list[bytes], timeout_s: float | None) -> list[Entry] | None:
+        """The read's pipeline through the spinning connection: its entries; None if that
+        connection failed or the group is gone (the caller reads through redis-py, which
+        reconnects and recreates)."""
         if self._spin is None:
             self._spin = SpinConnection(self.link.client.connection_pool.connection_kwargs)
-        try:
-            resp = self._spin.execute(self.read_commands(count, ack_ids, None), timeout_s)[-1]
-        except redis.ConnectionError:
-            self._spin_after = time.monotonic() + SPIN_RETRY_S  # Redis away: no reconnect on every poll
-            return None
-        except redis.ResponseError as e:
-            if is_nogroup(e):
+        ids = ack_ids
+        while True:
+            start = self.start()
+            try:
+                self.sent()
+                resp = self._spin.execute(self.read_commands(count, ids, None, start), timeout_s)[-1]
+            except redis.ConnectionError:
+                self._spin_after = time.monotonic() + SPIN_RETRY_S  # Redis away: no reconnect on every poll
                 return None
-            raise
-        return resp or []
+            except redis.ResponseError as e:
+                self._unanswered = start != ">"  # answered, with an error: nothing taken
+                if is_nogroup(e):
+                    return None
+                raise
+            out = self.entries_of(resp)
+            self.answered(start, count, len(out))
+            if out or start == ">":
+                return out
+            ids = []
 
     def entries_of(self, resp: Any) -> list[Entry]:
         """The entries in XREADGROUP's raw answer as hiredis parses it (streams of entry ids
@@ -236,9 +284,11 @@ class StreamReader:
         return self._decode_entries(self._call_group(run) or [])
 
     def _decode_entries(self, entries: Any) -> list[Entry]:
+        """Decoded entries, each now handed out; the undecodable are acknowledged and dropped."""
         out: list[Entry] = []
         bad: list[bytes] = []
         for entry_id, fields in entries:
+            self._handed_out = max(self._handed_out, _id_key(entry_id))
             if fields is None:  # deleted by MAXLEN trimming while pending
                 bad.append(entry_id)
                 continue

@@ -131,3 +131,64 @@ def test_survives_redis_restart(spin: bool, monkeypatch: pytest.MonkeyPatch) -> 
     finally:
         first.stop()
         second.stop()
+
+
+@pytest.fixture
+def cutter(redis_server: RedisServer, redis_url: str):
+    from tests.shared.answer_cutter import AnswerCutter
+
+    proxy = AnswerCutter("127.0.0.1", redis_server.port)
+    yield proxy
+    proxy.close()
+
+
+@pytest.mark.parametrize("how", ["blocking", "once", "spin"])
+def test_a_read_whose_answer_is_lost_is_recovered(how: str, cutter, redis_url: str) -> None:
+    """Redis serves a read (its entries become this consumer's pending ones) but the answer never
+    arrives. The next read takes exactly those entries, not the ones the consumer still holds
+    unacknowledged, as the router holds its queue: nothing is lost and nothing comes twice."""
+    from shared.redis_link import NotAtOnce
+
+    link = RedisLink(cutter.url, max_backoff_s=0.1)
+    writer = StreamWriter(RedisLink(redis_url))
+    reader = StreamReader(link, "cut", "g", "c1")
+
+    def read() -> list[str]:
+        if how == "blocking":
+            return [e.msg.rid for e in reader.read(block_ms=200)]
+        try:
+            return [e.msg.rid for e in reader.read(once=True, spin=how == "spin")]
+        except NotAtOnce:  # the quick connection was cut: the caller reads again (the worker: its thread)
+            return [e.msg.rid for e in reader.read(block_ms=200)]
+
+    writer.send("cut", AbortReq("held", ""))
+    assert read() == ["held"]  # handed out, never acknowledged
+    writer.send_many([("cut", AbortReq(rid, "")) for rid in ("lost-1", "lost-2")])
+    cutter.cut_next_answer_with(b"lost-1")
+    got = read()
+    got += [] if got else read()
+    assert cutter.cuts == 1
+    assert got == ["lost-1", "lost-2"]
+    assert reader.pending_count() == 3
+    writer.send("cut", AbortReq("new", ""))
+    assert read() == ["new"]
+    raw = redis.Redis.from_url(redis_url)
+    assert all(p["times_delivered"] <= 2 for p in raw.xpending_range("cut", "g", "-", "+", 10))
+
+
+def test_a_recovery_read_that_comes_back_full_goes_on(cutter, redis_url: str) -> None:
+    """The lost answer held more entries than the next reads take: they go on recovering, in
+    order, until one comes back short, and then read new entries."""
+    from shared.redis_link import NotAtOnce
+
+    link = RedisLink(cutter.url, max_backoff_s=0.1)
+    writer = StreamWriter(RedisLink(redis_url))
+    reader = StreamReader(link, "full", "g", "c1")
+    writer.send_many([("full", AbortReq(f"e{k}", "")) for k in range(5)])
+    cutter.cut_next_answer_with(b"e0")
+    with pytest.raises(NotAtOnce):
+        reader.read(count=5, once=True)  # all five taken, the answer lost
+    writer.send("full", AbortReq("new", ""))
+    reads = [[e.msg.rid for e in reader.read(count=2, block_ms=100)] for _ in range(4)]
+    assert reads == [["e0", "e1"], ["e2", "e3"], ["e4"], ["new"]]
+    assert cutter.cuts == 1

@@ -106,8 +106,9 @@ def test_items_arrive_in_order_and_are_acknowledged(redis_url: str, window_s: fl
 
 def test_when_the_loops_polls_fail_the_thread_reads_and_nothing_is_lost(redis_url: str) -> None:
     """The loop's connection is cut after it read the first items: the thread's polls take over
-    (redis-py, reconnecting); a poll whose answer was cut off leaves its entries pending, and the
-    loop's first poll on its next connection reads them."""
+    (redis-py, reconnecting). A poll whose answer was cut off leaves its entries pending; the
+    failed poll was never answered, so the thread's first read asks for this consumer's pending
+    entries after the last one handed out, and gets them."""
     link = RedisLink(redis_url)
     p = pipeline(link, "cut", BusyPoll(5.0), check_s=60.0)  # the liveness set here stays while it runs
 
@@ -131,7 +132,7 @@ def test_when_the_loops_polls_fail_the_thread_reads_and_nothing_is_lost(redis_ur
 
     got = asyncio.run(asyncio.wait_for(run(), 20))
     assert got[:2] == ["a", "b"] and sorted(got[2:]) == ["c", "d"]
-    assert ("replies_0", 500) in p.reader.reads or ("loop", None) in p.reader.reads[2:]
+    assert {name for name, _block in p.reader.reads[2:]} == {"replies_0"}  # the thread's reads recovered "c"
 
 
 def test_a_lone_requests_task_runs_to_its_chunk_before_the_next_read(redis_url: str) -> None:
