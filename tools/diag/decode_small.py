@@ -23,24 +23,14 @@ if __package__ in (None, ""):
 import torch
 
 from services.worker.kernels.decode_attention import MAX_SPLITS, decode_attention, decode_scratch
+from tools.bench_blas import graph_ms
 
 LAYERS, HQ, HKV, D = 32, 32, 8, 128
 
 
 def graph_us(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / reps / LAYERS
+    """µs per layer of fn (all the layers' calls) replayed from a graph."""
+    return graph_ms(fn, reps) * 1000 / LAYERS
 
 
 def layers(pools: list, call: tuple, cfg: dict) -> None:
