@@ -274,14 +274,20 @@ class StreamReader:
         return bool(self.link.call(lambda r: r.exists(consumer_lease(self.stream, self.group, consumer))))
 
     def _claim_from(self, consumer: str) -> list[Entry]:
-        def run(r: redis.Redis) -> Any:
-            pending = r.xpending_range(self.stream, self.group, min="-", max="+", count=10_000, consumername=consumer)
-            ids = [p["message_id"] for p in pending]
-            if not ids:
-                return []
-            return r.xclaim(self.stream, self.group, self.consumer, min_idle_time=0, message_ids=ids)
-
-        return self._decode_entries(self._call_group(run) or [])
+        """The dead consumer's pending entries, made this one's. The ids are read first and the
+        XCLAIM retried with the same ids: a claim whose answer was lost has already moved the
+        entries here, where asking the dead consumer again would find none, and claiming an
+        entry this consumer owns gives it again."""
+        pending = self._call_group(
+            lambda r: r.xpending_range(self.stream, self.group, min="-", max="+", count=10_000, consumername=consumer)
+        )
+        ids = [p["message_id"] for p in pending or []]
+        if not ids:
+            return []
+        claim = self._call_group(
+            lambda r: r.xclaim(self.stream, self.group, self.consumer, min_idle_time=0, message_ids=ids)
+        )
+        return self._decode_entries(claim or [])
 
     def _decode_entries(self, entries: Any) -> list[Entry]:
         """Decoded entries, each now handed out; the undecodable are acknowledged and dropped."""

@@ -192,3 +192,24 @@ def test_a_recovery_read_that_comes_back_full_goes_on(cutter, redis_url: str) ->
     reads = [[e.msg.rid for e in reader.read(count=2, block_ms=100)] for _ in range(4)]
     assert reads == [["e0", "e1"], ["e2", "e3"], ["e4"], ["new"]]
     assert cutter.cuts == 1
+
+
+def test_a_claim_whose_answer_is_lost_still_hands_the_entries_over(cutter, redis_url: str) -> None:
+    """XCLAIM moved the dead consumer's entries to the heir, but the answer never came: the
+    claim is made again with the same ids, and gives them."""
+    direct = RedisLink(redis_url)
+    writer = StreamWriter(direct)
+    dead = StreamReader(direct, "claimcut", "g", "dead", claim_idle_ms=200)
+    writer.send_many([("claimcut", AbortReq(f"claim-{k}", "")) for k in range(3)])
+    assert len(dead.read(block_ms=100)) == 3  # read, never acknowledged
+    heir = StreamReader(RedisLink(cutter.url, max_backoff_s=0.1), "claimcut", "g", "heir", claim_idle_ms=200,
+                        claim_every_s=0.0)  # fmt: skip
+    time.sleep(0.3)  # the dead one's lease has expired
+    cutter.cut_next_answer_with(b"claim-0")
+    got = [e.msg.rid for e in heir.read(block_ms=50)]
+    assert cutter.cuts == 1
+    assert got == ["claim-0", "claim-1", "claim-2"]
+    raw = redis.Redis.from_url(redis_url)
+    owners = {p["consumer"] for p in raw.xpending_range("claimcut", "g", "-", "+", 10)}
+    assert owners == {b"heir"}
+    assert b"dead" not in [c["name"] for c in raw.xinfo_consumers("claimcut", "g")]
