@@ -9,7 +9,7 @@ from services.worker.kernels.decode_attention import SPLIT_TOKENS, choose_num_sp
 
 
 def _check(lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, quantized: bool, num_splits: int,
-           device: torch.device, pooled, reference, tol, **config: int) -> None:  # fmt: skip
+           device: torch.device, pooled, reference, tol, fused: bool = False, **config: int) -> None:  # fmt: skip
     req = pooled(lens, hkv, d, dtype, quantized, device)
     bsz = len(lens)
     q = torch.randn(bsz, hq + 2 * hkv, d, device=device).to(dtype)[:, :hq]  # a strided view, as from qkv
@@ -20,11 +20,21 @@ def _check(lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, quant
     mid_o.fill_(float("nan"))
     mid_lse.fill_(float("nan"))
     scale = d**-0.5
-    decode_attention(q, req.k_pool, req.v_pool, req.req_table, req.rows, seq_lens, scale, num_splits, out=out,
-                     k_scale=req.k_scale, v_scale=req.v_scale, mid_o=mid_o, mid_lse=mid_lse, **config)  # fmt: skip
-    for b, n in enumerate(lens):
-        ref = reference(q[b : b + 1], req.keys[b], req.values[b], n - 1, scale)[0]
-        torch.testing.assert_close(out[b], ref.to(dtype), **tol(dtype))
+    # fused: the last split of each (request, KV head) combines them, counting here (left zero)
+    counts = torch.zeros(bsz * hkv + 3, dtype=torch.int32, device=device) if fused else None
+    for _ in range(2 if fused else 1):  # the second launch finds the counts as the first left them
+        decode_attention(q, req.k_pool, req.v_pool, req.req_table, req.rows, seq_lens, scale, num_splits, out=out,
+                         k_scale=req.k_scale, v_scale=req.v_scale, mid_o=mid_o, mid_lse=mid_lse, counts=counts,
+                         **config)  # fmt: skip
+        for b, n in enumerate(lens):
+            if n == 0:  # an empty request (a padded graph row): zeros
+                assert torch.equal(out[b], torch.zeros_like(out[b]))
+                continue
+            ref = reference(q[b : b + 1], req.keys[b], req.values[b], n - 1, scale)[0]
+            torch.testing.assert_close(out[b], ref.to(dtype), **tol(dtype))
+        if counts is not None:
+            assert not counts.any()
+        out.fill_(float("nan"))
     if num_splits == 1:  # one split: stage 1 writes the output, and the scratch stays as it was
         assert mid_o.isnan().all() and mid_lse.isnan().all()
 
@@ -35,30 +45,39 @@ LENS = [1, 17, 70, 33, 5]
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 2, 32), (4, 1, 16), (2, 2, 24), (2, 1, 64), (2, 1, 128)])
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_small(hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int, device, pooled, reference,
-                      tol) -> None:  # fmt: skip
-    _check(LENS, hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol)
+@pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, False), (3, True)])
+def test_decode_small(hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int, fused: bool, device, pooled,
+                      reference, tol) -> None:  # fmt: skip
+    _check(LENS, hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_small_int8(dtype: torch.dtype, num_splits: int, device, pooled, reference, tol) -> None:
-    _check(LENS, 4, 2, 32, dtype, True, num_splits, device, pooled, reference, tol)
+@pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, False), (3, True)])
+def test_decode_small_int8(dtype: torch.dtype, num_splits: int, fused: bool, device, pooled, reference, tol) -> None:
+    _check(LENS, 4, 2, 32, dtype, True, num_splits, device, pooled, reference, tol, fused)
 
 
-def test_decode_more_splits_than_tiles(device, pooled, reference, tol) -> None:
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_more_splits_than_tiles(fused: bool, device, pooled, reference, tol) -> None:
     # 8 splits of a 70-token context: only 5 have a 16-token tile, the rest exit early
-    _check(LENS, 4, 2, 32, torch.float32, False, 8, device, pooled, reference, tol)
+    _check(LENS, 4, 2, 32, torch.float32, False, 8, device, pooled, reference, tol, fused)
 
 
 @pytest.mark.parametrize("split_tokens", [20, 40, 1000])
 @pytest.mark.parametrize("quantized", [False, True])
-def test_decode_short_contexts_use_fewer_splits(split_tokens: int, quantized: bool, device, pooled, reference,
-                                                tol) -> None:  # fmt: skip
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_short_contexts_use_fewer_splits(split_tokens: int, quantized: bool, fused: bool, device, pooled,
+                                                reference, tol) -> None:  # fmt: skip
     # a grid of 4 splits; each request uses as many as keep split_tokens a split (the 1-token
     # request one, the 70-token one 2 or 4 or 1), and the reduce combines just those
-    _check(LENS, 4, 2, 32, torch.float32, quantized, 4, device, pooled, reference, tol, split_tokens=split_tokens)
+    _check(LENS, 4, 2, 32, torch.float32, quantized, 4, device, pooled, reference, tol, fused,
+           split_tokens=split_tokens)  # fmt: skip
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_empty_request_gets_zeros(fused: bool, device, pooled, reference, tol) -> None:
+    # a padded graph row has no context: its output is zeros, never NaN, either way
+    _check([0, 17, 40], 4, 2, 32, torch.float32, False, 3, device, pooled, reference, tol, fused)
 
 
 @pytest.mark.parametrize("group", [16, 32])
@@ -90,7 +109,29 @@ def test_decode_llama3_8b(quantized: bool, pooled, reference, tol) -> None:
     lens = [2048] * 60 + [1, 100, 1000, 2047]
     splits = choose_num_splits(len(lens), 8, 2048, torch.cuda.get_device_properties(0).multi_processor_count)
     _check(lens, 32, 8, 128, torch.bfloat16, quantized, splits, torch.device("cuda"), pooled, reference, tol)
-    # a few requests over a grid of many splits, short ones using fewer (as in a captured graph)
+    # a few requests over a grid of many splits, short ones using fewer (as in a captured graph),
+    # combined by the reduce kernel and by each group's last split
     few = [1, 100, 300, 1000, 2047, 4000]
-    _check(few, 32, 8, 128, torch.bfloat16, quantized, 32, torch.device("cuda"), pooled, reference, tol,
-           split_tokens=SPLIT_TOKENS)  # fmt: skip
+    for fused in (False, True):
+        _check(few, 32, 8, 128, torch.bfloat16, quantized, 32, torch.device("cuda"), pooled, reference, tol, fused,
+               split_tokens=SPLIT_TOKENS)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_decode_fused_combine_is_the_reduce_launch_after_launch(pooled) -> None:
+    """The last split's combine depends on the order in which splits finish: over many launches
+    it gives what the reduce kernel gives, each time, and leaves the counts at zero."""
+    dev = torch.device("cuda")
+    lens = [1024, 700, 64, 2000]
+    req = pooled(lens, 8, 128, torch.bfloat16, False, dev)
+    q = torch.randn(len(lens), 32, 128, device=dev, dtype=torch.bfloat16)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    mid_o, mid_lse = decode_scratch(len(lens), 32, 128, 32, dev)
+    args = (q, req.k_pool, req.v_pool, req.req_table, req.rows, seq_lens, 128**-0.5, 32)
+    ref = decode_attention(*args, mid_o=mid_o, mid_lse=mid_lse, split_tokens=SPLIT_TOKENS)
+    counts = torch.zeros(len(lens) * 8, dtype=torch.int32, device=dev)
+    for _ in range(200):
+        out = decode_attention(*args, mid_o=mid_o, mid_lse=mid_lse, counts=counts, split_tokens=SPLIT_TOKENS)
+        torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
+    assert not counts.any()

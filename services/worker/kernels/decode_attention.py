@@ -12,7 +12,10 @@ Nothing here reads device data on the host and the grid depends only on Python i
 both launches can be captured in a CUDA graph. Splits past the end of a shorter request
 exit at once; the reduce recomputes the same split boundaries and ignores them. With one
 split per request (batches that fill the GPU on their own) stage 1 writes the output
-itself and the reduce is not launched.
+itself and the reduce is not launched. Given a counter per (request, KV head), the split
+that finishes last combines the others' partials itself (an atomic count, acquire-release),
+and the reduce is not launched either: at small batches that kernel costs a launch's
+latency for a few microseconds of work.
 """
 
 from __future__ import annotations
@@ -47,13 +50,16 @@ def _split_len(seq_len, num_splits, split_tokens, BLOCK_N: tl.constexpr):
 # a new count costs no compile while serving
 @triton.jit(do_not_specialize=["num_splits", "split_tokens"])
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
-                         q_b_stride, q_h_stride, k_slot_stride, k_h_stride, v_slot_stride, v_h_stride,
-                         ks_slot_stride, ks_h_stride, vs_slot_stride, vs_h_stride, table_stride,
-                         o_b_stride, o_h_stride, o_s_stride, lse_b_stride, lse_h_stride, qk_scale, num_splits,
-                         split_tokens, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         cnt_ptr, out_ptr, q_b_stride, q_h_stride, k_slot_stride, k_h_stride, v_slot_stride,
+                         v_h_stride, ks_slot_stride, ks_h_stride, vs_slot_stride, vs_h_stride, table_stride,
+                         o_b_stride, o_h_stride, o_s_stride, lse_b_stride, lse_h_stride, out_b_stride, out_h_stride,
+                         qk_scale, num_splits, split_tokens, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         QUANT: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
-    """DIRECT (one split): mid_o_ptr and its b/h strides are the output's; no log-sum-exp."""
+                         QUANT: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
+                         FUSED: tl.constexpr):  # fmt: skip
+    """DIRECT (one split): mid_o_ptr and its b/h strides are the output's; no log-sum-exp.
+    FUSED (several splits): the last split of a (request, KV head) to finish combines them
+    into out_ptr, counting in cnt_ptr [B, Hkv] (zero before, left zero after)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -62,6 +68,10 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     begin = split * split_len
     if not DIRECT:  # noqa: SIM102 (a compile-time branch: Triton drops it whole for DIRECT)
         if begin >= seq_len:
+            if FUSED:  # noqa: SIM102
+                if seq_len == 0 and split == 0:  # an empty request: zeros, as the reduce gives
+                    zeros = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+                    _store_group(out_ptr, out_b_stride, out_h_stride, b, kvh, zeros, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D)
             return
     end = tl.minimum(begin + split_len, seq_len)
     row = tl.load(rows_ptr + b).to(tl.int64)
@@ -104,6 +114,55 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
         tl.store(o_ptrs + split * o_s_stride, acc / l_i[:, None], mask=gmask[:, None] & dmask[None, :])
         lse_ptrs = mid_lse_ptr + b.to(tl.int64) * lse_b_stride + heads * lse_h_stride + split
         tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=gmask)
+        if FUSED:
+            # every thread's stores are made before the count is (the barrier, then a release);
+            # the program that counts last sees all the splits' (acquire, reads through L2)
+            tl.debug_barrier()
+            cnt = cnt_ptr + b * tl.num_programs(1) + kvh
+            if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == tl.cdiv(seq_len, split_len) - 1:
+                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+                _combine_splits(mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, tl.cdiv(seq_len, split_len),
+                                o_b_stride, o_h_stride, o_s_stride, lse_b_stride, lse_h_stride, out_b_stride,
+                                out_h_stride, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D)  # fmt: skip
+
+
+@triton.jit
+def _store_group(out_ptr, out_b_stride, out_h_stride, b, kvh, x, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """out[b, the GROUP query heads of KV head kvh] = x [BLOCK_G, BLOCK_D] float32."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    ptrs = out_ptr + b.to(tl.int64) * out_b_stride + (kvh * GROUP + offs_g)[:, None] * out_h_stride + offs_d[None, :]
+    tl.store(ptrs, x.to(out_ptr.dtype.element_ty), mask=(offs_g < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+@triton.jit
+def _combine_splits(mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, used, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
+                    lse_h_stride, out_b_stride, out_h_stride, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """The reduce for one (request, KV head): the first ``used`` splits' partial outputs, weighed
+    by their log-sum-exps (base 2), into out for the group's query heads."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + offs_g
+    gmask = offs_g < GROUP
+    mask = gmask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    o_ptrs = mid_o_ptr + b.to(tl.int64) * o_b_stride + heads[:, None] * o_h_stride + offs_d[None, :]
+    lse_ptrs = mid_lse_ptr + b.to(tl.int64) * lse_b_stride + heads * lse_h_stride
+    m = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
+    total = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for s in range(0, used):
+        lse = tl.load(lse_ptrs + s, mask=gmask, other=0.0, cache_modifier=".cg")
+        o = tl.load(o_ptrs + s * o_s_stride, mask=mask, other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
+        acc = acc * alpha[:, None] + w[:, None] * o
+        total = total * alpha + w
+        m = m_new
+    _store_group(out_ptr, out_b_stride, out_h_stride, b, kvh, acc / total[:, None], GROUP, HEAD_DIM, BLOCK_G,
+                 BLOCK_D)  # fmt: skip
 
 
 _decode_split_launch = launcher(_decode_split_kernel)
@@ -185,13 +244,16 @@ def decode_attention(
     v_scale: torch.Tensor | None = None,
     mid_o: torch.Tensor | None = None,
     mid_lse: torch.Tensor | None = None,
+    counts: torch.Tensor | None = None,
     **config: int,
 ) -> torch.Tensor:
     """q: [B, Hq, D] one token per request; pools: [C, Hkv, D]; rows, seq_lens: [B] int32, seq_lens
     counting the new token (already stored). k_scale, v_scale [C, Hkv] float32 mark an int8 pool.
     num_splits is the grid's splits per request; a request whose context is short uses fewer,
     none of under split_tokens tokens (so one captured grid suits every context length).
-    mid_o / mid_lse: scratch from decode_scratch (allocated when None). config overrides
+    mid_o / mid_lse: scratch from decode_scratch (allocated when None). counts: int32 zeros, at
+    least B * Hkv, left zero: with several splits, the last split of each (request, KV head)
+    combines them, and the reduce kernel is not launched (without it, it is). config overrides
     BLOCK_N / num_warps / num_stages. Returns out [B, Hq, D]."""
     if q.dim() != 3 or q.stride(-1) != 1:
         raise ValueError(f"decode_attention: q must be [B, Hq, D] with a contiguous last dim, got {tuple(q.shape)}")
@@ -232,17 +294,21 @@ def decode_attention(
     group = hq // hkv
     block_d = max(16, next_pow2(d))
     direct = num_splits == 1
+    fused = not direct and counts is not None
+    if counts is not None and (counts.dtype != torch.int32 or counts.dim() != 1 or counts.numel() < bsz * hkv):
+        raise ValueError(f"decode_attention: counts must be flat int32 of at least {bsz * hkv}")
+    cnt = counts if fused else seq_lens  # any int32 tensor: the kernel does not touch it unless fused
     o, o_strides = (out, (out.stride(0), out.stride(1), 0)) if direct else (mid_o, mid_o.stride()[:3])
     _decode_split_launch[(bsz, hkv, num_splits)](
-        q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, o, mid_lse,
+        q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, o, mid_lse, cnt, out,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), req_table.stride(0),
-        *o_strides, mid_lse.stride(0), mid_lse.stride(1), scale * LOG2E,
+        *o_strides, mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), scale * LOG2E,
         num_splits, split_tokens, GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)),
         BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], QUANT=quant, IEEE=q.dtype == torch.float32, DIRECT=direct,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        FUSED=fused, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
-    if direct:
+    if direct or fused:
         return out
     _decode_reduce_launch[(bsz, hq)](
         mid_o, mid_lse, seq_lens, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
