@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,25 +160,38 @@ class StreamReader:
                 return spun
 
         def run(r: redis.Redis) -> list[Entry]:
-            ids = ack_ids
-            while True:
-                start = self.start()
+            def send(commands: list[tuple[Any, ...]]) -> list[Entry]:
                 pipe = r.pipeline(transaction=False)
-                for command in self.read_commands(count, ids, block_ms if start == ">" else None, start):
+                for command in commands:
                     pipe.execute_command(*command)  # redis-py parses each answer by its command's name
-                self.sent()
-                try:
-                    resp = pipe.execute()[-1]
-                except redis.ResponseError:  # answered, with an error (the group gone): nothing taken
-                    self._unanswered = start != ">"
-                    raise
-                out = [e for _stream, entries in resp or [] for e in self._decode_entries(entries)]
-                self.answered(start, count, len(out))
-                if out or start == ">":
-                    return out
-                ids = []  # a recovery read that found nothing lost: now the read of new entries
+                return [e for _stream, entries in pipe.execute()[-1] or [] for e in self._decode_entries(entries)]
+
+            return self._read_via(send, count, ack_ids, block_ms)
 
         return self._call_group(run, once=once) or []
+
+    def _read_via(
+        self,
+        send: Callable[[list[tuple[Any, ...]]], list[Entry]],
+        count: int,
+        ack_ids: list[bytes],
+        block_ms: int | None,
+    ) -> list[Entry]:
+        """One read, each pipeline made by ``send`` (its entries): after a read that was not
+        answered, first what that one took, and only if it took nothing, new entries too."""
+        ids = ack_ids
+        while True:
+            start = self.start()
+            self.sent()
+            try:
+                out = send(self.read_commands(count, ids, block_ms if start == ">" else None, start))
+            except redis.ResponseError:  # answered, with an error (the group gone): nothing taken
+                self._unanswered = start != ">"
+                raise
+            self.answered(start, count, len(out))
+            if out or start == ">":
+                return out
+            ids = []  # a recovery read that found nothing lost: now the read of new entries
 
     def start(self) -> str:
         """Where the next read starts: ">" (new entries), or after a read that was not answered,
@@ -198,7 +211,8 @@ class StreamReader:
         self, count: int, ack_ids: list[bytes], block_ms: int | None, start: str = ">"
     ) -> list[tuple[Any, ...]]:
         """One read's pipeline: the lease ("still alive"), the acknowledgements, the read (of
-        new entries; with ``start`` "0", of this consumer's own pending ones)."""
+        new entries; with ``start`` an id, "0" or later, of this consumer's own pending ones
+        after it)."""
         commands: list[tuple[Any, ...]] = [("SET", self.lease, b"1", "PX", self.claim_idle_ms)]
         if ack_ids:
             commands.append(("XACK", self.stream, self.group, *ack_ids))
@@ -213,25 +227,16 @@ class StreamReader:
         reconnects and recreates)."""
         if self._spin is None:
             self._spin = SpinConnection(self.link.client.connection_pool.connection_kwargs)
-        ids = ack_ids
-        while True:
-            start = self.start()
-            try:
-                self.sent()
-                resp = self._spin.execute(self.read_commands(count, ids, None, start), timeout_s)[-1]
-            except redis.ConnectionError:
-                self._spin_after = time.monotonic() + SPIN_RETRY_S  # Redis away: no reconnect on every poll
+        spin = self._spin
+        try:
+            return self._read_via(lambda c: self.entries_of(spin.execute(c, timeout_s)[-1]), count, ack_ids, None)
+        except redis.ConnectionError:
+            self._spin_after = time.monotonic() + SPIN_RETRY_S  # Redis away: no reconnect on every poll
+            return None
+        except redis.ResponseError as e:
+            if is_nogroup(e):
                 return None
-            except redis.ResponseError as e:
-                self._unanswered = start != ">"  # answered, with an error: nothing taken
-                if is_nogroup(e):
-                    return None
-                raise
-            out = self.entries_of(resp)
-            self.answered(start, count, len(out))
-            if out or start == ">":
-                return out
-            ids = []
+            raise
 
     def entries_of(self, resp: Any) -> list[Entry]:
         """The entries in XREADGROUP's raw answer as hiredis parses it (streams of entry ids
