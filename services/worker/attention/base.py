@@ -10,6 +10,9 @@ import torch
 from services.worker.forward_batch import ForwardBatch
 from services.worker.kv_cache import KVCache
 
+# the ops' rotary_(q, k, positions, cos_sin): rotates q and k in place
+Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
 
 class AttentionBackend(ABC):
     def __init__(self, cache: KVCache, num_heads: int, head_dim: int) -> None:
@@ -37,7 +40,7 @@ class AttentionBackend(ABC):
         positions: torch.Tensor,
         cos_sin: torch.Tensor,
         slots: torch.Tensor,
-        rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None],
+        rotary: Rotary,
     ) -> None:
         """Rotate q and k in place with rotary(q, k, positions, cos_sin) (the ops' rotary_), then
         store k and v at slots. A backend with a kernel doing both at once overrides this."""

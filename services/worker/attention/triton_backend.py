@@ -15,11 +15,9 @@ inside the grid each request uses as many splits as its own context warrants (SP
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from services.worker.attention.base import AttentionBackend
+from services.worker.attention.base import AttentionBackend, Rotary
 from services.worker.forward_batch import ForwardBatch
 from services.worker.kernels.decode_attention import SPLIT_TOKENS, choose_num_splits, decode_attention, decode_config
 from services.worker.kernels.extend_attention import extend_attention
@@ -62,7 +60,7 @@ class TritonAttention(AttentionBackend):
         positions: torch.Tensor,
         cos_sin: torch.Tensor,
         slots: torch.Tensor,
-        rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None],
+        rotary: Rotary,
     ) -> None:
         """One kernel rotates q and k and stores k and v (the same arithmetic as the rotary
         kernel, TritonOps.rotary_); an int8 pool keeps the two, its store computing the scales."""
