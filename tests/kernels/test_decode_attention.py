@@ -5,14 +5,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.kernels.decode_attention import SPLIT_TOKENS, choose_num_splits, decode_attention, decode_scratch
+from services.worker.kernels.decode_attention import (
+    SPLIT_TOKENS,
+    NewTokens,
+    choose_num_splits,
+    decode_attention,
+    decode_scratch,
+)
+from services.worker.models.rope import cos_sin_table
+from services.worker.ops import TorchOps
 
 
 def _check(lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, quantized: bool, num_splits: int,
-           device: torch.device, pooled, reference, tol, fused: bool = False, **config: int) -> None:  # fmt: skip
+           device: torch.device, pooled, reference, tol, fused: bool = False, rotary: bool = False,
+           **config: int) -> None:  # fmt: skip
     req = pooled(lens, hkv, d, dtype, quantized, device)
     bsz = len(lens)
-    q = torch.randn(bsz, hq + 2 * hkv, d, device=device).to(dtype)[:, :hq]  # a strided view, as from qkv
+    qkv = torch.randn(bsz, hq + 2 * hkv, d, device=device).to(dtype)
+    q = qkv[:, :hq]  # a strided view, as from qkv
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     out = torch.full((bsz, hq, d), float("nan"), dtype=dtype, device=device)
     # poisoned scratch: splits the reduce should ignore hold NaN
@@ -20,23 +30,56 @@ def _check(lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, quant
     mid_o.fill_(float("nan"))
     mid_lse.fill_(float("nan"))
     scale = d**-0.5
+    keys, values, rq, new = req.keys, req.values, q, None
+    if rotary:  # the new tokens as projected: the kernel rotates q and k and stores k and v
+        new, rq, keys, values = _new_tokens(req, qkv, lens, hq, hkv)
+    before = qkv.clone()
     # fused: the last split of each (request, KV head) combines them, counting here (left zero)
     counts = torch.zeros(bsz * hkv + 3, dtype=torch.int32, device=device) if fused else None
     for _ in range(2 if fused else 1):  # the second launch finds the counts as the first left them
         decode_attention(q, req.k_pool, req.v_pool, req.req_table, req.rows, seq_lens, scale, num_splits, out=out,
                          k_scale=req.k_scale, v_scale=req.v_scale, mid_o=mid_o, mid_lse=mid_lse, counts=counts,
-                         **config)  # fmt: skip
+                         new=new, **config)  # fmt: skip
         for b, n in enumerate(lens):
             if n == 0:  # an empty request (a padded graph row): zeros
                 assert torch.equal(out[b], torch.zeros_like(out[b]))
                 continue
-            ref = reference(q[b : b + 1], req.keys[b], req.values[b], n - 1, scale)[0]
-            torch.testing.assert_close(out[b], ref.to(dtype), **tol(dtype))
+            ref = reference(rq[b : b + 1], keys[b], values[b], n - 1, scale)[0]
+            torch.testing.assert_close(out[b], ref.to(dtype), **tol(dtype), msg=lambda m, b=b: f"request {b}: {m}")
         if counts is not None:
             assert not counts.any()
         out.fill_(float("nan"))
+    assert torch.equal(qkv, before)  # q, k and v are read, never written
+    if new is not None:  # each new token's k (rotated) and v went to its slot, and nothing else changed
+        stored = new.slots[seq_lens > 0].long()
+        torch.testing.assert_close(req.k_pool[stored], torch.stack([k[-1] for k in keys if len(k)]), **tol(dtype))
+        assert torch.equal(req.v_pool[stored], torch.stack([v[-1] for v in values if len(v)]))
+        assert req.k_pool[new.slots[seq_lens == 0].long()].isnan().all()
     if num_splits == 1:  # one split: stage 1 writes the output, and the scratch stays as it was
         assert mid_o.isnan().all() and mid_lse.isnan().all()
+
+
+def _new_tokens(req, qkv: torch.Tensor, lens: list[int], hq: int, hkv: int):
+    """Make each request's last token a new one: its pool slot emptied (NaN), its k and v the
+    unrotated qkv rows. -> (NewTokens, q rotated, the keys and values the kernel should see)."""
+    device, d = qkv.device, qkv.shape[-1]
+    cos_sin = cos_sin_table(d, 500000.0, {}, max(lens) + 8, device)
+    positions = torch.tensor([max(n - 1, 0) for n in lens], dtype=torch.int64, device=device)
+    cols = positions.to(torch.int64)
+    slots = req.req_table[req.rows.long(), cols].clone()  # where the table says the new token sits
+    free = req.k_pool.flatten(1).isnan().all(1).nonzero()[0].to(torch.int32)  # a slot no request uses
+    slots[torch.tensor(lens, device=device) == 0] = free  # an empty request's (never written)
+    k_new, v_new = qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
+    rq, rk = qkv[:, :hq].clone(), k_new.clone()
+    TorchOps().rotary_(rq, rk, positions, cos_sin)
+    keys, values = [], []
+    for b, n in enumerate(lens):
+        if n > 0:
+            req.k_pool[slots[b].long()] = float("nan")
+            req.v_pool[slots[b].long()] = float("nan")
+        keys.append(torch.cat([req.keys[b][: n - 1], rk[b : b + 1]]) if n else req.keys[b])
+        values.append(torch.cat([req.values[b][: n - 1], v_new[b : b + 1]]) if n else req.values[b])
+    return NewTokens(k_new, v_new, positions, cos_sin, slots), rq, keys, values
 
 
 # lengths around the CPU tile (16): a single token, a partial tile, several tiles
@@ -49,6 +92,27 @@ LENS = [1, 17, 70, 33, 5]
 def test_decode_small(hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int, fused: bool, device, pooled,
                       reference, tol) -> None:  # fmt: skip
     _check(LENS, hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 2, 32), (2, 1, 16), (3, 1, 64), (2, 1, 128)])
+@pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, False), (3, True), (8, True)])
+def test_decode_rotates_and_stores_the_new_tokens(hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int,
+                                                  fused: bool, device, pooled, reference, tol) -> None:  # fmt: skip
+    # the new token alone in its split (17 = one 16-token tile + 1), at the start of a context
+    # (1), and an empty request whose slot must stay untouched
+    _check([1, 17, 70, 0, 33], hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused, True)
+
+
+def test_decode_new_tokens_need_a_float_pool(device, pooled) -> None:
+    req = pooled([3, 5], 2, 16, torch.float32, True, device)
+    qkv = torch.randn(2, 8, 16, device=device)
+    seq_lens = torch.tensor([3, 5], dtype=torch.int32, device=device)
+    cos_sin = cos_sin_table(16, 10000.0, {}, 8, device)
+    new = NewTokens(qkv[:, 4:6], qkv[:, 6:], (seq_lens - 1).long(), cos_sin, req.req_table[req.rows.long(), 0])
+    with pytest.raises(ValueError, match="float pool"):
+        decode_attention(qkv[:, :4], req.k_pool, req.v_pool, req.req_table, req.rows, seq_lens, 0.25, 1,
+                         k_scale=req.k_scale, v_scale=req.v_scale, new=new)  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -8,7 +8,10 @@ import torch
 from services.worker.attention.torch_backend import TorchAttention
 from services.worker.attention.triton_backend import TritonAttention
 from services.worker.forward_batch import ForwardBatch
+from services.worker.kernels.triton_ops import TritonOps
 from services.worker.kv_cache import KVCache, KVLayout
+from services.worker.models.rope import cos_sin_table
+from services.worker.ops import TorchOps
 
 LAYER = 1
 
@@ -134,3 +137,40 @@ def test_mixed_batch_llama3_8b(quantized: bool, tol, reference) -> None:
     extends = [(0, 1000), (700, 300), (2000, 1), (50, 129)]
     decodes = [int(x) for x in torch.randint(1, 2048, (64,))]
     _check(extends, decodes, 32, 8, 128, torch.bfloat16, quantized, torch.device("cuda"), tol, reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("quantized", [False, True])
+def test_decode_attend_rotates_stores_and_attends(dtype: torch.dtype, quantized: bool, device, tol) -> None:
+    """A decode-only step's q, k and v as projected: the Triton backend's kernel rotates, stores
+    and attends at once (an int8 pool: rotary_store, then attend), as the base class's two steps
+    do on the torch backend."""
+    hq, hkv, d = 4, 2, 32
+    layout = KVLayout(num_layers=2, kv_heads=hkv, head_dim=d, dtype=dtype, quantized=quantized)
+    capacity = sum(DECODES) + 11
+    torch_cache = _random_cache(layout, capacity, device)
+    triton_cache = _copy_cache(torch_cache)
+    batch = _mixed_batch([], DECODES, capacity, device)
+    batch.positions.copy_(batch.decode_seq_lens - 1)
+    cos_sin = cos_sin_table(d, 500000.0, {}, max(DECODES), device)
+    qkv = torch.randn(batch.num_tokens, hq + 2 * hkv, d, device=device).to(dtype)
+    ref_qkv = qkv.clone()
+
+    def views(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return x[:, :hq], x[:, hq : hq + hkv], x[:, hq + hkv :]
+
+    ref = TorchAttention(torch_cache, hq, d).decode_attend(LAYER, *views(ref_qkv), batch, cos_sin, TorchOps().rotary_)
+    out = TritonAttention(triton_cache, hq, d, max_decode_batch=len(DECODES)).decode_attend(
+        LAYER, *views(qkv), batch, cos_sin, TritonOps().rotary_
+    )
+    torch.testing.assert_close(out, ref, **tol(dtype))
+    slots = batch.out_slots.long()
+    for name in ("k", "v"):
+        got, want = getattr(triton_cache, name)[LAYER], getattr(torch_cache, name)[LAYER]
+        if quantized:  # stored values agree but for a rare off-by-one on rounding ties
+            assert (got.int() - want.int()).abs().max() <= 1
+        else:
+            torch.testing.assert_close(got[slots], want[slots], **tol(dtype))
+            keep = torch.ones(got.shape[0], dtype=torch.bool, device=device)
+            keep[slots] = False
+            assert torch.equal(got[keep], want[keep])  # nothing else in the pool changed

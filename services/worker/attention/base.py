@@ -47,6 +47,23 @@ class AttentionBackend(ABC):
         rotary(q, k, positions, cos_sin)
         self.store(layer, k, v, slots)
 
+    def decode_attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        cos_sin: torch.Tensor,
+        rotary: Rotary,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """A decode-only batch (no extends), its q, k and v as projected: rotate q and k, store k
+        and v at batch.out_slots, attend -> out [T, Hq, D]. A backend whose decode attention
+        kernel does all three overrides this; q and k are left rotated here, but need not be."""
+        self.rotary_store(layer, q, k, v, batch.positions, cos_sin, batch.out_slots, rotary)
+        return self.attend(layer, q, k, v, batch, out)
+
     @abstractmethod
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """Write k and v [T, Hkv, D] into the pool at slots [T] (int32)."""

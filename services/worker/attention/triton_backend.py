@@ -19,7 +19,13 @@ import torch
 
 from services.worker.attention.base import AttentionBackend, Rotary
 from services.worker.forward_batch import ForwardBatch
-from services.worker.kernels.decode_attention import SPLIT_TOKENS, choose_num_splits, decode_attention, decode_config
+from services.worker.kernels.decode_attention import (
+    SPLIT_TOKENS,
+    NewTokens,
+    choose_num_splits,
+    decode_attention,
+    decode_config,
+)
 from services.worker.kernels.extend_attention import extend_attention
 from services.worker.kernels.kv_store import store_kv
 from services.worker.kernels.kv_store_int8 import store_kv_int8
@@ -86,33 +92,69 @@ class TritonAttention(AttentionBackend):
         batch: ForwardBatch,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        cache = self.cache
-        k_pool, v_pool = cache.k[layer], cache.v[layer]
-        k_scale = v_scale = None
-        if cache.layout.quantized:
-            k_scale, v_scale = cache.k_scale[layer], cache.v_scale[layer]
         if out is None:
             out = torch.empty_like(q)  # [T, Hq, D]
         e = batch.num_extend_tokens
         if batch.num_extends > 0:
+            k_scale, v_scale = self._scales(layer)
             extend_attention(
-                q[:e], k[:e], v[:e], k_pool, v_pool, batch.req_table, batch.extend_rows, batch.extend_starts,
-                batch.extend_lens, batch.extend_prefix_lens, batch.extend_max_len, self.scale, out=out[:e],
-                k_scale=k_scale, v_scale=v_scale,
+                q[:e], k[:e], v[:e], self.cache.k[layer], self.cache.v[layer], batch.req_table, batch.extend_rows,
+                batch.extend_starts, batch.extend_lens, batch.extend_prefix_lens, batch.extend_max_len, self.scale,
+                out=out[:e], k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
+        if batch.num_decodes > 0:
+            self._decode(layer, q[e : e + batch.num_decodes], batch, out[e : e + batch.num_decodes])
+        return out
+
+    def decode_attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        cos_sin: torch.Tensor,
+        rotary: Rotary,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The decode attention kernel rotates q and k and stores k and v itself (float pools; an
+        int8 pool's store computes scales first, so it keeps rotary_store): one kernel a layer
+        fewer. q and k are read, not rotated in place."""
+        if self.cache.layout.quantized or batch.num_extends > 0:
+            return super().decode_attend(layer, q, k, v, batch, cos_sin, rotary, out)
+        if out is None:
+            out = torch.empty_like(q)
         bd = batch.num_decodes
         if bd > 0:
-            splits = self._num_splits(bd, batch.decode_max_len)
-            self._reserve(bd * splits, bd)
-            hq, d = self.num_heads, self.head_dim
-            mid_o = self._mid_o[: bd * hq * splits * d].view(bd, hq, splits, d)
-            mid_lse = self._mid_lse[: bd * hq * splits].view(bd, hq, splits)
-            decode_attention(
-                q[e : e + bd], k_pool, v_pool, batch.req_table, batch.decode_rows, batch.decode_seq_lens, self.scale,
-                splits, out=out[e : e + bd], split_tokens=SPLIT_TOKENS, k_scale=k_scale, v_scale=v_scale,
-                mid_o=mid_o, mid_lse=mid_lse, counts=self._counts if splits <= FUSE_MAX_SPLITS else None,
-            )  # fmt: skip
+            new = NewTokens(k[:bd], v[:bd], batch.positions[:bd], cos_sin, batch.out_slots[:bd])
+            self._decode(layer, q[:bd], batch, out[:bd], new)
         return out
+
+    def _decode(
+        self, layer: int, q: torch.Tensor, batch: ForwardBatch, out: torch.Tensor, new: NewTokens | None = None
+    ) -> None:
+        """Split-K decode attention of the batch's decoding requests (q, out: their rows)."""
+        cache = self.cache
+        k_scale, v_scale = self._scales(layer)
+        bd = batch.num_decodes
+        splits = self._num_splits(bd, batch.decode_max_len)
+        self._reserve(bd * splits, bd)
+        hq, d = self.num_heads, self.head_dim
+        mid_o = self._mid_o[: bd * hq * splits * d].view(bd, hq, splits, d)
+        mid_lse = self._mid_lse[: bd * hq * splits].view(bd, hq, splits)
+        decode_attention(
+            q, cache.k[layer], cache.v[layer], batch.req_table, batch.decode_rows, batch.decode_seq_lens, self.scale,
+            splits, out=out, split_tokens=SPLIT_TOKENS, k_scale=k_scale, v_scale=v_scale, mid_o=mid_o,
+            mid_lse=mid_lse, counts=self._counts if splits <= FUSE_MAX_SPLITS else None, new=new,
+        )  # fmt: skip
+
+    def _scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """An int8 pool's (k, v) scales of the layer; (None, None) for a float pool."""
+        cache = self.cache
+        if not cache.layout.quantized:
+            return None, None
+        assert cache.k_scale is not None and cache.v_scale is not None
+        return cache.k_scale[layer], cache.v_scale[layer]
 
     def _num_splits(self, batch: int, max_len: int) -> int:
         return choose_num_splits(batch, self.cache.layout.kv_heads, max_len, self.num_sms, self.block_n)

@@ -20,12 +20,16 @@ latency for a few microseconds of work.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from services.worker.kernels.extend_attention import check_pool, dot, online_softmax_step
+from services.worker.kernels.kv_store import check_kv_store_args
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
+from services.worker.kernels.rotary import check_rotary_args, rotate_rows
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
@@ -50,16 +54,20 @@ def _split_len(seq_len, num_splits, split_tokens, BLOCK_N: tl.constexpr):
 # a new count costs no compile while serving
 @triton.jit(do_not_specialize=["num_splits", "split_tokens"])
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
-                         cnt_ptr, out_ptr, q_b_stride, q_h_stride, k_slot_stride, k_h_stride, v_slot_stride,
-                         v_h_stride, ks_slot_stride, ks_h_stride, vs_slot_stride, vs_h_stride, table_stride,
-                         o_b_stride, o_h_stride, o_s_stride, lse_b_stride, lse_h_stride, out_b_stride, out_h_stride,
-                         qk_scale, num_splits, split_tokens, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         QUANT: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
-                         FUSED: tl.constexpr):  # fmt: skip
+                         cnt_ptr, out_ptr, kn_ptr, vn_ptr, pos_ptr, slot_ptr, cs_ptr, q_b_stride, q_h_stride,
+                         k_slot_stride, k_h_stride, v_slot_stride, v_h_stride, ks_slot_stride, ks_h_stride,
+                         vs_slot_stride, vs_h_stride, table_stride, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
+                         lse_h_stride, out_b_stride, out_h_stride, kn_b_stride, kn_h_stride, vn_b_stride,
+                         vn_h_stride, cs_row_stride, qk_scale, num_splits, split_tokens, GROUP: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_S: tl.constexpr, QUANT: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
+                         FUSED: tl.constexpr, ROTARY: tl.constexpr):  # fmt: skip
     """DIRECT (one split): mid_o_ptr and its b/h strides are the output's; no log-sum-exp.
     FUSED (several splits): the last split of a (request, KV head) to finish combines them
-    into out_ptr, counting in cnt_ptr [B, Hkv] (zero before, left zero after)."""
+    into out_ptr, counting in cnt_ptr [B, Hkv] (zero before, left zero after).
+    ROTARY: q (q_ptr) and the new token's k and v (kn_ptr, vn_ptr) are as projected, and the
+    new token is not in the pool yet: each split rotates q (position pos_ptr[b], table cs_ptr);
+    the request's last split rotates k, stores k and v at slot_ptr[b] and folds the token in."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -82,16 +90,24 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     heads = kvh * GROUP + offs_g
     gmask = offs_g < GROUP
     dmask = offs_d < HEAD_DIM
-    q_ptrs = q_ptr + b.to(tl.int64) * q_b_stride + heads[:, None] * q_h_stride + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=gmask[:, None] & dmask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
+    q_rows = q_ptr + b.to(tl.int64) * q_b_stride + heads[:, None] * q_h_stride
+    qmask = gmask[:, None] & dmask[None, :]
+    if ROTARY:
+        token_pos = tl.load(pos_ptr + b).to(tl.int64)
+        q = rotate_rows(q_rows, offs_d[None, :], qmask, cs_ptr, token_pos, cs_row_stride, HEAD_DIM // 2)
+        pool_end = tl.minimum(end, seq_len - 1)  # the new token is folded in after the loop
+    else:
+        token_pos = 0
+        q = tl.load(q_rows + offs_d[None, :], mask=qmask, other=0.0)  # [BLOCK_G, BLOCK_D]
+        pool_end = end
 
     # a finite floor instead of -inf keeps exp2(m_old - m_new) at 0, never NaN
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for start in range(begin, end, BLOCK_N):
+    for start in range(begin, pool_end, BLOCK_N):
         pos = start + offs_n
-        nmask = pos < end
+        nmask = pos < pool_end
         slots = tl.load(table_ptr + row * table_stride + pos, mask=nmask, other=0).to(tl.int64)  # [BLOCK_N]
         kv_mask = nmask[:, None] & dmask[None, :]
         k = tl.load(k_ptr + slots[:, None] * k_slot_stride + kvh * k_h_stride + offs_d[None, :], mask=kv_mask, other=0)
@@ -105,13 +121,21 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
             qk = dot(q, tl.trans(k), IEEE)
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
+    if ROTARY:
+        last = (end == seq_len) & (seq_len > 0)
+        kn_row = kn_ptr + b.to(tl.int64) * kn_b_stride + kvh * kn_h_stride
+        vn_row = vn_ptr + b.to(tl.int64) * vn_b_stride + kvh * vn_h_stride
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        acc, m_i, l_i = _fold_new_token(acc, m_i, l_i, q, last, kn_row, vn_row, k_ptr, v_ptr, slot, kvh, k_slot_stride,
+                                        k_h_stride, v_slot_stride, v_h_stride, cs_ptr, token_pos, cs_row_stride,
+                                        qk_scale, offs_d, dmask, HEAD_DIM // 2)  # fmt: skip
 
     o_ptrs = mid_o_ptr + b.to(tl.int64) * o_b_stride + heads[:, None] * o_h_stride + offs_d[None, :]
     if DIRECT:  # an empty request (a padded graph row) gets zeros, not NaN, as from the reduce
         result = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(o_ptrs, result.to(mid_o_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
+        tl.store(o_ptrs, result.to(mid_o_ptr.dtype.element_ty), mask=qmask)
     else:
-        tl.store(o_ptrs + split * o_s_stride, acc / l_i[:, None], mask=gmask[:, None] & dmask[None, :])
+        tl.store(o_ptrs + split * o_s_stride, acc / l_i[:, None], mask=qmask)
         lse_ptrs = mid_lse_ptr + b.to(tl.int64) * lse_b_stride + heads * lse_h_stride + split
         tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=gmask)
         if FUSED:
@@ -119,11 +143,35 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
             # the program that counts last sees all the splits' (acquire, reads through L2)
             tl.debug_barrier()
             cnt = cnt_ptr + b * tl.num_programs(1) + kvh
-            if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == tl.cdiv(seq_len, split_len) - 1:
+            used = tl.cdiv(seq_len, split_len)
+            if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == used - 1:
                 tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-                _combine_splits(mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, tl.cdiv(seq_len, split_len),
-                                o_b_stride, o_h_stride, o_s_stride, lse_b_stride, lse_h_stride, out_b_stride,
-                                out_h_stride, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D)  # fmt: skip
+                for g in tl.static_range(GROUP):
+                    _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh * GROUP + g, tl.arange(0, BLOCK_S) < used,
+                                  o_b_stride, o_h_stride, o_s_stride, lse_b_stride, lse_h_stride, out_b_stride,
+                                  out_h_stride, HEAD_DIM, BLOCK_S, BLOCK_D)  # fmt: skip
+
+
+@triton.jit
+def _fold_new_token(acc, m_i, l_i, q, last, kn_row, vn_row, kp_ptr, vp_ptr, slot, kvh, kp_slot_stride, kp_h_stride,
+                    vp_slot_stride, vp_h_stride, cs_ptr, token_pos, cs_row_stride, qk_scale, offs_d, dmask,
+                    HALF: tl.constexpr):  # fmt: skip
+    """The request's new token, for its last split (last; other splits get their state back as
+    it was): k rotated, k and v stored in the pool at slot, and the token folded into the
+    running softmax as online_softmax_step folds a tile (p rounded to q's dtype for the sum)."""
+    k = rotate_rows(kn_row, offs_d, dmask, cs_ptr, token_pos, cs_row_stride, HALF)  # [BLOCK_D]
+    v = tl.load(vn_row + offs_d, mask=dmask, other=0.0)
+    store = offs_d < tl.where(last, 2 * HALF, 0)  # the whole head in the last split, else nothing
+    tl.store(kp_ptr + slot * kp_slot_stride + kvh * kp_h_stride + offs_d, k.to(kp_ptr.dtype.element_ty), mask=store)
+    tl.store(vp_ptr + slot * vp_slot_stride + kvh * vp_h_stride + offs_d, v.to(vp_ptr.dtype.element_ty), mask=store)
+    qk = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], axis=1)  # [BLOCK_G]
+    qk = tl.where(last, qk * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, qk)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new)
+    l_i = l_i * alpha + p
+    acc = acc * alpha[:, None] + p.to(q.dtype).to(tl.float32)[:, None] * v.to(tl.float32)[None, :]
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -137,32 +185,24 @@ def _store_group(out_ptr, out_b_stride, out_h_stride, b, kvh, x, GROUP: tl.const
 
 
 @triton.jit
-def _combine_splits(mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, used, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
-                    lse_h_stride, out_b_stride, out_h_stride, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-    """The reduce for one (request, KV head): the first ``used`` splits' partial outputs, weighed
-    by their log-sum-exps (base 2), into out for the group's query heads."""
-    offs_g = tl.arange(0, BLOCK_G)
+def _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, h, valid, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
+                  lse_h_stride, out_b_stride, out_h_stride, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                  BLOCK_D: tl.constexpr):  # fmt: skip
+    """out[b, h] = the valid splits' partial outputs [BLOCK_S, D] weighed by their log-sum-exps
+    (base 2), all loaded at once (through L2: the last split reads what the others wrote);
+    zeros when none is valid (an empty request)."""
+    b = b.to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    heads = kvh * GROUP + offs_g
-    gmask = offs_g < GROUP
-    mask = gmask[:, None] & (offs_d < HEAD_DIM)[None, :]
-    o_ptrs = mid_o_ptr + b.to(tl.int64) * o_b_stride + heads[:, None] * o_h_stride + offs_d[None, :]
-    lse_ptrs = mid_lse_ptr + b.to(tl.int64) * lse_b_stride + heads * lse_h_stride
-    m = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
-    total = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for s in range(0, used):
-        lse = tl.load(lse_ptrs + s, mask=gmask, other=0.0, cache_modifier=".cg")
-        o = tl.load(o_ptrs + s * o_s_stride, mask=mask, other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m, lse)
-        alpha = tl.exp2(m - m_new)
-        w = tl.exp2(lse - m_new)
-        acc = acc * alpha[:, None] + w[:, None] * o
-        total = total * alpha + w
-        m = m_new
-    _store_group(out_ptr, out_b_stride, out_h_stride, b, kvh, acc / total[:, None], GROUP, HEAD_DIM, BLOCK_G,
-                 BLOCK_D)  # fmt: skip
+    dmask = offs_d < HEAD_DIM
+    lse_ptrs = mid_lse_ptr + b * lse_b_stride + h * lse_h_stride + offs_s
+    lse = tl.load(lse_ptrs, mask=valid, other=float("-inf"), cache_modifier=".cg")
+    o_ptrs = mid_o_ptr + b * o_b_stride + h * o_h_stride + offs_s[:, None] * o_s_stride + offs_d[None, :]
+    o = tl.load(o_ptrs, mask=valid[:, None] & dmask[None, :], other=0.0, cache_modifier=".cg")  # [BLOCK_S, BLOCK_D]
+    w = tl.where(valid, tl.exp2(lse - tl.max(lse, axis=0)), 0.0)  # [BLOCK_S]
+    total = tl.sum(w, axis=0)
+    result = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + b * out_b_stride + h * out_h_stride + offs_d, result.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
 _decode_split_launch = launcher(_decode_split_kernel)
@@ -174,23 +214,15 @@ def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, lens_ptr, out_ptr, o_b_stride,
                           HEAD_DIM: tl.constexpr,
                           BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
                           BLOCK_N: tl.constexpr):  # fmt: skip
-    b = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(lens_ptr + b)
     split_len = _split_len(seq_len, num_splits, split_tokens, BLOCK_N)
     offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
     # the splits stage 1 ran: the same boundaries, recomputed
     valid = (offs_s < num_splits) & (offs_s * split_len < seq_len)
-    lse = tl.load(mid_lse_ptr + b * lse_b_stride + h * lse_h_stride + offs_s, mask=valid, other=float("-inf"))
-    o_ptrs = mid_o_ptr + b * o_b_stride + h * o_h_stride + offs_s[:, None] * o_s_stride + offs_d[None, :]
-    o = tl.load(o_ptrs, mask=valid[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
-    w = tl.where(valid, tl.exp2(lse - tl.max(lse, axis=0)), 0.0)  # [BLOCK_S]
-    total = tl.sum(w, axis=0)
-    # an empty request (a padded graph row) gets zeros, not NaN
-    result = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
-    out_ptrs = out_ptr + b * out_b_stride + h * out_h_stride + offs_d
-    tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, h, valid, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
+                  lse_h_stride, out_b_stride, out_h_stride, HEAD_DIM, BLOCK_S, BLOCK_D)  # fmt: skip
 
 
 _decode_reduce_launch = launcher(_decode_reduce_kernel)
@@ -229,6 +261,17 @@ def decode_scratch(
     return mid_o, mid_lse
 
 
+class NewTokens(NamedTuple):
+    """The decoding requests' new tokens as projected: k and v [B, Hkv, D], neither rotated nor
+    stored yet, at positions [B] (cos_sin [max_pos, D] float32), going to the pool at slots [B]."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor
+    cos_sin: torch.Tensor
+    slots: torch.Tensor
+
+
 def decode_attention(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -245,6 +288,7 @@ def decode_attention(
     mid_o: torch.Tensor | None = None,
     mid_lse: torch.Tensor | None = None,
     counts: torch.Tensor | None = None,
+    new: NewTokens | None = None,
     **config: int,
 ) -> torch.Tensor:
     """q: [B, Hq, D] one token per request; pools: [C, Hkv, D]; rows, seq_lens: [B] int32, seq_lens
@@ -253,8 +297,10 @@ def decode_attention(
     none of under split_tokens tokens (so one captured grid suits every context length).
     mid_o / mid_lse: scratch from decode_scratch (allocated when None). counts: int32 zeros, at
     least B * Hkv, left zero: with several splits, the last split of each (request, KV head)
-    combines them, and the reduce kernel is not launched (without it, it is). config overrides
-    BLOCK_N / num_warps / num_stages. Returns out [B, Hq, D]."""
+    combines them, and the reduce kernel is not launched (without it, it is). new: the new
+    tokens' k and v not yet in the pool (a float pool): the kernel rotates q (in registers, q
+    itself is left as it is) and k, and stores k and v, as rotary_store_ would have before it.
+    config overrides BLOCK_N / num_warps / num_stages. Returns out [B, Hq, D]."""
     if q.dim() != 3 or q.stride(-1) != 1:
         raise ValueError(f"decode_attention: q must be [B, Hq, D] with a contiguous last dim, got {tuple(q.shape)}")
     bsz, hq, d = q.shape
@@ -285,6 +331,11 @@ def decode_attention(
         or mid_lse.stride(-1) != 1
     ):
         raise ValueError("decode_attention: scratch must be float32 with a contiguous last dim")
+    if new is not None:
+        check_rotary_args("decode_attention", q, new.k, new.positions, new.cos_sin)
+        check_kv_store_args("decode_attention", new.k, new.v, k_pool, v_pool, new.slots)
+        if k_scale is not None or not k_pool.is_floating_point():
+            raise ValueError("decode_attention: new tokens need a float pool (int8: store_kv_int8 first)")
     if bsz == 0:
         return out
     quant = k_scale is not None
@@ -299,14 +350,18 @@ def decode_attention(
         raise ValueError(f"decode_attention: counts must be flat int32 of at least {bsz * hkv}")
     cnt = counts if fused else seq_lens  # any int32 tensor: the kernel does not touch it unless fused
     o, o_strides = (out, (out.stride(0), out.stride(1), 0)) if direct else (mid_o, mid_o.stride()[:3])
+    # without new tokens, any tensors of the right kinds: the kernel does not read them
+    kn, vn, pos, cs, slots = new if new is not None else (q, q, seq_lens, mid_lse, seq_lens)
     _decode_split_launch[(bsz, hkv, num_splits)](
-        q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, o, mid_lse, cnt, out,
+        q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, o, mid_lse, cnt, out, kn, vn, pos, slots, cs,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), req_table.stride(0),
-        *o_strides, mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), scale * LOG2E,
-        num_splits, split_tokens, GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)),
-        BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], QUANT=quant, IEEE=q.dtype == torch.float32, DIRECT=direct,
-        FUSED=fused, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        *o_strides, mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), kn.stride(0), kn.stride(1),
+        vn.stride(0), vn.stride(1), cs.stride(0), scale * LOG2E, num_splits, split_tokens, GROUP=group, HEAD_DIM=d,
+        BLOCK_G=max(16, next_pow2(group)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_S=max(2, next_pow2(num_splits)) if fused else 2, QUANT=quant, IEEE=q.dtype == torch.float32,
+        DIRECT=direct, FUSED=fused, ROTARY=new is not None, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )  # fmt: skip
     if direct or fused:
         return out

@@ -93,12 +93,17 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """-> float32 logits [S, V] for batch.sample_index."""
-        c = self.piece(0, None, None, batch.input_ids, batch.positions, batch.out_slots)
+        """-> float32 logits [S, V] for batch.sample_index. A decode-only step leaves rotary and
+        the KV store to the attention backend's decode_attend (a kernel fewer a layer)."""
+        decode_only = batch.num_extends == 0
+        c = self.piece(0, None, None, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only)
         for i in range(len(self.w.layers)):
             assert c.q is not None and c.k is not None and c.v is not None
-            o = self.attn.attend(i, c.q, c.k, c.v, batch)  # [T, Hq, D]
-            c = self.piece(i + 1, o, c, batch.input_ids, batch.positions, batch.out_slots)
+            if decode_only:
+                o = self.attn.decode_attend(i, c.q, c.k, c.v, batch, self.cos_sin, self.ops.rotary_)
+            else:
+                o = self.attn.attend(i, c.q, c.k, c.v, batch)  # [T, Hq, D]
+            c = self.piece(i + 1, o, c, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only)
         return self.logits(c, batch.sample_index)
 
     def piece(
@@ -110,12 +115,14 @@ class LlamaModel:
         positions: torch.Tensor,
         out_slots: torch.Tensor,
         qkv_out: torch.Tensor | None = None,
+        store: bool = True,
     ) -> Carry:
         """The part of a forward between attention i - 1 and attention i: layer i - 1's output
         projection and MLP (from its attention output o [T, Hq, D]), then layer i's norm, QKV
         projection, rotary embedding and KV store. Piece 0 starts at the embedding; piece
         num_layers ends after the last MLP. qkv_out [T, (Hq + 2 Hkv) D]: where the QKV
-        projection goes (q, k and v are views of it), else a new tensor."""
+        projection goes (q, k and v are views of it), else a new tensor. store=False leaves q and
+        k unrotated and k, v out of the pool, for the backend's decode_attend."""
         eps = self.cfg.rms_norm_eps
         if i == 0:
             h = self.tp.embed(input_ids, self.w.embed, self.w.vocab_start)  # [T, H]
@@ -137,7 +144,8 @@ class LlamaModel:
         q = qkv[:, : self.q_size].view(t, self.q_heads, self.head_dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
-        self.attn.rotary_store(i, q, k, v, positions, self.cos_sin, out_slots, self.ops.rotary_)
+        if store:
+            self.attn.rotary_store(i, q, k, v, positions, self.cos_sin, out_slots, self.ops.rotary_)
         return Carry(residual, q=q, k=k, v=v)
 
     def logits(self, last: Carry, sample_index: torch.Tensor) -> torch.Tensor:
