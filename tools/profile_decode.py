@@ -30,6 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from services.worker.batch_builder import build_batch
 from services.worker.build import build_engine
+from services.worker.forward_batch import ForwardBatch
 from services.worker.models.random_weights import SHAPES, random_weights
 from services.worker.request import Req
 from services.worker.scheduler import StepPlan
@@ -45,10 +46,11 @@ def decode_batch(engine, reqs: list[Req]):
     return build_batch(plan, engine.kv.table.table, engine.device)  # replayed as is: the context stays put
 
 
-def profile_case(engine, cfg: ModelConfig, batch: int, context: int) -> dict:
-    prompts = random_prompts([context] * batch, cfg.vocab_size, seed=7)
+def decode_state(engine, cfg: ModelConfig, batch: int, context: int, seed: int = 7) -> tuple[list[Req], ForwardBatch]:
+    """batch requests with context tokens each in the pool (real prefills) -> (the requests, a
+    decode batch of them, to replay as is). Release the requests' KV when done."""
     reqs = []
-    for k, ids in enumerate(prompts):
+    for k, ids in enumerate(random_prompts([context] * batch, cfg.vocab_size, seed=seed)):
         msg = GenerateReq(f"p{k}", "p", "p", ids, SamplingParams(max_new_tokens=4, ignore_eos=True), 0.0, 0.0)
         req = Req(msg, k)
         plan = StepPlan(extends=[(req, context)], extend_slots=[engine.kv.allocate(req, context)], new_rows=[req])
@@ -56,7 +58,11 @@ def profile_case(engine, cfg: ModelConfig, batch: int, context: int) -> dict:
         req.kv_len = context
         req.tokens.append(ids[-1])
         reqs.append(req)
-    batch_t = decode_batch(engine, reqs)
+    return reqs, decode_batch(engine, reqs)
+
+
+def profile_case(engine, cfg: ModelConfig, batch: int, context: int) -> dict:
+    reqs, batch_t = decode_state(engine, cfg, batch, context)
     model = engine.runner.model
     for _ in range(3):
         model.forward(batch_t)
