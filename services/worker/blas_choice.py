@@ -13,48 +13,26 @@ keeps the kernels it recorded; eager steps use PyTorch's default.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 
 LIBRARIES = ("cublas", "cublaslt")
 
 
-def graph_ms(fn: Callable[[], object], reps: int = 10) -> float:
-    """Device ms of fn's kernels replayed from a CUDA graph (fn run once first, outside it, on
-    the capture stream: kernels compile, workspaces settle), over reps replays after one."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
+def time_matmuls(x: torch.Tensor, weights: list[torch.Tensor], library: str, reps: int) -> float:
+    """Device ms for x @ w.t() over every w, preferring library, after one warm-up pass."""
+    with prefer(library):
+        for w in weights:
+            x @ w.t()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            for w in weights:
+                x @ w.t()
+        end.record()
     end.synchronize()
     return start.elapsed_time(end) / reps
-
-
-def time_matmuls(x: torch.Tensor, weights: list[torch.Tensor], library: str, reps: int) -> float:
-    """Device ms for x @ w.t() over every w, preferring library, replayed from a CUDA graph as a
-    decode graph runs them. Timed eagerly instead, the two libraries came out within the 3 %
-    margin on the down projection at batch 256, and one engine of two took cuBLASLt, whose
-    kernel then took 2.19 ms a step in its graph against cuBLAS's 1.69 (docs/benchmarks.md, r71).
-    One output buffer serves every layer's product, so the graph holds no more memory."""
-    out = torch.empty(x.shape[0], weights[0].shape[0], dtype=x.dtype, device=x.device)
-
-    def run() -> None:
-        for w in weights:
-            torch.mm(x, w.t(), out=out)
-
-    with prefer(library):
-        return graph_ms(run, reps)
 
 
 # cuBLASLt must win by this much: near ties stay with PyTorch's default, so timing noise

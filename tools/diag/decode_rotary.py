@@ -23,7 +23,6 @@ if __package__ in (None, ""):
 import torch
 
 from services.worker.attention.triton_backend import FUSE_MAX_SPLITS
-from services.worker.blas_choice import graph_ms
 from services.worker.kernels.decode_attention import (
     SPLIT_TOKENS,
     NewTokens,
@@ -33,6 +32,7 @@ from services.worker.kernels.decode_attention import (
 )
 from services.worker.kernels.rotary_store import rotary_store_
 from services.worker.models.rope import cos_sin_table
+from tools.bench_blas import graph_ms
 
 LAYERS, HQ, HKV, D = 32, 32, 8, 128
 
