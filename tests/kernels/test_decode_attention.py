@@ -79,7 +79,7 @@ def _new_tokens(req, qkv: torch.Tensor, lens: list[int], hq: int, hkv: int):
             req.v_pool[slots[b].long()] = float("nan")
         keys.append(torch.cat([req.keys[b][: n - 1], rk[b : b + 1]]) if n else req.keys[b])
         values.append(torch.cat([req.values[b][: n - 1], v_new[b : b + 1]]) if n else req.values[b])
-    return NewTokens(k_new, v_new, positions, cos_sin, slots), rq, keys, values
+    return NewTokens(k_new, v_new, cos_sin, slots), rq, keys, values
 
 
 # lengths around the CPU tile (16): a single token, a partial tile, several tiles
@@ -109,7 +109,7 @@ def test_decode_new_tokens_need_a_float_pool(device, pooled) -> None:
     qkv = torch.randn(2, 8, 16, device=device)
     seq_lens = torch.tensor([3, 5], dtype=torch.int32, device=device)
     cos_sin = cos_sin_table(16, 10000.0, {}, 8, device)
-    new = NewTokens(qkv[:, 4:6], qkv[:, 6:], (seq_lens - 1).long(), cos_sin, req.req_table[req.rows.long(), 0])
+    new = NewTokens(qkv[:, 4:6], qkv[:, 6:], cos_sin, req.req_table[req.rows.long(), 0])
     with pytest.raises(ValueError, match="float pool"):
         decode_attention(qkv[:, :4], req.k_pool, req.v_pool, req.req_table, req.rows, seq_lens, 0.25, 1,
                          k_scale=req.k_scale, v_scale=req.v_scale, new=new)  # fmt: skip
@@ -125,6 +125,13 @@ def test_decode_small_int8(dtype: torch.dtype, num_splits: int, fused: bool, dev
 def test_decode_more_splits_than_tiles(fused: bool, device, pooled, reference, tol) -> None:
     # 8 splits of a 70-token context: only 5 have a 16-token tile, the rest exit early
     _check(LENS, 4, 2, 32, torch.float32, False, 8, device, pooled, reference, tol, fused)
+
+
+@pytest.mark.parametrize("rotary", [False, True])
+def test_decode_fused_combine_of_more_splits_than_one_load(rotary: bool, device, pooled, reference, tol) -> None:
+    # 12 splits of 16-token tiles for the 192- and 250-token requests: the last split combines
+    # them in two loads of COMBINE_SPLITS (8), as one kernel serves every split count
+    _check([192, 250, 17, 1], 4, 2, 32, torch.float32, False, 12, device, pooled, reference, tol, True, rotary)
 
 
 @pytest.mark.parametrize("split_tokens", [20, 40, 1000])

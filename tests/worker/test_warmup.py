@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from services.worker.build import build_engine
+from services.worker.kernels import decode_attention as decode_attention_kernels
 from services.worker.piecewise_graphs import PiecewiseGraphs
 from services.worker.warmup import ALONE, TOGETHER, warm_up
 from shared.config import WorkerConfig
@@ -64,3 +65,33 @@ def test_warm_up_fits_a_small_worker(tiny_llama: str, limits: dict) -> None:
     report = warm_up(engine, engine.runner.model.cfg.vocab_size)
     assert report.prompts == len(ALONE) + len(TOGETHER) + 1
     assert not engine.has_work() and engine.kv.free_tokens == free
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_after_the_warm_up_mixed_steps_compile_no_decode_attention(tiny_llama: str) -> None:
+    """A prompt arriving while long requests decode: the step's decode attention (eager, its
+    tokens rotated and stored before it) splits each context, and must run kernels that
+    capturing the decode graphs (which rotate and store inside the kernel) already compiled."""
+    cfg = WorkerConfig(model_dir=tiny_llama, device="cuda", dtype="bfloat16", cuda_graph_max_bs=8,
+                       max_total_token_num=8192)  # fmt: skip
+    engine = build_engine(cfg)
+    vocab = engine.runner.model.cfg.vocab_size
+    warm_up(engine, vocab)
+    launchers = (decode_attention_kernels._decode_split_launch, decode_attention_kernels._decode_reduce_launch)
+    before = [set(launcher.compiled) for launcher in launchers]
+    mixed = 0
+    for length in (300, 900):  # the first decodes alone in a few splits, then beside the second
+        engine.add(request(f"long-{length}", [(7 * i) % vocab for i in range(length)], max_new_tokens=12,
+                           ignore_eos=True))  # fmt: skip
+        for _ in range(3):
+            engine.step()
+        engine.add(request(f"late-{length}", [3, 5, 8, 13], max_new_tokens=2, ignore_eos=True))
+        for _ in range(3):
+            out = engine.step()
+            mixed += 0 < out.num_decodes < out.num_tokens
+    while engine.has_work():
+        engine.step()
+    assert mixed >= 2
+    new = [sorted(map(str, set(launcher.compiled) - seen)) for launcher, seen in zip(launchers, before, strict=True)]
+    assert new == [[], []], new

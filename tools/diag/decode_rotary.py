@@ -40,7 +40,8 @@ LAYERS, HQ, HKV, D = 32, 32, 8, 128
 def apart(pools: list, call: tuple, store: tuple, common: dict) -> None:
     """Each layer: rotary_store_, then decode attention over the pool it stored into."""
     q, table, rows, lens, grid = call
-    k, v, positions, cos_sin, slots = store
+    k, v, cos_sin, slots = store
+    positions = (lens - 1).long()
     for kp, vp in pools:
         rotary_store_(q, k, v, positions, cos_sin, kp, vp, slots)
         decode_attention(q, kp, vp, table, rows, lens, D**-0.5, grid, **common)
@@ -61,7 +62,6 @@ def batch_row(b: int, ctx: int, configs: list[str], cos_sin: torch.Tensor, sms: 
     table = torch.randperm(b * ctx, device=dev).view(b, ctx).to(torch.int32)
     rows = torch.arange(b, dtype=torch.int32, device=dev)
     lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
-    positions = (lens - 1).long()
     slots = table[:, ctx - 1].clone()
     qkv = torch.randn(b, HQ + 2 * HKV, D, dtype=bf, device=dev)
     q, k, v = qkv[:, :HQ], qkv[:, HQ : HQ + HKV], qkv[:, HQ + HKV :]
@@ -71,7 +71,7 @@ def batch_row(b: int, ctx: int, configs: list[str], cos_sin: torch.Tensor, sms: 
     common = {"split_tokens": SPLIT_TOKENS, "out": torch.empty_like(q), "mid_o": mid_o, "mid_lse": mid_lse,
               "counts": counts}  # fmt: skip
     call = (q, table, rows, lens, grid)
-    store = (k, v, positions, cos_sin, slots)
+    store = (k, v, cos_sin, slots)
     row = {"batch": b, "context": ctx, "splits": grid}
     row["apart_us"] = round(graph_ms(functools.partial(apart, pools, call, store, common)) * 1000 / LAYERS, 2)
     for spec in configs:

@@ -126,7 +126,7 @@ class TritonAttention(AttentionBackend):
             out = torch.empty_like(q)
         bd = batch.num_decodes
         if bd > 0:
-            new = NewTokens(k[:bd], v[:bd], batch.positions[:bd], cos_sin, batch.out_slots[:bd])
+            new = NewTokens(k[:bd], v[:bd], cos_sin, batch.out_slots[:bd])  # at positions seq_lens - 1
             self._decode(layer, q[:bd], batch, out[:bd], new)
         return out
 

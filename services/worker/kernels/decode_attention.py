@@ -33,6 +33,9 @@ from services.worker.kernels.rotary import check_rotary_args, rotate_rows
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
+# the last split's combine loads this many splits' partials at a time: a fixed tile, so one
+# compiled kernel serves every split count
+COMBINE_SPLITS = 8
 # the fewest tokens a split of a request is given (see split_tokens). On an H200 (8B shape,
 # docs/benchmarks.md r33) the whole decode step, replayed from its graph, at batch 1 and
 # context 1024 took 4.81 ms with 64 (16 splits) against 4.97 with 256 (4 splits), 4.85 with
@@ -52,22 +55,24 @@ def _split_len(seq_len, num_splits, split_tokens, BLOCK_N: tl.constexpr):
 
 # the split counts change with the batch and its context in eager steps: not specialised on, so
 # a new count costs no compile while serving
-@triton.jit(do_not_specialize=["num_splits", "split_tokens"])
+@triton.jit(do_not_specialize=["num_splits", "split_tokens", "rotary"])
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
-                         cnt_ptr, out_ptr, kn_ptr, vn_ptr, pos_ptr, slot_ptr, cs_ptr, q_b_stride, q_h_stride,
+                         cnt_ptr, out_ptr, kn_ptr, vn_ptr, slot_ptr, cs_ptr, q_b_stride, q_h_stride,
                          k_slot_stride, k_h_stride, v_slot_stride, v_h_stride, ks_slot_stride, ks_h_stride,
                          vs_slot_stride, vs_h_stride, table_stride, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
                          lse_h_stride, out_b_stride, out_h_stride, kn_b_stride, kn_h_stride, vn_b_stride,
-                         vn_h_stride, cs_row_stride, qk_scale, num_splits, split_tokens, GROUP: tl.constexpr,
+                         vn_h_stride, cs_row_stride, qk_scale, num_splits, split_tokens, rotary, GROUP: tl.constexpr,
                          HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_S: tl.constexpr, QUANT: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
-                         FUSED: tl.constexpr, ROTARY: tl.constexpr):  # fmt: skip
+                         FUSED: tl.constexpr):  # fmt: skip
     """DIRECT (one split): mid_o_ptr and its b/h strides are the output's; no log-sum-exp.
     FUSED (several splits): the last split of a (request, KV head) to finish combines them
     into out_ptr, counting in cnt_ptr [B, Hkv] (zero before, left zero after).
-    ROTARY: q (q_ptr) and the new token's k and v (kn_ptr, vn_ptr) are as projected, and the
-    new token is not in the pool yet: each split rotates q (position pos_ptr[b], table cs_ptr);
-    the request's last split rotates k, stores k and v at slot_ptr[b] and folds the token in."""
+    rotary (nonzero): q (q_ptr) and the new token's k and v (kn_ptr, vn_ptr) are as projected,
+    and the new token is not in the pool yet: each split rotates q (position seq_len - 1, table
+    cs_ptr); the request's last split rotates k, stores k and v at slot_ptr[b] and folds the
+    token in. A runtime flag, not a constexpr: steps with prompt tokens (whose decodes were
+    rotated and stored before) then run the kernels the decode graphs compiled."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -92,12 +97,11 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     dmask = offs_d < HEAD_DIM
     q_rows = q_ptr + b.to(tl.int64) * q_b_stride + heads[:, None] * q_h_stride
     qmask = gmask[:, None] & dmask[None, :]
-    if ROTARY:
-        token_pos = tl.load(pos_ptr + b).to(tl.int64)
+    token_pos = (seq_len - 1).to(tl.int64)  # a decode's new token: position kv_len, seq_len kv_len + 1
+    if rotary:
         q = rotate_rows(q_rows, offs_d[None, :], qmask, cs_ptr, token_pos, cs_row_stride, HEAD_DIM // 2)
         pool_end = tl.minimum(end, seq_len - 1)  # the new token is folded in after the loop
     else:
-        token_pos = 0
         q = tl.load(q_rows + offs_d[None, :], mask=qmask, other=0.0)  # [BLOCK_G, BLOCK_D]
         pool_end = end
 
@@ -121,7 +125,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
             qk = dot(q, tl.trans(k), IEEE)
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
-    if ROTARY:
+    if rotary:
         last = (end == seq_len) & (seq_len > 0)
         kn_row = kn_ptr + b.to(tl.int64) * kn_b_stride + kvh * kn_h_stride
         vn_row = vn_ptr + b.to(tl.int64) * vn_b_stride + kvh * vn_h_stride
@@ -147,9 +151,9 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
             if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == used - 1:
                 tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # ready for the next launch
                 for g in tl.static_range(GROUP):
-                    _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh * GROUP + g, tl.arange(0, BLOCK_S) < used,
-                                  o_b_stride, o_h_stride, o_s_stride, lse_b_stride, lse_h_stride, out_b_stride,
-                                  out_h_stride, HEAD_DIM, BLOCK_S, BLOCK_D)  # fmt: skip
+                    _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh * GROUP + g, used, o_b_stride, o_h_stride,
+                                  o_s_stride, lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, HEAD_DIM,
+                                  BLOCK_S, BLOCK_D)  # fmt: skip
 
 
 @triton.jit
@@ -185,23 +189,34 @@ def _store_group(out_ptr, out_b_stride, out_h_stride, b, kvh, x, GROUP: tl.const
 
 
 @triton.jit
-def _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, h, valid, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
+def _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, h, used, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
                   lse_h_stride, out_b_stride, out_h_stride, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
                   BLOCK_D: tl.constexpr):  # fmt: skip
-    """out[b, h] = the valid splits' partial outputs [BLOCK_S, D] weighed by their log-sum-exps
-    (base 2), all loaded at once (through L2: the last split reads what the others wrote);
-    zeros when none is valid (an empty request)."""
+    """out[b, h] = the first ``used`` splits' partial outputs weighed by their log-sum-exps
+    (base 2), loaded BLOCK_S splits at a time (through L2: the last split reads what the
+    others wrote); zeros when used is 0 (an empty request)."""
     b = b.to(tl.int64)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < HEAD_DIM
-    lse_ptrs = mid_lse_ptr + b * lse_b_stride + h * lse_h_stride + offs_s
-    lse = tl.load(lse_ptrs, mask=valid, other=float("-inf"), cache_modifier=".cg")
-    o_ptrs = mid_o_ptr + b * o_b_stride + h * o_h_stride + offs_s[:, None] * o_s_stride + offs_d[None, :]
-    o = tl.load(o_ptrs, mask=valid[:, None] & dmask[None, :], other=0.0, cache_modifier=".cg")  # [BLOCK_S, BLOCK_D]
-    w = tl.where(valid, tl.exp2(lse - tl.max(lse, axis=0)), 0.0)  # [BLOCK_S]
-    total = tl.sum(w, axis=0)
-    result = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
+    lse_row = mid_lse_ptr + b * lse_b_stride + h * lse_h_stride
+    o_rows = mid_o_ptr + b * o_b_stride + h * o_h_stride
+    m = tl.max(tl.full([BLOCK_S], -1.0e30, dtype=tl.float32), axis=0)  # a finite floor: no NaN
+    total = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), axis=0)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for first in range(0, used, BLOCK_S):
+        splits = first + offs_s
+        valid = splits < used
+        lse = tl.load(lse_row + splits, mask=valid, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(o_rows + splits[:, None] * o_s_stride + offs_d[None, :], mask=valid[:, None] & dmask[None, :],
+                    other=0.0, cache_modifier=".cg")  # fmt: skip
+        m_new = tl.maximum(m, tl.max(lse, axis=0))
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)  # 0 where not valid
+        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+        total = total * alpha + tl.sum(w, axis=0)
+        m = m_new
+    result = acc / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + b * out_b_stride + h * out_h_stride + offs_d, result.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
@@ -218,10 +233,9 @@ def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, lens_ptr, out_ptr, o_b_stride,
     h = tl.program_id(1)
     seq_len = tl.load(lens_ptr + b)
     split_len = _split_len(seq_len, num_splits, split_tokens, BLOCK_N)
-    offs_s = tl.arange(0, BLOCK_S)
-    # the splits stage 1 ran: the same boundaries, recomputed
-    valid = (offs_s < num_splits) & (offs_s * split_len < seq_len)
-    _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, h, valid, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
+    # the splits stage 1 ran, recomputed (none for an empty request, whose split_len is 0)
+    used = tl.where(seq_len > 0, tl.minimum(num_splits, tl.cdiv(seq_len, tl.maximum(split_len, 1))), 0)
+    _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, h, used, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
                   lse_h_stride, out_b_stride, out_h_stride, HEAD_DIM, BLOCK_S, BLOCK_D)  # fmt: skip
 
 
@@ -263,11 +277,12 @@ def decode_scratch(
 
 class NewTokens(NamedTuple):
     """The decoding requests' new tokens as projected: k and v [B, Hkv, D], neither rotated nor
-    stored yet, at positions [B] (cos_sin [max_pos, D] float32), going to the pool at slots [B]."""
+    stored yet, going to the pool at slots [B] (int32). Each sits at position seq_len - 1 of
+    its request, as every decode's token does (batch_builder), rotated by that row of cos_sin
+    [max_pos, D] float32."""
 
     k: torch.Tensor
     v: torch.Tensor
-    positions: torch.Tensor
     cos_sin: torch.Tensor
     slots: torch.Tensor
 
@@ -332,8 +347,10 @@ def decode_attention(
     ):
         raise ValueError("decode_attention: scratch must be float32 with a contiguous last dim")
     if new is not None:
-        check_rotary_args("decode_attention", q, new.k, new.positions, new.cos_sin)
+        check_rotary_args("decode_attention", q, new.k, seq_lens, new.cos_sin)  # positions: seq_lens - 1
         check_kv_store_args("decode_attention", new.k, new.v, k_pool, v_pool, new.slots)
+        if new.slots.dtype != torch.int32:
+            raise ValueError(f"decode_attention: new.slots must be int32, got {new.slots.dtype}")
         if k_scale is not None or not k_pool.is_floating_point():
             raise ValueError("decode_attention: new tokens need a float pool (int8: store_kv_int8 first)")
     if bsz == 0:
@@ -351,17 +368,18 @@ def decode_attention(
     cnt = counts if fused else seq_lens  # any int32 tensor: the kernel does not touch it unless fused
     o, o_strides = (out, (out.stride(0), out.stride(1), 0)) if direct else (mid_o, mid_o.stride()[:3])
     # without new tokens, any tensors of the right kinds: the kernel does not read them
-    kn, vn, pos, cs, slots = new if new is not None else (q, q, seq_lens, mid_lse, seq_lens)
+    # without new tokens, tensors of the same kinds: the kernel does not read them, and its
+    # compiled form is the one the decode graphs (given new tokens) use
+    kn, vn, cs, slots = new if new is not None else (q, q, mid_lse, seq_lens)
     _decode_split_launch[(bsz, hkv, num_splits)](
-        q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, o, mid_lse, cnt, out, kn, vn, pos, slots, cs,
+        q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, o, mid_lse, cnt, out, kn, vn, slots, cs,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), req_table.stride(0),
         *o_strides, mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), kn.stride(0), kn.stride(1),
-        vn.stride(0), vn.stride(1), cs.stride(0), scale * LOG2E, num_splits, split_tokens, GROUP=group, HEAD_DIM=d,
-        BLOCK_G=max(16, next_pow2(group)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_S=max(2, next_pow2(num_splits)) if fused else 2, QUANT=quant, IEEE=q.dtype == torch.float32,
-        DIRECT=direct, FUSED=fused, ROTARY=new is not None, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        vn.stride(0), vn.stride(1), cs.stride(0), scale * LOG2E, num_splits, split_tokens, int(new is not None),
+        GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_S=COMBINE_SPLITS, QUANT=quant, IEEE=q.dtype == torch.float32, DIRECT=direct, FUSED=fused,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if direct or fused:
         return out
