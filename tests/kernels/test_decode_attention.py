@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
 from services.worker.kernels.decode_attention import (
     SPLIT_TOKENS,
@@ -12,6 +13,7 @@ from services.worker.kernels.decode_attention import (
     decode_attention,
     decode_scratch,
 )
+from services.worker.kernels.launch import Launcher
 from services.worker.models.rope import cos_sin_table
 from services.worker.ops import TorchOps
 
@@ -206,3 +208,59 @@ def test_decode_fused_combine_is_the_reduce_launch_after_launch(pooled) -> None:
         out = decode_attention(*args, mid_o=mid_o, mid_lse=mid_lse, counts=counts, split_tokens=SPLIT_TOKENS)
         torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
     assert not counts.any()
+
+
+class _Keys:
+    """Stands in for a kernel's launcher: records the compiled-kernel key of each call instead
+    of launching (Launcher.key: what Triton would specialise a compile on). Under the
+    interpreter the kernel is an InterpretedFunction: its JITFunction is made from the same
+    function and decorator arguments."""
+
+    def __init__(self, kernel) -> None:
+        if not isinstance(kernel, triton.runtime.jit.JITFunction):
+            options = {k: v for k, v in kernel.kwargs.items() if v is not None}
+            kernel = triton.runtime.jit.JITFunction(kernel.fn, **options)
+        self.launcher, self.keys = Launcher(kernel), []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.keys.append(self.launcher.key(args, kwargs, 0))
+
+
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(32, 8, 128), (4, 2, 16)])  # the 8B shape, the tiny models'
+@pytest.mark.parametrize(
+    ("graph_splits", "mixed_splits", "fused"), [(1, 1, False), (8, 3, True), (17, 12, False), (32, 9, False)]
+)
+def test_steps_with_prompt_tokens_reuse_the_decode_graphs_kernels(hq: int, hkv: int, d: int, graph_splits: int,
+                                                                  mixed_splits: int, fused: bool,
+                                                                  monkeypatch) -> None:  # fmt: skip
+    """A decode graph's call (new tokens rotated and stored in the kernel) and an eager one in a
+    step with prompt tokens (its decodes' q at an offset in the step's tokens, no new tokens, a
+    split count of its own) key the same compiled kernels: no compile while serving."""
+    import services.worker.kernels.decode_attention as da
+
+    splits_rec, reduce_rec = _Keys(da._decode_split_kernel), _Keys(da._decode_reduce_kernel)
+    monkeypatch.setattr(da, "_decode_split_launch", splits_rec)
+    monkeypatch.setattr(da, "_decode_reduce_launch", reduce_rec)
+    bd, e = 3, 5
+    pool = torch.zeros(64, hkv, d, dtype=torch.bfloat16)
+    table = torch.zeros(bd + 1, 4096, dtype=torch.int32)
+    rows = torch.arange(bd, dtype=torch.int32)
+    lens = torch.full((bd,), 40, dtype=torch.int32)
+    counts = torch.zeros(64, dtype=torch.int32) if fused else None
+    cos_sin = cos_sin_table(d, 500000.0, {}, 4096, "cpu")
+
+    def call(tokens: int, first: int, splits: int, rotary: bool) -> None:
+        qkv = torch.zeros(tokens, hq + 2 * hkv, d, dtype=torch.bfloat16)
+        rows_of_step = qkv[first : first + bd]
+        q, k, v = rows_of_step[:, :hq], rows_of_step[:, hq : hq + hkv], rows_of_step[:, hq + hkv :]
+        out = torch.empty_like(qkv[:, :hq])[first : first + bd]
+        scratch = decode_scratch(bd, hq, d, splits, torch.device("cpu"))
+        new = NewTokens(k, v, cos_sin, torch.zeros(bd, dtype=torch.int32)) if rotary else None
+        decode_attention(q, pool, pool, table, rows, lens, d**-0.5, splits, out=out, split_tokens=SPLIT_TOKENS,
+                         mid_o=scratch[0], mid_lse=scratch[1], counts=counts, new=new)  # fmt: skip
+
+    call(bd, 0, graph_splits, rotary=True)  # a decode graph: the step is its decodes
+    call(e + bd, e, mixed_splits, rotary=False)  # after e prompt tokens, rotated and stored before
+    assert splits_rec.keys[0] == splits_rec.keys[1]
+    assert len(reduce_rec.keys) == (0 if fused or graph_splits == 1 else 2)
+    assert len(set(map(str, reduce_rec.keys))) <= 1

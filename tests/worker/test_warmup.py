@@ -94,4 +94,7 @@ def test_after_the_warm_up_mixed_steps_compile_no_decode_attention(tiny_llama: s
         engine.step()
     assert mixed >= 2
     new = [sorted(map(str, set(launcher.compiled) - seen)) for launcher, seen in zip(launchers, before, strict=True)]
+    for keys, seen in zip(new, before, strict=True):
+        for key in keys:  # the whole key, next to the compiled ones, for whoever must find what differs
+            print("new key:", key, "\ncompiled:", *map(str, seen), sep="\n")
     assert new == [[], []], new

@@ -53,9 +53,15 @@ def _split_len(seq_len, num_splits, split_tokens, BLOCK_N: tl.constexpr):
     return tl.cdiv(tl.cdiv(seq_len, used), BLOCK_N) * BLOCK_N
 
 
-# the split counts change with the batch and its context in eager steps: not specialised on, so
-# a new count costs no compile while serving
-@triton.jit(do_not_specialize=["num_splits", "split_tokens", "rotary"])
+# Not specialised on what changes between the decode graphs' calls and those of steps with
+# prompt tokens (eager attention), so that the latter run kernels the graphs' capture compiled
+# (r73): the split count, and the scratch's strides, which follow it; the new tokens' flag and
+# strides (without new tokens the kernel gets stand-ins: q for k and v, the scratch for
+# cos_sin); the scales' strides (the scratch stands in for a float pool's).
+@triton.jit(do_not_specialize=["num_splits", "split_tokens", "rotary", "kn_b_stride", "kn_h_stride", "vn_b_stride",
+                               "vn_h_stride", "cs_row_stride", "o_b_stride", "o_h_stride", "o_s_stride",
+                               "lse_b_stride", "lse_h_stride", "ks_slot_stride", "ks_h_stride", "vs_slot_stride",
+                               "vs_h_stride"])  # fmt: skip
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
                          cnt_ptr, out_ptr, kn_ptr, vn_ptr, slot_ptr, cs_ptr, q_b_stride, q_h_stride,
                          k_slot_stride, k_h_stride, v_slot_stride, v_h_stride, ks_slot_stride, ks_h_stride,
@@ -223,7 +229,10 @@ def _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, h, used, o_b_stride, o_h_s
 _decode_split_launch = launcher(_decode_split_kernel)
 
 
-@triton.jit(do_not_specialize=["num_splits", "split_tokens"])
+# the scratch's strides follow the split count: not specialised on either (see above); it loads
+# all MAX_SPLITS splits' places at once (the unused masked), so one compiled kernel serves all counts
+@triton.jit(do_not_specialize=["num_splits", "split_tokens", "o_b_stride", "o_h_stride", "o_s_stride", "lse_b_stride",
+                               "lse_h_stride"])  # fmt: skip
 def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, lens_ptr, out_ptr, o_b_stride, o_h_stride, o_s_stride,
                           lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, num_splits, split_tokens,
                           HEAD_DIM: tl.constexpr,
@@ -386,6 +395,6 @@ def decode_attention(
     _decode_reduce_launch[(bsz, hq)](
         mid_o, mid_lse, seq_lens, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), num_splits, split_tokens, HEAD_DIM=d,
-        BLOCK_S=max(2, next_pow2(num_splits)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], num_warps=4,
+        BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], num_warps=4,
     )  # fmt: skip
     return out
