@@ -33,8 +33,7 @@ from services.worker.kernels.decode_attention import (
 from services.worker.kernels.rotary_store import rotary_store_
 from services.worker.models.rope import cos_sin_table
 from tools.bench_blas import graph_ms
-
-LAYERS, HQ, HKV, D = 32, 32, 8, 128
+from tools.diag.decode_small import HKV, HQ, LAYERS, D, layer_pools
 
 
 def apart(pools: list, call: tuple, store: tuple, common: dict) -> None:
@@ -56,12 +55,7 @@ def fused(pools: list, call: tuple, new: NewTokens, common: dict) -> None:
 
 def batch_row(b: int, ctx: int, configs: list[str], cos_sin: torch.Tensor, sms: int) -> dict:
     dev, bf = cos_sin.device, torch.bfloat16
-    cap = b * ctx + 1
-    pools = [(torch.randn(cap, HKV, D, dtype=bf, device=dev), torch.randn(cap, HKV, D, dtype=bf, device=dev))
-             for _ in range(LAYERS)]  # fmt: skip
-    table = torch.randperm(b * ctx, device=dev).view(b, ctx).to(torch.int32)
-    rows = torch.arange(b, dtype=torch.int32, device=dev)
-    lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
+    pools, table, rows, lens = layer_pools(b, ctx, dev)
     slots = table[:, ctx - 1].clone()
     qkv = torch.randn(b, HQ + 2 * HKV, D, dtype=bf, device=dev)
     q, k, v = qkv[:, :HQ], qkv[:, HQ : HQ + HKV], qkv[:, HQ + HKV :]

@@ -33,6 +33,18 @@ def graph_us(fn, reps: int = 20) -> float:
     return graph_ms(fn, reps) * 1000 / LAYERS
 
 
+def layer_pools(b: int, ctx: int, dev: torch.device) -> tuple[list, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """b requests of context ctx at scattered slots: (each layer's (k, v) pool, the request
+    table [b, ctx], rows, lengths)."""
+    cap, bf = b * ctx + 1, torch.bfloat16
+    pools = [(torch.randn(cap, HKV, D, dtype=bf, device=dev), torch.randn(cap, HKV, D, dtype=bf, device=dev))
+             for _ in range(LAYERS)]  # fmt: skip
+    table = torch.randperm(b * ctx, device=dev).view(b, ctx).to(torch.int32)
+    rows = torch.arange(b, dtype=torch.int32, device=dev)
+    lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
+    return pools, table, rows, lens
+
+
 def layers(pools: list, call: tuple, cfg: dict) -> None:
     q, table, rows, lens, grid, out = call
     for k, v in pools:
@@ -48,12 +60,7 @@ def main() -> None:
     dev, bf, ctx = torch.device("cuda"), torch.bfloat16, args.context
     best = {}
     for b in (int(x) for x in args.batches.split(",")):
-        cap = b * ctx + 1
-        pools = [(torch.randn(cap, HKV, D, dtype=bf, device=dev), torch.randn(cap, HKV, D, dtype=bf, device=dev))
-                 for _ in range(LAYERS)]  # fmt: skip
-        table = torch.randperm(b * ctx, device=dev).view(b, ctx).to(torch.int32)
-        rows = torch.arange(b, dtype=torch.int32, device=dev)
-        lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
+        pools, table, rows, lens = layer_pools(b, ctx, dev)
         q = torch.randn(b, HQ, D, dtype=bf, device=dev)
         out = torch.empty_like(q)
         tried = [1 << 20 if t == "one" else int(t) for t in args.tokens.split(",")]
