@@ -1,9 +1,11 @@
 """Attention on Triton kernels: the CUDA path.
 
-A step rotates its q and k and stores its new K/V in the pool (one kernel, rotary_store.py;
-an int8 pool's store is its own kernel), runs extend attention over the packed extend
-segments (prefix read from the pool, new tokens from this step's k/v) and split-K decode
-attention over the decoding requests, each into its slice of one output tensor.
+A step with prompt tokens rotates its q and k and stores its new K/V in the pool (one kernel,
+rotary_store.py; an int8 pool's store is its own kernel), runs extend attention over the
+packed extend segments (prefix read from the pool, new tokens from this step's k/v) and
+split-K decode attention over the decoding requests, each into its slice of one output
+tensor. A decode-only step over a float pool (decode_attend) leaves the rotary and the store
+to the decode attention kernel itself.
 
 CUDA graphs: the decode path reads no device value on the host and allocates nothing once
 the split scratch has reached its largest size (give ``max_decode_batch`` to size it up

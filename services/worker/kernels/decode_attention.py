@@ -16,6 +16,14 @@ itself and the reduce is not launched. Given a counter per (request, KV head), t
 that finishes last combines the others' partials itself (an atomic count, acquire-release),
 and the reduce is not launched either: at small batches that kernel costs a launch's
 latency for a few microseconds of work.
+
+Given the new tokens as projected (NewTokens: a decode-only step, a float pool), stage 1 also
+does what rotary_store would have done before it: each split rotates its q in registers, the
+request's last split rotates the new k, writes k and v to the pool and folds the token into
+its softmax from registers, and the other splits stop a token short of the context. The
+kernels are specialised on nothing that differs between such a call and one without new
+tokens or with another split count, so steps with prompt tokens run what the decode graphs'
+capture compiled.
 """
 
 from __future__ import annotations
@@ -376,7 +384,6 @@ def decode_attention(
         raise ValueError(f"decode_attention: counts must be flat int32 of at least {bsz * hkv}")
     cnt = counts if fused else seq_lens  # any int32 tensor: the kernel does not touch it unless fused
     o, o_strides = (out, (out.stride(0), out.stride(1), 0)) if direct else (mid_o, mid_o.stride()[:3])
-    # without new tokens, any tensors of the right kinds: the kernel does not read them
     # without new tokens, tensors of the same kinds: the kernel does not read them, and its
     # compiled form is the one the decode graphs (given new tokens) use
     kn, vn, cs, slots = new if new is not None else (q, q, mid_lse, seq_lens)

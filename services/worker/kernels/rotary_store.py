@@ -2,10 +2,10 @@
 
 For each token, one program rotates its q and k heads in place (as ``rotary_``) and writes
 the rotated k, and v, into the pool at the token's slot (as ``store_kv``), so k is not read
-back from memory by a second kernel. A decode step at batch 1 runs about 12 small kernels
-per layer between its projections, each costing a launch's latency more than its work; this
-removes one per layer at every batch size. q and k stay rotated in the qkv buffer because
-extend attention reads this step's new tokens from there. Pools of the activation dtype
+back from memory by a second kernel. Steps with prompt tokens use it: q and k stay rotated
+in the qkv buffer because extend attention reads this step's new tokens from there. A
+decode-only step needs neither kernel: its decode attention rotates and stores the new
+tokens itself (decode_attention.NewTokens). Pools of the activation dtype
 only: an int8 pool goes through rotary_ and store_kv_int8, which computes the scales.
 """
 
