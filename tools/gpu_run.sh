@@ -13,8 +13,13 @@ if [ -d .whl ] && [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+# SM clock, power and temperature every 200 ms while a part runs (batch 256's step moves by up to
+# 3 ms between engines of one job: docs/benchmarks.md, thirteenth session)
+smi_log() { nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+              --format=csv -lms 200 > "$out/clocks-$1.csv" 2>&1 & smi=$!; }
 for part in "$@"; do
   start=$(date +%s)
+  smi_log "$part"
   case $part in
     tests) timeout 200 python3 -m pytest -m gpu tests/kernels tests/worker -q -p no:cacheprovider -rA 2>&1 \
              | grep -v "^PASSED\|^$" | tail -60 | tee "$out/gpu_tests.log" ;;
@@ -42,5 +47,6 @@ for part in "$@"; do
     dp) timeout 240 python3 tools/bench_data_parallel.py --groups 2 --out "$out/dp2.json" -- --running-max-req-size 2048 2>&1 | tail -3 ;;
     *) echo "unknown part $part" ;;
   esac
+  kill "$smi" 2>/dev/null
   echo "== $part took $(( $(date +%s) - start ))s"
 done
