@@ -67,8 +67,7 @@ def _new_tokens(req, qkv: torch.Tensor, lens: list[int], hq: int, hkv: int):
     device, d = qkv.device, qkv.shape[-1]
     cos_sin = cos_sin_table(d, 500000.0, {}, max(lens) + 8, device)
     positions = torch.tensor([max(n - 1, 0) for n in lens], dtype=torch.int64, device=device)
-    cols = positions.to(torch.int64)
-    slots = req.req_table[req.rows.long(), cols].clone()  # where the table says the new token sits
+    slots = req.req_table[req.rows.long(), positions].clone()  # where the table says the new token sits
     free = req.k_pool.flatten(1).isnan().all(1).nonzero()[0].to(torch.int32)  # a slot no request uses
     slots[torch.tensor(lens, device=device) == 0] = free  # an empty request's (never written)
     k_new, v_new = qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]

@@ -96,9 +96,11 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     if not DIRECT:  # noqa: SIM102 (a compile-time branch: Triton drops it whole for DIRECT)
         if begin >= seq_len:
             if FUSED:  # noqa: SIM102
-                if seq_len == 0 and split == 0:  # an empty request: zeros, as the reduce gives
-                    zeros = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-                    _store_group(out_ptr, out_b_stride, out_h_stride, b, kvh, zeros, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D)
+                if seq_len == 0 and split == 0:  # an empty request: the combine of no splits, zeros
+                    for g in tl.static_range(GROUP):
+                        _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh * GROUP + g, 0, o_b_stride, o_h_stride,
+                                      o_s_stride, lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, HEAD_DIM,
+                                      BLOCK_S, BLOCK_D)  # fmt: skip
             return
     end = tl.minimum(begin + split_len, seq_len)
     row = tl.load(rows_ptr + b).to(tl.int64)
@@ -190,16 +192,6 @@ def _fold_new_token(acc, m_i, l_i, q, last, kn_row, vn_row, kp_ptr, vp_ptr, slot
     l_i = l_i * alpha + p
     acc = acc * alpha[:, None] + p.to(q.dtype).to(tl.float32)[:, None] * v.to(tl.float32)[None, :]
     return acc, m_new, l_i
-
-
-@triton.jit
-def _store_group(out_ptr, out_b_stride, out_h_stride, b, kvh, x, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-    """out[b, the GROUP query heads of KV head kvh] = x [BLOCK_G, BLOCK_D] float32."""
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    ptrs = out_ptr + b.to(tl.int64) * out_b_stride + (kvh * GROUP + offs_g)[:, None] * out_h_stride + offs_d[None, :]
-    tl.store(ptrs, x.to(out_ptr.dtype.element_ty), mask=(offs_g < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :])
 
 
 @triton.jit

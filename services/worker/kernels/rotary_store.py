@@ -5,8 +5,8 @@ the rotated k, and v, into the pool at the token's slot (as ``store_kv``), so k 
 back from memory by a second kernel. Steps with prompt tokens use it: q and k stay rotated
 in the qkv buffer because extend attention reads this step's new tokens from there. A
 decode-only step needs neither kernel: its decode attention rotates and stores the new
-tokens itself (decode_attention.NewTokens). Pools of the activation dtype
-only: an int8 pool goes through rotary_ and store_kv_int8, which computes the scales.
+tokens itself (decode_attention.NewTokens). Pools of the activation dtype only: an int8 pool
+goes through rotary_ and store_kv_int8, which computes the scales.
 """
 
 from __future__ import annotations
