@@ -60,3 +60,33 @@ def test_skinny_matmul_of_no_rows(device: torch.device) -> None:
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])
 def test_skinny_matmul_llama3_8b(m: int, n: int, k: int) -> None:
     _check(m, n, k, torch.bfloat16, torch.device("cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("prefetch", [0, 256])
+@pytest.mark.parametrize("split", [1, 4])
+def test_skinny_matmul_pdl_waits_for_the_kernel_before(prefetch: int, split: int) -> None:
+    """Launched with PDL, each product starts before the one before it ends: it must still read
+    that one's output, eagerly and replayed from a CUDA graph."""
+    dev, bf = torch.device("cuda"), torch.bfloat16
+    ws = [torch.randn(4096, 4096, device=dev, dtype=bf) / 64 for _ in range(8)]
+    x = torch.randn(2, 4096, device=dev, dtype=bf)
+    ref = x.float()
+    for w in ws:
+        ref = (ref.to(bf).float() @ w.float().t()).to(bf).float()
+
+    def chain() -> torch.Tensor:
+        h = x
+        for w in ws:
+            h = skinny_matmul(h, w, pdl=True, SPLIT_K=split, PREFETCH=prefetch)
+        return h
+
+    torch.testing.assert_close(chain().float(), ref, rtol=5e-2, atol=5e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain()
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.testing.assert_close(out.float(), ref, rtol=5e-2, atol=5e-2)

@@ -12,6 +12,13 @@ With SPLIT_K > 1 each program takes a K range of its columns, writes a float32 p
 the last program of a column tile to finish (an atomic count, acquire-release) sums the
 partials and writes y; the count is put back to zero for the next launch, so the launch is
 one kernel and can be captured in a CUDA graph. Nothing is read on the host.
+
+PDL (Hopper's programmatic dependent launch, launched with launch_pdl): a one-row product takes
+about 4 µs more than its bytes need at the copy rate, whether cuBLAS or this kernel runs it
+(r75), the launch and the first loads' latency. Launched this way, the kernel may start while
+the one before it (whose output is x) is still running: each program first asks L2 for the
+first PREFETCH columns of its weight rows (which nothing before it writes), then waits for the
+kernel before to finish (gdc_wait), lets the kernel after it launch, and runs as above.
 """
 
 from __future__ import annotations
@@ -23,6 +30,11 @@ import triton.language as tl
 from services.worker.kernels.extend_attention import dot
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
 
+try:  # Triton >= 3.4 on CUDA; the kernel uses them only when launched with PDL
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - an older Triton: PDL is never asked for
+    gdc_launch_dependents = gdc_wait = None
+
 MAX_M = 64  # rows of x one launch takes: past this cuBLAS's GEMMs are the better kernel
 MAX_SPLIT_K = 16
 
@@ -30,7 +42,8 @@ MAX_SPLIT_K = 16
 @triton.jit(do_not_specialize=["M", "x_stride", "y_stride"])
 def _skinny_matmul_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, x_stride, w_stride, y_stride,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          SPLIT_K: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+                          SPLIT_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False,
+                          PREFETCH: tl.constexpr = 0):  # fmt: skip
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -43,6 +56,12 @@ def _skinny_matmul_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, x_str
     k_end = tl.minimum(K, k_start + k_len)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * w_stride
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * x_stride
+    if PDL:
+        if PREFETCH > 0:  # one address per 128-byte line of the first PREFETCH columns
+            lines = k_start + tl.arange(0, PREFETCH // 64) * 64
+            _prefetch_l2(w_rows + lines[None, :], nmask[:, None] & (lines < k_end)[None, :])
+        gdc_wait()
+        gdc_launch_dependents()
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         ks = k0 + offs_k
@@ -67,6 +86,15 @@ def _skinny_matmul_kernel(x_ptr, w_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, x_str
             for s in tl.static_range(SPLIT_K):
                 total += tl.load(part_ptr + s * BLOCK_M * N + tile, mask=ymask, other=0.0, cache_modifier=".cg")
             tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=ymask)
+
+
+@triton.jit
+def _prefetch_l2(ptrs, mask):
+    """Ask L2 for the lines at ptrs where mask (no data comes back to the program)."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
 
 
 _skinny_matmul_launch = launcher(_skinny_matmul_kernel)
@@ -109,8 +137,12 @@ def check_skinny_args(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None
         raise ValueError(f"skinny_matmul: out must be [{x.shape[0]}, {w.shape[0]}] {x.dtype}, contiguous rows")
 
 
-def skinny_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, **config: int) -> torch.Tensor:
+def skinny_matmul(
+    x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, pdl: bool = False, **config: int
+) -> torch.Tensor:
     """x [M, K] @ w [N, K].t() -> [M, N] in x's dtype, float32 accumulation, M <= MAX_M.
+    pdl: launch with programmatic dependent launch (CUDA, Hopper on), prefetching config's
+    PREFETCH columns (a multiple of 64) of the weights before waiting on the kernel before.
     config overrides skinny_config's BLOCK_N / BLOCK_K / SPLIT_K / num_warps / num_stages."""
     check_skinny_args(x, w, out)
     m, k = x.shape
@@ -123,6 +155,8 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = N
     split, block_n, block_m = cfg["SPLIT_K"], cfg["BLOCK_N"], max(16, next_pow2(m))
     if not 1 <= split <= MAX_SPLIT_K:
         raise ValueError(f"skinny_matmul: SPLIT_K must be in [1, {MAX_SPLIT_K}], got {split}")
+    if pdl and (not x.is_cuda or gdc_wait is None):
+        raise ValueError("skinny_matmul: PDL needs CUDA and a Triton with grid dependency control")
     tiles = cdiv(n, block_n)
     if split > 1:
         part = torch.empty((split, block_m, n), dtype=torch.float32, device=x.device)
@@ -132,6 +166,7 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = N
     _skinny_matmul_launch[(tiles, split)](
         x, w, out, part, cnt, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split, IEEE=x.dtype == torch.float32,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        PDL=bool(pdl), PREFETCH=cfg.get("PREFETCH", 0) if pdl else 0, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     return out
