@@ -17,7 +17,6 @@ import torch
 
 from services.worker.blas_choice import choose_libraries
 from services.worker.forward_batch import ForwardBatch
-from services.worker.l2_ahead import L2Ahead
 from services.worker.models.llama import LlamaModel
 
 log = logging.getLogger(__name__)
@@ -40,8 +39,6 @@ class DecodeGraphs:
         max_context: int,
         buckets: list[int],
         device: torch.device,
-        l2_plan: dict[str, int | None] | None = None,
-        l2_max_batch: int = 0,
     ) -> None:
         self.model = model
         self.req_table = req_table
@@ -49,9 +46,6 @@ class DecodeGraphs:
         self.dummy_row = dummy_row
         self.max_context = max_context
         self.buckets = sorted(buckets)
-        # buckets up to l2_max_batch prefetch their next weights into L2 as the plan says (l2_ahead.py)
-        self.l2 = L2Ahead(l2_plan, device) if l2_plan and l2_max_batch > 0 else None
-        self.l2_max_batch = l2_max_batch
         n = self.buckets[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
@@ -109,12 +103,10 @@ class DecodeGraphs:
         stream = torch.cuda.Stream(device)
         for bs in reversed(self.buckets):  # largest first: the smaller ones reuse its memory
             self.blas[bs] = self.model.blas = choose_libraries(self.model.projections(), bs)
-            self.model.l2 = self.l2 if bs <= self.l2_max_batch else None
             try:
                 self.graphs[bs] = self._capture(bs, pool, stream, device)
             finally:
                 self.model.blas = None
-                self.model.l2 = None
         torch.cuda.synchronize(device)
         lt = sum(lib == "cublaslt" for choice in self.blas.values() for lib in choice.values())
         total = sum(len(choice) for choice in self.blas.values())

@@ -19,7 +19,6 @@ import torch
 from services.worker.attention.base import AttentionBackend
 from services.worker.blas_choice import prefer
 from services.worker.forward_batch import ForwardBatch
-from services.worker.l2_ahead import L2Ahead
 from services.worker.ops import LayerOps
 from services.worker.parallel import TensorParallel
 from shared.model_config import ModelConfig
@@ -79,8 +78,6 @@ class LlamaModel:
         self.kv_size = self.kv_heads * cfg.head_dim
         # projection name -> BLAS library, set while a decode graph is captured (blas_choice.py)
         self.blas: dict[str, str] | None = None
-        # set while a decode graph is captured: prefetches each product's weights into L2 (l2_ahead.py)
-        self.l2: L2Ahead | None = None
 
     def projections(self) -> dict[str, list[torch.Tensor]]:
         """Each projection's weights [N, K], one per layer (the LM head's once)."""
@@ -107,10 +104,7 @@ class LlamaModel:
             else:
                 o = self.attn.attend(i, c.q, c.k, c.v, batch)  # [T, Hq, D]
             c = self.piece(i + 1, o, c, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only)
-        logits = self.logits(c, batch.sample_index)
-        if self.l2 is not None:
-            self.l2.join()
-        return logits
+        return self.logits(c, batch.sample_index)
 
     def piece(
         self,
@@ -138,12 +132,9 @@ class LlamaModel:
             assert o is not None and carry is not None
             layer, residual = self.w.layers[i - 1], carry.residual
             h = self.tp.all_reduce(self._proj("o", o.reshape(o.shape[0], self.q_size), layer.o))
-            self._ahead("gate_up", layer.gate_up)
             h = self._mlp(layer, self.ops.add_rmsnorm(h, residual, layer.mlp_norm, eps))
             if i == len(self.w.layers):
-                self._ahead("lm_head", self.w.lm_head)
                 return Carry(residual, h=h)
-            self._ahead("qkv", self.w.layers[i].qkv)
             x = self.ops.add_rmsnorm(h, residual, self.w.layers[i].attn_norm, eps)
         layer = self.w.layers[i]
         t = x.shape[0]
@@ -155,7 +146,6 @@ class LlamaModel:
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         if store:
             self.attn.rotary_store(i, q, k, v, positions, self.cos_sin, out_slots, self.ops.rotary_)
-        self._ahead("o", layer.o)
         return Carry(residual, q=q, k=k, v=v)
 
     def logits(self, last: Carry, sample_index: torch.Tensor) -> torch.Tensor:
@@ -166,14 +156,8 @@ class LlamaModel:
         logits = self.tp.gather_vocab(self._proj("lm_head", x, self.w.lm_head))
         return logits[:, : self.cfg.vocab_size].float()
 
-    def _ahead(self, name: str, w: torch.Tensor) -> None:
-        if self.l2 is not None:
-            self.l2.ask(name, w)
-
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self._proj("gate_up", x, layer.gate_up)
-        self._ahead("down", layer.down)
-        a = self.ops.silu_mul(gate_up)  # [T, I]
+        a = self.ops.silu_mul(self._proj("gate_up", x, layer.gate_up))  # [T, I]
         return self.tp.all_reduce(self._proj("down", a, layer.down))
 
 
