@@ -19,7 +19,9 @@ programs one after another, only a one-program grid can run (the CPU test does t
     python3 tools/diag/persistent_mlp.py [--configs 64x256x8,64x256x8x1x0x1]
 
 A config is BN x BK x warps [x depth (1, 2) x tiles prefetched into L2 ahead x 1 for the
-barriers and norms alone, no products x programs per SM].
+barriers and norms alone, no products x programs per SM x 1 for weights loaded evict-first].
+--cooperative launches the grid cooperatively: CUDA then refuses a grid that cannot all be
+resident, instead of leaving its barriers waiting.
 """
 
 from __future__ import annotations
@@ -62,13 +64,15 @@ def _units(pid, NPROG: tl.constexpr, n_units):
 
 
 @triton.jit
-def _tile(w_ptr, K, u, u_end, BN: tl.constexpr, BK: tl.constexpr):
+def _tile(w_ptr, K, u, u_end, BN: tl.constexpr, BK: tl.constexpr, EVICT: tl.constexpr = False):
     """Tile u of w [N, K] (row tiles of BN, each split in K // BK tiles), zeros past u_end."""
     upr = K // BK
     rows = (u // upr) * BN + tl.arange(0, BN)
     ks = (u % upr) * BK + tl.arange(0, BK)
     ptrs = w_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :]
     live = (u + 0 * rows[:, None] + 0 * ks[None, :]) < u_end  # a full-shape mask (the interpreter needs one)
+    if EVICT:  # read once: let the weights leave L2 first
+        return tl.load(ptrs, mask=live, other=0.0, eviction_policy="evict_first")
     return tl.load(ptrs, mask=live, other=0.0)
 
 
@@ -113,7 +117,7 @@ def _x_in(u, u_end, K, xa_ptr, r_ptr, nw_ptr, SILU: tl.constexpr, INTER: tl.cons
 @triton.jit
 def _product(pid, w_ptr, K, n_units, out_ptr, xa_ptr, r_ptr, nw_ptr, rstd, w_first, w_second,
              NPROG: tl.constexpr, SILU: tl.constexpr, INTER: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-             DEPTH: tl.constexpr, PF: tl.constexpr, SYNC_ONLY: tl.constexpr):  # fmt: skip
+             DEPTH: tl.constexpr, PF: tl.constexpr, SYNC_ONLY: tl.constexpr, EVICT: tl.constexpr):  # fmt: skip
     """out += w @ x over this program's run of tiles; x = rmsnorm(r + xa) * nw, or with SILU
     silu(xa[:INTER]) * xa[INTER:]. w_first, w_second: the run's first two tiles, loaded already
     (the second only with DEPTH 2). Each tile's weights are loaded DEPTH tiles ahead, its x
@@ -134,9 +138,9 @@ def _product(pid, w_ptr, K, n_units, out_ptr, xa_ptr, r_ptr, nw_ptr, rstd, w_fir
             _prefetch_tiles(w_ptr, K, u + 1 + PF, u1, BN, BK, 1)
         if DEPTH == 2:
             w_next = w_n1
-            w_n1 = _tile(w_ptr, K, u + 2, u1, BN, BK)
+            w_n1 = _tile(w_ptr, K, u + 2, u1, BN, BK, EVICT)
         else:
-            w_next = _tile(w_ptr, K, u + 1, u1, BN, BK)
+            w_next = _tile(w_ptr, K, u + 1, u1, BN, BK, EVICT)
         an, bn, cn = _x_in(u + 1, u1, K, xa_ptr, r_ptr, nw_ptr, SILU, INTER, BK)
         if SILU:
             x = a / (1.0 + tl.exp(-a)) * b
@@ -160,7 +164,7 @@ def _zero(ptr, n, pid, ZB: tl.constexpr):
 def _mlp_chain_kernel(wo_ptr, wgu_ptr, wd_ptr, r_ptr, nw_ptr, h_ptr, gu_ptr, d_ptr, cnt_ptr, err_ptr, L, eps,
                       H: tl.constexpr, INTER: tl.constexpr, NPROG: tl.constexpr, BN: tl.constexpr,
                       BK: tl.constexpr, ZB: tl.constexpr, DEPTH: tl.constexpr, PF: tl.constexpr,
-                      SYNC_ONLY: tl.constexpr):  # fmt: skip
+                      SYNC_ONLY: tl.constexpr, EVICT: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     n_o = (H // BN) * (H // BK)
     n_gu = (2 * INTER // BN) * (H // BK)
@@ -182,7 +186,7 @@ def _mlp_chain_kernel(wo_ptr, wgu_ptr, wd_ptr, r_ptr, nw_ptr, h_ptr, gu_ptr, d_p
         # o: h = Wo @ rmsnorm(r + d_in)
         rstd = _rstd(r_ptr, din, eps, H)
         _product(pid, wo, H, n_o, hp, din, r_ptr, nw_ptr, rstd, w_first, w_second, NPROG, False, INTER, BN, BK,
-                 DEPTH, PF, SYNC_ONLY)  # fmt: skip
+                 DEPTH, PF, SYNC_ONLY, EVICT)  # fmt: skip
         u0, u1 = _units(pid, NPROG, n_gu)
         w_first = _tile(wgu, H, u0, u1, BN, BK)
         w_second = _tile(wgu, H, u0 + DEPTH - 1, u1, BN, BK)
@@ -196,7 +200,7 @@ def _mlp_chain_kernel(wo_ptr, wgu_ptr, wd_ptr, r_ptr, nw_ptr, h_ptr, gu_ptr, d_p
         # gate_up: gu = Wgu @ rmsnorm(r + h)
         rstd = _rstd(r_ptr, hp, eps, H)
         _product(pid, wgu, H, n_gu, gup, hp, r_ptr, nw_ptr, rstd, w_first, w_second, NPROG, False, INTER, BN, BK,
-                 DEPTH, PF, SYNC_ONLY)  # fmt: skip
+                 DEPTH, PF, SYNC_ONLY, EVICT)  # fmt: skip
         u0, u1 = _units(pid, NPROG, n_d)
         w_first = _tile(wd, INTER, u0, u1, BN, BK)
         w_second = _tile(wd, INTER, u0 + DEPTH - 1, u1, BN, BK)
@@ -205,7 +209,7 @@ def _mlp_chain_kernel(wo_ptr, wgu_ptr, wd_ptr, r_ptr, nw_ptr, h_ptr, gu_ptr, d_p
         _barrier(cnt_ptr, err_ptr, target + 2 * NPROG)
         # down: d = Wd @ (silu(gate) * up)
         _product(pid, wd, INTER, n_d, dp, gup, r_ptr, nw_ptr, 0.0, w_first, w_second, NPROG, True, INTER, BN, BK,
-                 DEPTH, PF, SYNC_ONLY)  # fmt: skip
+                 DEPTH, PF, SYNC_ONLY, EVICT)  # fmt: skip
         nxt = wo_ptr + tl.minimum(lay + 1, L - 1) * H * H
         u0, u1 = _units(pid, NPROG, n_o)
         w_first = _tile(nxt, H, u0, u1, BN, BK)
@@ -216,7 +220,7 @@ def _mlp_chain_kernel(wo_ptr, wgu_ptr, wd_ptr, r_ptr, nw_ptr, h_ptr, gu_ptr, d_p
 
 
 class Chain:
-    def __init__(self, wo, wgu, wd, r, nw, cfg: tuple[int, ...], nprog: int = 0) -> None:
+    def __init__(self, wo, wgu, wd, r, nw, cfg: tuple[int, ...], nprog: int = 0, cooperative: bool = False) -> None:
         self.wo, self.wgu, self.wd, self.r, self.nw = wo, wgu, wd, r, nw
         self.bn, self.bk, self.warps = cfg[:3]
         self.depth = cfg[3] if len(cfg) > 3 else 1
@@ -225,6 +229,8 @@ class Chain:
         dev = wo.device
         self.hidden, self.inter = wo.shape[1], wd.shape[2]
         per_sm = cfg[6] if len(cfg) > 6 else 1  # programs per SM (all must be resident at once)
+        self.evict = bool(cfg[7]) if len(cfg) > 7 else False  # weights loaded evict-first
+        self.cooperative = cooperative
         self.nprog = nprog or per_sm * torch.cuda.get_device_properties(dev).multi_processor_count
         self.h = torch.zeros(2, self.hidden, device=dev)
         self.gu = torch.zeros(2, 2 * self.inter, device=dev)
@@ -244,7 +250,8 @@ class Chain:
                                          self.cnt, self.err, layers, EPS, H=self.hidden, INTER=self.inter,
                                          NPROG=self.nprog, BN=self.bn, BK=self.bk, ZB=self.zb,
                                          DEPTH=self.depth, PF=self.pf, SYNC_ONLY=self.sync_only,
-                                         num_warps=self.warps)  # fmt: skip
+                                         EVICT=self.evict, num_warps=self.warps,
+                                         **({"launch_cooperative_grid": True} if self.cooperative else {}))  # fmt: skip
         return self.d[(layers - 1) % 2]
 
 
@@ -272,7 +279,8 @@ def cublas_chain(wo, wgu, wd, nw, d, residual) -> torch.Tensor:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--configs", default="16x1024x8,16x512x8,32x512x8,8x1024x4,16x1024x16")
+    ap.add_argument("--configs", default="64x256x8,32x256x8,64x256x8x1x0x0x1x1")
+    ap.add_argument("--cooperative", action="store_true")
     args = ap.parse_args()
     dev, bf = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
@@ -292,8 +300,12 @@ def main() -> None:
     ref = reference(wo, wgu, wd, r, nw, x, 2)
     for spec in args.configs.split(","):
         cfg = tuple(int(v) for v in spec.split("x"))
-        chain = Chain(wo, wgu, wd, r, nw, cfg)  # type: ignore[arg-type]
-        got = chain(x, 2).clone()
+        chain = Chain(wo, wgu, wd, r, nw, cfg, cooperative=args.cooperative)
+        try:
+            got = chain(x, 2).clone()
+        except Exception as e:  # a cooperative grid too large to be resident: say so, go on
+            print(json.dumps({"config": spec, "error": str(e)[:200]}), flush=True)
+            continue
         torch.cuda.synchronize()
         err = ((got - ref).norm() / ref.norm()).item() if not chain.sync_only else None
         us = graph_ms(lambda chain=chain: chain(x, LAYERS), 10) * 1000 / LAYERS
