@@ -11,7 +11,7 @@ import torch
 from tools.diag.persistent_mlp import Chain, reference
 
 
-@pytest.mark.parametrize("cfg", [(16, 32, 4), (8, 64, 4, 2), (16, 32, 4, 2, 0, 0)])
+@pytest.mark.parametrize("cfg", [(16, 32, 4), (8, 64, 4, 2), (16, 32, 4, 2, 0, 0), (16, 32, 4, 0, 0, 0, 1, 1, 3)])
 def test_three_layers_in_one_launch_match_torch(cfg: tuple[int, ...], device: torch.device) -> None:
     hidden, inter, layers = 64, 128, 3
     wo = torch.randn(layers, hidden, hidden, device=device) / hidden**0.5

@@ -19,7 +19,8 @@ programs one after another, only a one-program grid can run (the CPU test does t
     python3 tools/diag/persistent_mlp.py [--configs 64x256x8,64x256x8x1x0x1]
 
 A config is BN x BK x warps [x depth (1, 2) x tiles prefetched into L2 ahead x 1 for the
-barriers and norms alone, no products x programs per SM x 1 for weights loaded evict-first].
+barriers and norms alone, no products x programs per SM x 1 for weights loaded evict-first x
+stages]. Depth 0 leaves the loads' pipelining to Triton (tl.range's num_stages = stages).
 --cooperative launches the grid cooperatively: CUDA then refuses a grid that cannot all be
 resident, instead of leaving its barriers waiting.
 """
@@ -117,10 +118,12 @@ def _x_in(u, u_end, K, xa_ptr, r_ptr, nw_ptr, SILU: tl.constexpr, INTER: tl.cons
 @triton.jit
 def _product(pid, w_ptr, K, n_units, out_ptr, xa_ptr, r_ptr, nw_ptr, rstd, w_first, w_second,
              NPROG: tl.constexpr, SILU: tl.constexpr, INTER: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-             DEPTH: tl.constexpr, PF: tl.constexpr, SYNC_ONLY: tl.constexpr, EVICT: tl.constexpr):  # fmt: skip
+             DEPTH: tl.constexpr, PF: tl.constexpr, SYNC_ONLY: tl.constexpr, EVICT: tl.constexpr,
+             STAGES: tl.constexpr):  # fmt: skip
     """out += w @ x over this program's run of tiles; x = rmsnorm(r + xa) * nw, or with SILU
     silu(xa[:INTER]) * xa[INTER:]. w_first, w_second: the run's first two tiles, loaded already
-    (the second only with DEPTH 2). Each tile's weights are loaded DEPTH tiles ahead, its x
+    (the second only with DEPTH 2; neither with DEPTH 0, where Triton pipelines the loads
+    STAGES deep). Each tile's weights are loaded DEPTH tiles ahead, its x
     slice one ahead; the products add up in [BN, BK] and are summed over K only when a row
     tile's run ends. PF > 0: each tile's weights are asked of L2 PF tiles before the registers'
     load (the kernel asked for the first PF before its barrier)."""
@@ -130,28 +133,41 @@ def _product(pid, w_ptr, K, n_units, out_ptr, xa_ptr, r_ptr, nw_ptr, rstd, w_fir
     upr = K // BK
     lanes = tl.arange(0, BN)
     acc = tl.zeros([BN, BK], dtype=tl.float32)
-    w_cur = w_first
-    w_n1 = w_second
-    a, b, c = _x_in(u0, u1, K, xa_ptr, r_ptr, nw_ptr, SILU, INTER, BK)
-    for u in range(u0, u1):
-        if PF > 0:
-            _prefetch_tiles(w_ptr, K, u + 1 + PF, u1, BN, BK, 1)
-        if DEPTH == 2:
-            w_next = w_n1
-            w_n1 = _tile(w_ptr, K, u + 2, u1, BN, BK, EVICT)
-        else:
-            w_next = _tile(w_ptr, K, u + 1, u1, BN, BK, EVICT)
-        an, bn, cn = _x_in(u + 1, u1, K, xa_ptr, r_ptr, nw_ptr, SILU, INTER, BK)
-        if SILU:
-            x = a / (1.0 + tl.exp(-a)) * b
-        else:
-            x = (a + b) * rstd * c
-        acc += w_cur.to(tl.float32) * x[None, :]
-        if ((u + 1) == u1) | ((u + 1) % upr == 0):  # the row tile's last tile in this run
-            tl.atomic_add(out_ptr + (u // upr) * BN + lanes, tl.sum(acc, axis=1), sem="relaxed")
-            acc = tl.zeros([BN, BK], dtype=tl.float32)
-        w_cur = w_next
-        a, b, c = an, bn, cn
+    if DEPTH == 0:  # Triton's own pipelining of the loads, STAGES deep
+        for u in tl.range(u0, u1, num_stages=STAGES):
+            w = _tile(w_ptr, K, u, u1, BN, BK, EVICT)
+            a, b, c = _x_in(u, u1, K, xa_ptr, r_ptr, nw_ptr, SILU, INTER, BK)
+            if SILU:
+                x = a / (1.0 + tl.exp(-a)) * b
+            else:
+                x = (a + b) * rstd * c
+            acc += w.to(tl.float32) * x[None, :]
+            if ((u + 1) == u1) | ((u + 1) % upr == 0):
+                tl.atomic_add(out_ptr + (u // upr) * BN + lanes, tl.sum(acc, axis=1), sem="relaxed")
+                acc = tl.zeros([BN, BK], dtype=tl.float32)
+    else:
+        w_cur = w_first
+        w_n1 = w_second
+        a, b, c = _x_in(u0, u1, K, xa_ptr, r_ptr, nw_ptr, SILU, INTER, BK)
+        for u in range(u0, u1):
+            if PF > 0:
+                _prefetch_tiles(w_ptr, K, u + 1 + PF, u1, BN, BK, 1)
+            if DEPTH == 2:
+                w_next = w_n1
+                w_n1 = _tile(w_ptr, K, u + 2, u1, BN, BK, EVICT)
+            else:
+                w_next = _tile(w_ptr, K, u + 1, u1, BN, BK, EVICT)
+            an, bn, cn = _x_in(u + 1, u1, K, xa_ptr, r_ptr, nw_ptr, SILU, INTER, BK)
+            if SILU:
+                x = a / (1.0 + tl.exp(-a)) * b
+            else:
+                x = (a + b) * rstd * c
+            acc += w_cur.to(tl.float32) * x[None, :]
+            if ((u + 1) == u1) | ((u + 1) % upr == 0):  # the row tile's last tile in this run
+                tl.atomic_add(out_ptr + (u // upr) * BN + lanes, tl.sum(acc, axis=1), sem="relaxed")
+                acc = tl.zeros([BN, BK], dtype=tl.float32)
+            w_cur = w_next
+            a, b, c = an, bn, cn
 
 
 @triton.jit
@@ -164,7 +180,7 @@ def _zero(ptr, n, pid, ZB: tl.constexpr):
 def _mlp_chain_kernel(wo_ptr, wgu_ptr, wd_ptr, r_ptr, nw_ptr, h_ptr, gu_ptr, d_ptr, cnt_ptr, err_ptr, L, eps,
                       H: tl.constexpr, INTER: tl.constexpr, NPROG: tl.constexpr, BN: tl.constexpr,
                       BK: tl.constexpr, ZB: tl.constexpr, DEPTH: tl.constexpr, PF: tl.constexpr,
-                      SYNC_ONLY: tl.constexpr, EVICT: tl.constexpr):  # fmt: skip
+                      SYNC_ONLY: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     n_o = (H // BN) * (H // BK)
     n_gu = (2 * INTER // BN) * (H // BK)
@@ -186,7 +202,7 @@ def _mlp_chain_kernel(wo_ptr, wgu_ptr, wd_ptr, r_ptr, nw_ptr, h_ptr, gu_ptr, d_p
         # o: h = Wo @ rmsnorm(r + d_in)
         rstd = _rstd(r_ptr, din, eps, H)
         _product(pid, wo, H, n_o, hp, din, r_ptr, nw_ptr, rstd, w_first, w_second, NPROG, False, INTER, BN, BK,
-                 DEPTH, PF, SYNC_ONLY, EVICT)  # fmt: skip
+                 DEPTH, PF, SYNC_ONLY, EVICT, STAGES)  # fmt: skip
         u0, u1 = _units(pid, NPROG, n_gu)
         w_first = _tile(wgu, H, u0, u1, BN, BK)
         w_second = _tile(wgu, H, u0 + DEPTH - 1, u1, BN, BK)
@@ -200,7 +216,7 @@ def _mlp_chain_kernel(wo_ptr, wgu_ptr, wd_ptr, r_ptr, nw_ptr, h_ptr, gu_ptr, d_p
         # gate_up: gu = Wgu @ rmsnorm(r + h)
         rstd = _rstd(r_ptr, hp, eps, H)
         _product(pid, wgu, H, n_gu, gup, hp, r_ptr, nw_ptr, rstd, w_first, w_second, NPROG, False, INTER, BN, BK,
-                 DEPTH, PF, SYNC_ONLY, EVICT)  # fmt: skip
+                 DEPTH, PF, SYNC_ONLY, EVICT, STAGES)  # fmt: skip
         u0, u1 = _units(pid, NPROG, n_d)
         w_first = _tile(wd, INTER, u0, u1, BN, BK)
         w_second = _tile(wd, INTER, u0 + DEPTH - 1, u1, BN, BK)
@@ -209,7 +225,7 @@ def _mlp_chain_kernel(wo_ptr, wgu_ptr, wd_ptr, r_ptr, nw_ptr, h_ptr, gu_ptr, d_p
         _barrier(cnt_ptr, err_ptr, target + 2 * NPROG)
         # down: d = Wd @ (silu(gate) * up)
         _product(pid, wd, INTER, n_d, dp, gup, r_ptr, nw_ptr, 0.0, w_first, w_second, NPROG, True, INTER, BN, BK,
-                 DEPTH, PF, SYNC_ONLY, EVICT)  # fmt: skip
+                 DEPTH, PF, SYNC_ONLY, EVICT, STAGES)  # fmt: skip
         nxt = wo_ptr + tl.minimum(lay + 1, L - 1) * H * H
         u0, u1 = _units(pid, NPROG, n_o)
         w_first = _tile(nxt, H, u0, u1, BN, BK)
@@ -230,6 +246,7 @@ class Chain:
         self.hidden, self.inter = wo.shape[1], wd.shape[2]
         per_sm = cfg[6] if len(cfg) > 6 else 1  # programs per SM (all must be resident at once)
         self.evict = bool(cfg[7]) if len(cfg) > 7 else False  # weights loaded evict-first
+        self.stages = cfg[8] if len(cfg) > 8 else 2  # with depth 0: Triton pipelines the loads this deep
         self.cooperative = cooperative
         self.nprog = nprog or per_sm * torch.cuda.get_device_properties(dev).multi_processor_count
         self.h = torch.zeros(2, self.hidden, device=dev)
@@ -250,7 +267,7 @@ class Chain:
                                          self.cnt, self.err, layers, EPS, H=self.hidden, INTER=self.inter,
                                          NPROG=self.nprog, BN=self.bn, BK=self.bk, ZB=self.zb,
                                          DEPTH=self.depth, PF=self.pf, SYNC_ONLY=self.sync_only,
-                                         EVICT=self.evict, num_warps=self.warps,
+                                         EVICT=self.evict, STAGES=self.stages, num_warps=self.warps,
                                          **({"launch_cooperative_grid": True} if self.cooperative else {}))  # fmt: skip
         return self.d[(layers - 1) % 2]
 
