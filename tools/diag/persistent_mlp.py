@@ -171,6 +171,20 @@ def _product(pid, w_ptr, K, n_units, out_ptr, xa_ptr, r_ptr, nw_ptr, rstd, w_fir
 
 
 @triton.jit
+def _load_ahead_then_wait(pid, w, K, n_units, cnt_ptr, err_ptr, target, NPROG: tl.constexpr, BN: tl.constexpr,
+                          BK: tl.constexpr, DEPTH: tl.constexpr, PF: tl.constexpr):  # fmt: skip
+    """Load this program's first tiles of the next product's weights (nothing writes them), ask
+    L2 for PF more, then wait at the barrier for target arrivals. -> the tiles."""
+    u0, u1 = _units(pid, NPROG, n_units)
+    w_first = _tile(w, K, u0, u1, BN, BK)
+    w_second = _tile(w, K, u0 + DEPTH - 1, u1, BN, BK)
+    if PF > 0:
+        _prefetch_tiles(w, K, u0 + 1, u1, BN, BK, PF)
+    _barrier(cnt_ptr, err_ptr, target)
+    return w_first, w_second
+
+
+@triton.jit
 def _zero(ptr, n, pid, ZB: tl.constexpr):
     offs = pid * ZB + tl.arange(0, ZB)
     tl.store(ptr + offs, tl.zeros([ZB], dtype=tl.float32), mask=offs < n)
@@ -203,12 +217,8 @@ def _mlp_chain_kernel(wo_ptr, wgu_ptr, wd_ptr, r_ptr, nw_ptr, h_ptr, gu_ptr, d_p
         rstd = _rstd(r_ptr, din, eps, H)
         _product(pid, wo, H, n_o, hp, din, r_ptr, nw_ptr, rstd, w_first, w_second, NPROG, False, INTER, BN, BK,
                  DEPTH, PF, SYNC_ONLY, EVICT, STAGES)  # fmt: skip
-        u0, u1 = _units(pid, NPROG, n_gu)
-        w_first = _tile(wgu, H, u0, u1, BN, BK)
-        w_second = _tile(wgu, H, u0 + DEPTH - 1, u1, BN, BK)
-        if PF > 0:
-            _prefetch_tiles(wgu, H, u0 + 1, u1, BN, BK, PF)
-        _barrier(cnt_ptr, err_ptr, target + NPROG)
+        w_first, w_second = _load_ahead_then_wait(pid, wgu, H, n_gu, cnt_ptr, err_ptr, target + NPROG, NPROG,
+                                                  BN, BK, DEPTH, PF)  # fmt: skip
         # the other parity's accumulators are read by now: zero them for the next layer
         _zero(d_ptr + (1 - p) * H, H, pid, ZB)
         _zero(h_ptr + (1 - p) * H, H, pid, ZB)
@@ -217,22 +227,14 @@ def _mlp_chain_kernel(wo_ptr, wgu_ptr, wd_ptr, r_ptr, nw_ptr, h_ptr, gu_ptr, d_p
         rstd = _rstd(r_ptr, hp, eps, H)
         _product(pid, wgu, H, n_gu, gup, hp, r_ptr, nw_ptr, rstd, w_first, w_second, NPROG, False, INTER, BN, BK,
                  DEPTH, PF, SYNC_ONLY, EVICT, STAGES)  # fmt: skip
-        u0, u1 = _units(pid, NPROG, n_d)
-        w_first = _tile(wd, INTER, u0, u1, BN, BK)
-        w_second = _tile(wd, INTER, u0 + DEPTH - 1, u1, BN, BK)
-        if PF > 0:
-            _prefetch_tiles(wd, INTER, u0 + 1, u1, BN, BK, PF)
-        _barrier(cnt_ptr, err_ptr, target + 2 * NPROG)
+        w_first, w_second = _load_ahead_then_wait(pid, wd, INTER, n_d, cnt_ptr, err_ptr, target + 2 * NPROG,
+                                                  NPROG, BN, BK, DEPTH, PF)  # fmt: skip
         # down: d = Wd @ (silu(gate) * up)
         _product(pid, wd, INTER, n_d, dp, gup, r_ptr, nw_ptr, 0.0, w_first, w_second, NPROG, True, INTER, BN, BK,
                  DEPTH, PF, SYNC_ONLY, EVICT, STAGES)  # fmt: skip
         nxt = wo_ptr + tl.minimum(lay + 1, L - 1) * H * H
-        u0, u1 = _units(pid, NPROG, n_o)
-        w_first = _tile(nxt, H, u0, u1, BN, BK)
-        w_second = _tile(nxt, H, u0 + DEPTH - 1, u1, BN, BK)
-        if PF > 0:
-            _prefetch_tiles(nxt, H, u0 + 1, u1, BN, BK, PF)
-        _barrier(cnt_ptr, err_ptr, target + 3 * NPROG)
+        w_first, w_second = _load_ahead_then_wait(pid, nxt, H, n_o, cnt_ptr, err_ptr, target + 3 * NPROG, NPROG,
+                                                  BN, BK, DEPTH, PF)  # fmt: skip
 
 
 class Chain:
