@@ -22,7 +22,7 @@ A config is BN x BK x warps [x depth (1, 2) x tiles prefetched into L2 ahead x 1
 barriers and norms alone, no products x programs per SM x 1 for weights loaded evict-first x
 stages]. Depth 0 leaves the loads' pipelining to Triton (tl.range's num_stages = stages).
 --cooperative launches the grid cooperatively: CUDA then refuses a grid that cannot all be
-resident, instead of leaving its barriers waiting.
+resident, instead of leaving its barriers waiting. Figures: docs/benchmarks.md, r83–r92.
 """
 
 from __future__ import annotations
