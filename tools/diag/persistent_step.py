@@ -12,9 +12,10 @@ after each (kernels of persistent_mlp.py: the tiles, the barrier, the zeroing):
   E  RMSNorm of (residual + o's output), the gate_up product
   F  the residual updated; SiLU-mul on the fly, the down product
 Products accumulate in float32 with atomics, their input made on the fly as in
-persistent_mlp.py; Triton pipelines the weight loads. The cache is [layers, context, KV heads,
-head dim] for the one request (the engine's pool would add a gather through the request's
-table). The LM head (cuBLAS, with the final norm) is timed apart, in a graph.
+persistent_mlp.py; Triton pipelines the weight loads. The KV pool is [layers, rows, KV heads,
+head dim], the engine's per-layer pools stacked; the request's tokens sit at the pool rows its
+table row names, scattered. The LM head (cuBLAS, with the final norm) is timed apart, in a
+graph.
 
 It prints the kernel's ms for 32 layers, the LM head's, their sum next to the batch-1 target
 (4.2 ms), and the kernel's error against float64 torch on two layers. GPU only, one program an
@@ -93,9 +94,11 @@ def _add_into(dst_ptr, src_ptr, n, pid, ZB: tl.constexpr):
 
 
 @triton.jit
-def _attend_split(item, lay, qkv_ptr, kc_ptr, vc_ptr, cs_ptr, pm_ptr, pl_ptr, pacc_ptr, pos, T, CTX, scale,
-                  HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, S: tl.constexpr, BT: tl.constexpr):  # fmt: skip
-    """One (KV head, split) of attention for the one request at position pos (the new token)."""
+def _attend_split(item, lay, qkv_ptr, kc_ptr, vc_ptr, slot_ptr, cs_ptr, pm_ptr, pl_ptr, pacc_ptr, pos, T, ROWS,
+                  scale, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
+                  BT: tl.constexpr):  # fmt: skip
+    """One (KV head, split) of attention for the one request at position pos (the new token).
+    Token t's K and V are in pool row slot[t] of the layer's ROWS rows, as in the engine's pool."""
     G: tl.constexpr = HQ // HKV
     HALF: tl.constexpr = D // 2
     g = item // S
@@ -119,7 +122,8 @@ def _attend_split(item, lay, qkv_ptr, kc_ptr, vc_ptr, cs_ptr, pm_ptr, pl_ptr, pa
     k1r = k1 * c - k2 * sn
     k2r = k2 * c + k1 * sn
     vn = tl.load(qkv_ptr + vb + dd, cache_modifier=".cg")
-    rows = (lay * CTX + offs_t) * (HKV * D) + g * D  # int64: lay is
+    slots = tl.load(slot_ptr + offs_t, mask=cached, other=0)
+    rows = (lay * ROWS + slots) * (HKV * D) + g * D  # int64: lay is
     cm = cached[:, None] & (hd[None, :] >= 0)
     kk1 = tl.load(kc_ptr + rows[:, None] + hd[None, :], mask=cm, other=0.0).to(tl.float32)
     kk2 = tl.load(kc_ptr + rows[:, None] + HALF + hd[None, :], mask=cm, other=0.0).to(tl.float32)
@@ -139,7 +143,7 @@ def _attend_split(item, lay, qkv_ptr, kc_ptr, vc_ptr, cs_ptr, pm_ptr, pl_ptr, pa
     tl.store(pl_ptr + idx, tl.sum(p, axis=1) + p_new)
     tl.store(pacc_ptr + idx[:, None] * D + dd[None, :], acc)
     if (pos >= t0) & (pos < t0 + T):  # this split holds the new token: store its k and v
-        nrow = (lay * CTX + pos) * (HKV * D) + g * D
+        nrow = (lay * ROWS + tl.load(slot_ptr + pos)) * (HKV * D) + g * D
         tl.store(kc_ptr + nrow + hd, k1r.to(kc_ptr.dtype.element_ty))
         tl.store(kc_ptr + nrow + HALF + hd, k2r.to(kc_ptr.dtype.element_ty))
         tl.store(vc_ptr + nrow + dd, vn.to(vc_ptr.dtype.element_ty))
@@ -158,9 +162,9 @@ def _combine(hq, pm_ptr, pl_ptr, pacc_ptr, ao_ptr, D: tl.constexpr, S: tl.conste
 
 
 @triton.jit
-def _step_kernel(wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, an_ptr, mn_ptr, kc_ptr, vc_ptr, cs_ptr, resid_ptr, d_ptr,
-                 qkv_ptr, pm_ptr, pl_ptr, pacc_ptr, ao_ptr, h_ptr, gu_ptr, cnt_ptr, err_ptr, L, pos, T, CTX, eps,
-                 scale, H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
+def _step_kernel(wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, an_ptr, mn_ptr, kc_ptr, vc_ptr, slot_ptr, cs_ptr, resid_ptr,
+                 d_ptr, qkv_ptr, pm_ptr, pl_ptr, pacc_ptr, ao_ptr, h_ptr, gu_ptr, cnt_ptr, err_ptr, L, pos, T, ROWS,
+                 eps, scale, H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
                  S: tl.constexpr, BT: tl.constexpr, NPROG: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  STAGES: tl.constexpr, ZB: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
@@ -181,8 +185,8 @@ def _step_kernel(wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, an_ptr, mn_ptr, kc_ptr, vc_p
         _add_into(resid_ptr, d_ptr, H, pid, ZB)
         _zero(gu_ptr, 2 * INTER, pid, ZB)
         for item in range(pid, HKV * S, NPROG):
-            _attend_split(item, lay, qkv_ptr, kc_ptr, vc_ptr, cs_ptr, pm_ptr, pl_ptr, pacc_ptr, pos, T, CTX, scale,
-                          HQ, HKV, D, S, BT)  # fmt: skip
+            _attend_split(item, lay, qkv_ptr, kc_ptr, vc_ptr, slot_ptr, cs_ptr, pm_ptr, pl_ptr, pacc_ptr, pos, T,
+                          ROWS, scale, HQ, HKV, D, S, BT)  # fmt: skip
         _barrier(cnt_ptr, err_ptr, base + 2 * NPROG)
         # C: the splits combined; qkv's sums zeroed for the next layer
         for hq in range(pid, HQ, NPROG):
@@ -242,16 +246,18 @@ class Step:
         self.err = torch.zeros(1, dtype=torch.int32, device=dev)
         self.zb = triton.next_power_of_2(-(-2 * self.inter // self.nprog))
 
-    def __call__(self, x: torch.Tensor, cos_sin: torch.Tensor, pos: int, layers: int) -> torch.Tensor:
-        """x [H] (the token's embedding), cos_sin [D] (cos | sin at pos) -> the residual after
-        the last layer [H] float32. Stores each layer's new k and v at pos in the caches."""
+    def __call__(self, x: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor, pos: int,
+                 layers: int) -> torch.Tensor:  # fmt: skip
+        """x [H] (the token's embedding), cos_sin [D] (cos | sin at pos), slots [>= pos + 1] int32
+        (the request's table row: token t's pool row) -> the residual after the last layer [H]
+        float32. Stores each layer's new k and v in pool row slots[pos]."""
         for t in (self.dbuf, self.qkv, self.h, self.gu, self.cnt):
             t.zero_()
         self.resid.copy_(x)
         tokens = -(-(pos + 1) // self.splits)
         _step_kernel[(self.nprog,)](
             self.w.qkv, self.w.o, self.w.gate_up, self.w.down, self.w.attn_norm, self.w.mlp_norm, self.kc, self.vc,
-            cos_sin, self.resid, self.dbuf, self.qkv, self.pm, self.pl, self.pacc, self.ao, self.h, self.gu,
+            slots, cos_sin, self.resid, self.dbuf, self.qkv, self.pm, self.pl, self.pacc, self.ao, self.h, self.gu,
             self.cnt, self.err, layers, pos, tokens, self.kc.shape[1], EPS, self.d**-0.5, H=self.hidden,
             HQ=self.w.hq, HKV=self.w.hkv, D=self.d, INTER=self.inter, S=self.splits,
             BT=triton.next_power_of_2(tokens), NPROG=self.nprog, BN=self.bn, BK=self.bk, STAGES=self.stages,
@@ -260,7 +266,8 @@ class Step:
         return self.resid + self.dbuf
 
 
-def reference(w: Weights, kc: torch.Tensor, vc: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor, pos: int,
+def reference(w: Weights, kc: torch.Tensor, vc: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor,
+              slots: torch.Tensor, pos: int,
               layers: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:  # fmt: skip
     """float64: -> (the residual after the layers, each layer's new (k, v) [HKV, D])."""
     d_, half, g = kc.shape[3], kc.shape[3] // 2, w.hq // w.hkv
@@ -280,8 +287,9 @@ def reference(w: Weights, kc: torch.Tensor, vc: torch.Tensor, x: torch.Tensor, c
         k = rot(qkv[w.hq * d_ : (w.hq + w.hkv) * d_].view(w.hkv, d_))
         v = qkv[(w.hq + w.hkv) * d_ :].view(w.hkv, d_)
         new.append((k, v))
-        keys = torch.cat([kc[i, :pos].double(), k[None]]).repeat_interleave(g, dim=1)  # [pos + 1, HQ, D]
-        vals = torch.cat([vc[i, :pos].double(), v[None]]).repeat_interleave(g, dim=1)
+        rows = slots[:pos].long()
+        keys = torch.cat([kc[i, rows].double(), k[None]]).repeat_interleave(g, dim=1)  # [pos + 1, HQ, D]
+        vals = torch.cat([vc[i, rows].double(), v[None]]).repeat_interleave(g, dim=1)
         p = torch.einsum("hd,thd->ht", q, keys).mul(d_**-0.5).softmax(-1)
         r = r + w.o[i].double() @ torch.einsum("ht,thd->hd", p, vals).reshape(-1)
         gu = w.gate_up[i].double() @ norm(r, w.mlp_norm[i])
@@ -320,8 +328,10 @@ def main() -> None:
     dev, bf, layers, pos = torch.device("cuda"), torch.bfloat16, 32, args.context - 1
     hidden, hq, hkv, d, inter, vocab = 4096, 32, 8, 128, 14336, 128256
     w = random_weights(layers, hidden, hq, hkv, d, inter, bf, dev)
-    kc = torch.randn(layers, args.context, hkv, d, device=dev).to(bf)
-    vc = torch.randn(layers, args.context, hkv, d, device=dev).to(bf)
+    rows = 4 * args.context  # a pool larger than the request, its slots scattered over it
+    kc = torch.randn(layers, rows, hkv, d, device=dev).to(bf)
+    vc = torch.randn(layers, rows, hkv, d, device=dev).to(bf)
+    slots = torch.randperm(rows, device=dev)[: args.context].to(torch.int32)
     theta = pos / 500000.0 ** (torch.arange(0, d, 2, device=dev).float() / d)
     cos_sin = torch.cat([theta.cos(), theta.sin()])
     x = torch.randn(hidden, device=dev)
@@ -340,17 +350,18 @@ def main() -> None:
     floor_ms = 1000 * (layers * (weight_bytes + kv_bytes) + lm.numel() * 2) / copy
     print(json.dumps({"copy_GBps": copy / 1e9, "layers_floor_ms": 1000 * layers * (weight_bytes + kv_bytes) / copy,
                       "step_floor_ms": floor_ms, "lm_head_ms": head_ms}), flush=True)  # fmt: skip
-    k_before, v_before = kc[:2, pos].clone(), vc[:2, pos].clone()
-    ref, new = reference(w, kc, vc, x, cos_sin, pos, 2)
+    new_row = int(slots[pos])
+    k_before, v_before = kc[:2, new_row].clone(), vc[:2, new_row].clone()
+    ref, new = reference(w, kc, vc, x, cos_sin, slots, pos, 2)
     for spec in args.configs.split(","):
         cfg = tuple(int(v) for v in spec.split("x"))
         step = Step(w, kc, vc, cfg, args.splits, cooperative=True)  # type: ignore[arg-type]
-        kc[:2, pos], vc[:2, pos] = k_before, v_before
-        got = step(x, cos_sin, pos, 2)
+        kc[:2, new_row], vc[:2, new_row] = k_before, v_before
+        got = step(x, cos_sin, slots, pos, 2)
         torch.cuda.synchronize()
         err = ((got.double() - ref).norm() / ref.norm()).item()
-        k_err = max(((kc[i, pos].double() - new[i][0]).abs().max().item()) for i in range(2))
-        ms = graph_ms(lambda step=step: step(x, cos_sin, pos, layers), 10)
+        k_err = max(((kc[i, new_row].double() - new[i][0]).abs().max().item()) for i in range(2))
+        ms = graph_ms(lambda step=step: step(x, cos_sin, slots, pos, layers), 10)
         print(json.dumps({"config": spec, "layers_ms": ms, "step_estimate_ms": ms + head_ms, "target_ms": 4.2,
                           "rel_err_2_layers": err, "new_k_max_abs_err": k_err,
                           "barrier_timeouts": int(step.err.item())}), flush=True)  # fmt: skip
