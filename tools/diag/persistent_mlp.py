@@ -95,9 +95,39 @@ def _prefetch_tiles(w_ptr, K, u, u_end, BN: tl.constexpr, BK: tl.constexpr, PF: 
 
 @triton.jit
 def _rstd(r_ptr, v_ptr, eps, H: tl.constexpr):
+    """1 / rms(r + v), both read from L2 (.cg): either may be written by other SMs in this launch."""
     offs = tl.arange(0, H)
-    x = tl.load(r_ptr + offs).to(tl.float32) + tl.load(v_ptr + offs, cache_modifier=".cg")
+    x = tl.load(r_ptr + offs, cache_modifier=".cg").to(tl.float32) + tl.load(v_ptr + offs, cache_modifier=".cg")
     return 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
+
+
+@triton.jit
+def _gemv(pid, w_ptr, K, n_units, out_ptr, xa_ptr, r_ptr, nw_ptr, rstd, NPROG: tl.constexpr, MODE: tl.constexpr,
+          INTER: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
+          EVICT: tl.constexpr):  # fmt: skip
+    """out += w @ x over this program's run of tiles, Triton pipelining the weight loads STAGES
+    deep; x = (r + xa) * rstd * nw (MODE 0), silu(xa[:INTER]) * xa[INTER:] (1) or xa (2). What
+    this launch writes is read with .cg (L2), since L1 does not see other SMs' writes."""
+    u0, u1 = _units(pid, NPROG, n_units)
+    upr = K // BK
+    lanes = tl.arange(0, BN)
+    acc = tl.zeros([BN, BK], dtype=tl.float32)
+    for u in tl.range(u0, u1, num_stages=STAGES):
+        w = _tile(w_ptr, K, u, u1, BN, BK, EVICT)
+        ks = (u % upr) * BK + tl.arange(0, BK)
+        a = tl.load(xa_ptr + ks, cache_modifier=".cg")
+        if MODE == 1:
+            b = tl.load(xa_ptr + INTER + ks, cache_modifier=".cg")
+            x = a / (1.0 + tl.exp(-a)) * b
+        elif MODE == 0:
+            r = tl.load(r_ptr + ks, cache_modifier=".cg").to(tl.float32)
+            x = (a + r) * rstd * tl.load(nw_ptr + ks).to(tl.float32)
+        else:
+            x = a
+        acc += w.to(tl.float32) * x[None, :]
+        if ((u + 1) == u1) | ((u + 1) % upr == 0):  # the row tile's last tile in this run
+            tl.atomic_add(out_ptr + (u // upr) * BN + lanes, tl.sum(acc, axis=1), sem="relaxed")
+            acc = tl.zeros([BN, BK], dtype=tl.float32)
 
 
 @triton.jit
@@ -134,17 +164,8 @@ def _product(pid, w_ptr, K, n_units, out_ptr, xa_ptr, r_ptr, nw_ptr, rstd, w_fir
     lanes = tl.arange(0, BN)
     acc = tl.zeros([BN, BK], dtype=tl.float32)
     if DEPTH == 0:  # Triton's own pipelining of the loads, STAGES deep
-        for u in tl.range(u0, u1, num_stages=STAGES):
-            w = _tile(w_ptr, K, u, u1, BN, BK, EVICT)
-            a, b, c = _x_in(u, u1, K, xa_ptr, r_ptr, nw_ptr, SILU, INTER, BK)
-            if SILU:
-                x = a / (1.0 + tl.exp(-a)) * b
-            else:
-                x = (a + b) * rstd * c
-            acc += w.to(tl.float32) * x[None, :]
-            if ((u + 1) == u1) | ((u + 1) % upr == 0):
-                tl.atomic_add(out_ptr + (u // upr) * BN + lanes, tl.sum(acc, axis=1), sem="relaxed")
-                acc = tl.zeros([BN, BK], dtype=tl.float32)
+        _gemv(pid, w_ptr, K, 0 if SYNC_ONLY else n_units, out_ptr, xa_ptr, r_ptr, nw_ptr, rstd, NPROG,
+              1 if SILU else 0, INTER, BN, BK, STAGES, EVICT)  # fmt: skip
     else:
         w_cur = w_first
         w_n1 = w_second

@@ -2,7 +2,7 @@
 
 persistent_mlp.py put the MLP halves of 32 layers in one launch. This puts whole layers in
 it, attention included, for one request: per layer, six phases with a grid-wide barrier
-after each (kernels of persistent_mlp.py: the tiles, the barrier, the zeroing):
+after each (persistent_mlp.py's products, norm, barrier and zeroing):
   A  RMSNorm of (residual + the last down output), the qkv product
   B  the residual updated; per (KV head, split of the context): rotary on q and the new k,
      scores against the cached keys and the new one, softmax partials; the new k and v
@@ -42,45 +42,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tools.diag.persistent_mlp import _barrier, _tile, _units, _zero
+from tools.diag.persistent_mlp import _barrier, _gemv, _rstd, _zero
 
 EPS = 1e-5
-NORM, SILU, PLAIN = 0, 1, 2  # how a product's input is made from what it reads
-
-
-@triton.jit
-def _rstd_cg(r_ptr, v_ptr, eps, H: tl.constexpr):
-    offs = tl.arange(0, H)
-    x = tl.load(r_ptr + offs, cache_modifier=".cg") + tl.load(v_ptr + offs, cache_modifier=".cg")
-    return 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
-
-
-@triton.jit
-def _gemv(pid, w_ptr, K, n_units, out_ptr, xa_ptr, r_ptr, nw_ptr, rstd, NPROG: tl.constexpr, MODE: tl.constexpr,
-          INTER: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
-    """out += w @ x over this program's run of tiles; x = (r + xa) * rstd * nw (NORM),
-    silu(xa[:INTER]) * xa[INTER:] (SILU) or xa (PLAIN). Everything written in this launch is
-    read with .cg (L2), since L1 does not see other SMs' writes."""
-    u0, u1 = _units(pid, NPROG, n_units)
-    upr = K // BK
-    lanes = tl.arange(0, BN)
-    acc = tl.zeros([BN, BK], dtype=tl.float32)
-    for u in tl.range(u0, u1, num_stages=STAGES):
-        w = _tile(w_ptr, K, u, u1, BN, BK, True)
-        ks = (u % upr) * BK + tl.arange(0, BK)
-        a = tl.load(xa_ptr + ks, cache_modifier=".cg")
-        if MODE == 1:
-            b = tl.load(xa_ptr + INTER + ks, cache_modifier=".cg")
-            x = a / (1.0 + tl.exp(-a)) * b
-        elif MODE == 0:
-            r = tl.load(r_ptr + ks, cache_modifier=".cg")
-            x = (a + r) * rstd * tl.load(nw_ptr + ks).to(tl.float32)
-        else:
-            x = a
-        acc += w.to(tl.float32) * x[None, :]
-        if ((u + 1) == u1) | ((u + 1) % upr == 0):  # the row tile's last tile in this run
-            tl.atomic_add(out_ptr + (u // upr) * BN + lanes, tl.sum(acc, axis=1), sem="relaxed")
-            acc = tl.zeros([BN, BK], dtype=tl.float32)
 
 
 @triton.jit
@@ -177,9 +141,9 @@ def _step_kernel(wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, an_ptr, mn_ptr, kc_ptr, vc_p
         base = layer * 6 * NPROG
         lay = tl.full([], 0, tl.int64) + layer
         # A: qkv = Wqkv @ rmsnorm(resid + d)
-        rstd = _rstd_cg(resid_ptr, d_ptr, eps, H)
+        rstd = _rstd(resid_ptr, d_ptr, eps, H)
         _gemv(pid, wqkv_ptr + lay * QKV * H, H, n_qkv, qkv_ptr, d_ptr, resid_ptr, an_ptr + lay * H, rstd, NPROG,
-              0, INTER, BN, BK, STAGES)  # fmt: skip
+              0, INTER, BN, BK, STAGES, True)  # fmt: skip
         _barrier(cnt_ptr, err_ptr, base + NPROG)
         # B: resid += d (d = 0 for the next down); gate_up's sums zeroed; attention's splits
         _add_into(resid_ptr, d_ptr, H, pid, ZB)
@@ -195,17 +159,17 @@ def _step_kernel(wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, an_ptr, mn_ptr, kc_ptr, vc_p
         _barrier(cnt_ptr, err_ptr, base + 3 * NPROG)
         # D: h = Wo @ attention's output
         _gemv(pid, wo_ptr + lay * H * HQ * D, HQ * D, n_o, h_ptr, ao_ptr, resid_ptr, mn_ptr, 0.0, NPROG, 2, INTER,
-              BN, BK, STAGES)  # fmt: skip
+              BN, BK, STAGES, True)  # fmt: skip
         _barrier(cnt_ptr, err_ptr, base + 4 * NPROG)
         # E: gu = Wgu @ rmsnorm(resid + h)
-        rstd = _rstd_cg(resid_ptr, h_ptr, eps, H)
+        rstd = _rstd(resid_ptr, h_ptr, eps, H)
         _gemv(pid, wgu_ptr + lay * 2 * INTER * H, H, n_gu, gu_ptr, h_ptr, resid_ptr, mn_ptr + lay * H, rstd, NPROG,
-              0, INTER, BN, BK, STAGES)  # fmt: skip
+              0, INTER, BN, BK, STAGES, True)  # fmt: skip
         _barrier(cnt_ptr, err_ptr, base + 5 * NPROG)
         # F: resid += h (h = 0); d = Wd @ (silu(gate) * up)
         _add_into(resid_ptr, h_ptr, H, pid, ZB)
         _gemv(pid, wd_ptr + lay * H * INTER, INTER, n_d, d_ptr, gu_ptr, resid_ptr, mn_ptr, 0.0, NPROG, 1, INTER,
-              BN, BK, STAGES)  # fmt: skip
+              BN, BK, STAGES, True)  # fmt: skip
         _barrier(cnt_ptr, err_ptr, base + 6 * NPROG)
 
 
