@@ -124,6 +124,9 @@ class WorkerConfig(CommonConfig):
     # steps with prompt tokens, up to this many tokens in all, replay CUDA graphs of everything but attention; 0: none
     # (one-GPU groups only, for now)
     cuda_graph_max_tokens: int = 2048
+    # decode graphs: time cuBLASLt's algorithms (and each without its split-K) beside PyTorch's matmul for each
+    # projection and bucket, and capture the fastest (services/worker/blas_choice.py); false: PyTorch's libraries only
+    gemm_search: bool = True
     random_weights: bool = False  # draw weights from a seed on the device (benchmarks: no checkpoint needed)
     warmup: bool = True  # on CUDA, run a few prompts before serving so no request waits for a compile
     tp: int = 1  # tensor-parallel ranks of this group: one process per GPU (gloo on the CPU)

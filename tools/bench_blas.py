@@ -22,28 +22,9 @@ if __package__ in (None, ""):
 
 import torch
 
-from services.worker.blas_choice import LIBRARIES, prefer
+from services.worker.blas_choice import LIBRARIES, graph_ms, prefer
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}  # [N, K]
-
-
-def graph_ms(fn, reps: int = 10) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def copy_gbps(reps: int = 10) -> float:

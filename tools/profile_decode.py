@@ -166,13 +166,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     ap.add_argument("--cases", default="1x1024,64x1024,256x1024")
     ap.add_argument("--prefills", default="1x209,4x209,1x1024", help="eager prefill batch x length, host-profiled")
+    ap.add_argument("--gemm-search", type=int, default=1, help="0: decode graphs use PyTorch's matmul libraries only")
     args = ap.parse_args(argv)
     cfg = ModelConfig.from_dict(SHAPES[args.shape])
     device = torch.device("cuda")
     weights = random_weights(cfg, torch.bfloat16, device)
     engine = build_engine(
-        WorkerConfig(model_dir="(random)", max_total_token_num=300_000, running_max_req_size=512), weights=weights,
-        model_cfg=cfg,
+        WorkerConfig(model_dir="(random)", max_total_token_num=300_000, running_max_req_size=512,
+                     gemm_search=bool(args.gemm_search)), weights=weights, model_cfg=cfg,
     )  # fmt: skip
     out = []
     for spec in filter(None, args.prefills.split(",")):
@@ -180,7 +181,13 @@ def main(argv: list[str] | None = None) -> None:
         out.append(_report(host_profile(engine, cfg, b, n), "top_host_functions_ms", 18))
     for spec in filter(None, args.cases.split(",")):
         b, c = (int(x) for x in spec.split("x"))
-        out.append(_report(profile_case(engine, cfg, b, c), "top_kernels_ms", 12))
+        row = _report(profile_case(engine, cfg, b, c), "top_kernels_ms", 12)
+        graphs = engine.runner.graphs
+        if graphs is not None:  # what each projection of this batch's bucket was captured with
+            bucket = next(bs for bs in graphs.buckets if bs >= b)
+            row["gemms"] = {k: v if isinstance(v, str) else v.describe() for k, v in graphs.blas[bucket].items()}
+            print(json.dumps({"batch": b, "gemms": row["gemms"]}), flush=True)
+        out.append(row)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
 

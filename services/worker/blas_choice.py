@@ -1,54 +1,84 @@
-"""Which BLAS library runs each projection of a captured decode step.
+"""What runs each projection of a captured decode step: PyTorch's matmul under cuBLAS or cuBLASLt,
+or one cuBLASLt algorithm called directly (cublaslt.py).
 
-PyTorch sends a bf16 matmul to cuBLAS unless told to prefer cuBLASLt, and the two pick
-different kernels for the skinny GEMMs of a decode step. Neither wins everywhere: on an
-H200 at the Llama-3-8B shape (docs/benchmarks.md, r15) cuBLASLt moved the down projection's
-weights 13 % faster at batch 64 and the o projection's 15 % faster at batch 32, while
-cuBLAS was ahead elsewhere. So each batch-size bucket times both libraries on each
-projection's real weights (every layer's, so the L2 cache cannot hold them) before its
-graph is captured, and the capture calls each projection under the faster one. The graph
+PyTorch sends a bf16 matmul to cuBLAS unless told to prefer cuBLASLt, and each library runs
+the first algorithm its heuristic names. For a decode step's skinny GEMMs that is often not
+the fastest: on an H200 at the Llama-3-8B shape, cuBLASLt moved the down projection's weights
+13 % faster than cuBLAS at batch 64 (docs/benchmarks.md, r15), and the heuristic's own
+algorithms with K left unsplit ran the o and down projections 1-2.5 µs faster at batches 1-16
+(r95), its split's separate reduce costing more than the split gains. So each batch-size
+bucket times the candidates on each projection's real weights (several layers', so the L2
+cache cannot hold them), each replayed from a CUDA graph as the step will be, before the
+bucket's graph is captured, and the capture runs each projection with the fastest. The graph
 keeps the kernels it recorded; eager steps use PyTorch's default.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
+from services.worker.cublaslt import Algo, CublasLt
+
 LIBRARIES = ("cublas", "cublaslt")
+Choice = str | Algo  # a library for PyTorch's matmul, or one cuBLASLt algorithm
+
+# another choice must beat PyTorch's default by this much: near ties stay with the default, so
+# timing noise cannot flip a bucket's choice from one start to the next
+MARGIN = 0.97
 
 
-def time_matmuls(x: torch.Tensor, weights: list[torch.Tensor], library: str, reps: int) -> float:
-    """Device ms for x @ w.t() over every w, preferring library, after one warm-up pass."""
-    with prefer(library):
-        for w in weights:
-            x @ w.t()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            for w in weights:
-                x @ w.t()
-        end.record()
+def graph_ms(fn: Callable[[], object], reps: int = 10) -> float:
+    """Device ms of one replay of a CUDA graph of fn (run once outside it first), over reps replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
     end.synchronize()
     return start.elapsed_time(end) / reps
 
 
-# cuBLASLt must win by this much: near ties stay with PyTorch's default, so timing noise
-# cannot flip a bucket's choice from one start to the next
-MARGIN = 0.97
+def choose(projections: dict[str, list[torch.Tensor]], batch: int, lt: CublasLt | None, layers: int = 8,
+           reps: int = 3) -> dict[str, Choice]:  # fmt: skip
+    """For each projection (name -> its weight [N, K] in every layer), what runs the GEMMs of a
+    [batch, K] input fastest over its first `layers` layers: a library, or (lt given) one of
+    lt.candidates. PyTorch's default (cuBLAS) unless another is at least 3 % faster."""
+    return {name: _fastest(weights[:layers], batch, lt, reps) for name, weights in projections.items()}
 
 
-def choose_libraries(projections: dict[str, list[torch.Tensor]], batch: int, reps: int = 5) -> dict[str, str]:
-    """For each projection (name -> its weight [N, K] in every layer), the library whose GEMMs
-    of a [batch, K] input run fastest."""
-    choice = {}
-    for name, weights in projections.items():
-        x = torch.randn(batch, weights[0].shape[1], dtype=weights[0].dtype, device=weights[0].device)
-        blas, lt = (time_matmuls(x, weights, lib, reps) for lib in LIBRARIES)
-        choice[name] = "cublaslt" if lt < MARGIN * blas else "cublas"
-    return choice
+def _fastest(ws: list[torch.Tensor], batch: int, lt: CublasLt | None, reps: int) -> Choice:
+    x = torch.randn(batch, ws[0].shape[1], dtype=ws[0].dtype, device=ws[0].device)
+    pairs = [(w, torch.empty(batch, w.shape[0], dtype=w.dtype, device=w.device)) for w in ws]
+    timed: list[tuple[float, Choice]] = []
+    for lib in LIBRARIES:
+        with prefer(lib):
+            timed.append((graph_ms(lambda: [torch.mm(x, w.t(), out=o) for w, o in pairs], reps), lib))
+    for algo in lt.candidates(x, *pairs[0]) if lt is not None else []:
+        timed.append((graph_ms(lambda a=algo: [lt.matmul(x, w, o, a) for w, o in pairs], reps), algo))
+    best_ms, best = min(timed, key=lambda t: t[0])
+    return best if best_ms < MARGIN * timed[0][0] else "cublas"
+
+
+def run(choice: Choice, lt: CublasLt | None, x: torch.Tensor, w: torch.Tensor,
+        out: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """x @ w.t() (into out when given) by what choice names."""
+    if isinstance(choice, Algo):
+        assert lt is not None, "a cuBLASLt algorithm was chosen without a handle to run it"
+        return lt.matmul(x, w, x.new_empty(x.shape[0], w.shape[0]) if out is None else out, choice)
+    with prefer(choice):
+        return x @ w.t() if out is None else torch.mm(x, w.t(), out=out)
 
 
 @contextlib.contextmanager

@@ -135,9 +135,8 @@ def build_model_stack(
     graphs = None
     if device.type == "cuda" and cfg.cuda_graph_max_bs > 0:
         max_bs = min(cfg.cuda_graph_max_bs, cfg.running_max_req_size)
-        graphs = DecodeGraphs(
-            model, table.table, cache.dummy_slot, table.dummy_row, max_total_len, buckets_up_to(max_bs), device
-        )
+        graphs = DecodeGraphs(model, table.table, cache.dummy_slot, table.dummy_row, max_total_len,
+                              buckets_up_to(max_bs), device, gemm_search=cfg.gemm_search)  # fmt: skip
     pieces = None
     # not yet under tensor parallelism: the pieces' collectives have not been run on two GPUs
     if device.type == "cuda" and cfg.cuda_graph_max_tokens > 0 and tp.size == 1:

@@ -5,7 +5,8 @@ cost about as much host time as the step takes on the device. Each bucket's forw
 captured once over static input buffers; a step copies its inputs into the buffers and
 replays the smallest bucket that holds it. Rows past the real batch are padding: they
 read and write only the pool's scratch slot through the table's scratch row. Before a
-bucket is captured, each projection's BLAS library is chosen by timing (blas_choice.py).
+bucket is captured, what runs each projection (a BLAS library, or one cuBLASLt algorithm) is
+chosen by timing (blas_choice.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import time
 
 import torch
 
-from services.worker.blas_choice import choose_libraries
+from services.worker.blas_choice import LIBRARIES, Choice, choose
+from services.worker.cublaslt import CublasLt
 from services.worker.forward_batch import ForwardBatch
 from services.worker.models.llama import LlamaModel
 
@@ -39,6 +41,7 @@ class DecodeGraphs:
         max_context: int,
         buckets: list[int],
         device: torch.device,
+        gemm_search: bool = True,
     ) -> None:
         self.model = model
         self.req_table = req_table
@@ -55,8 +58,9 @@ class DecodeGraphs:
         self.sample_index = torch.arange(n, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
-        self.blas: dict[int, dict[str, str]] = {}  # bucket -> projection -> library it was captured with
-        self._capture_all(device)
+        self.blas: dict[int, dict[str, Choice]] = {}  # bucket -> projection -> what it was captured with
+        self.lt: CublasLt | None = None
+        self._capture_all(device, gemm_search)
 
     def fits(self, batch_size: int) -> bool:
         return 0 < batch_size <= self.buckets[-1]
@@ -97,21 +101,22 @@ class DecodeGraphs:
             sample_index=self.sample_index[:bs],
         )
 
-    def _capture_all(self, device: torch.device) -> None:
+    def _capture_all(self, device: torch.device, gemm_search: bool) -> None:
         t0 = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device)
+        self.model.lt = self.lt = _cublaslt(device) if gemm_search else None  # kept while its graphs live
         for bs in reversed(self.buckets):  # largest first: the smaller ones reuse its memory
-            self.blas[bs] = self.model.blas = choose_libraries(self.model.projections(), bs)
+            self.blas[bs] = self.model.blas = choose(self.model.projections(), bs, self.lt)
             try:
                 self.graphs[bs] = self._capture(bs, pool, stream, device)
             finally:
                 self.model.blas = None
         torch.cuda.synchronize(device)
-        lt = sum(lib == "cublaslt" for choice in self.blas.values() for lib in choice.values())
-        total = sum(len(choice) for choice in self.blas.values())
-        log.info("captured %d decode graphs (batch %d..%d) in %.1fs; %d of %d projections on cuBLASLt",
-                 len(self.graphs), self.buckets[0], self.buckets[-1], time.perf_counter() - t0, lt, total)  # fmt: skip
+        kinds = [c if c in LIBRARIES else "algorithm" for choice in self.blas.values() for c in choice.values()]
+        log.info("captured %d decode graphs (batch %d..%d) in %.1fs; projections on cuBLAS %d, cuBLASLt %d, "
+                 "a cuBLASLt algorithm called directly %d", len(self.graphs), self.buckets[0], self.buckets[-1],
+                 time.perf_counter() - t0, *(kinds.count(k) for k in (*LIBRARIES, "algorithm")))  # fmt: skip
 
     def _capture(
         self, bs: int, pool: tuple[int, int], stream: torch.cuda.Stream, device: torch.device
@@ -126,3 +131,13 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=pool, stream=stream):
             self.logits[bs] = self.model.forward(batch)
         return graph
+
+
+def _cublaslt(device: torch.device) -> CublasLt | None:
+    """A cuBLASLt handle for the algorithm search, or None (PyTorch's libraries only) where the
+    library cannot be bound."""
+    try:
+        return CublasLt(device)
+    except (OSError, RuntimeError, AttributeError) as e:
+        log.warning("cuBLASLt algorithms will not be searched: %s", e)
+        return None

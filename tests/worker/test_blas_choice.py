@@ -1,12 +1,14 @@
-"""The BLAS library chosen per projection for captured decode steps. GPU only."""
+"""What runs each projection of a captured decode step (a BLAS library, or a cuBLASLt algorithm
+called directly), chosen by timing. GPU only."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from services.worker.blas_choice import LIBRARIES, choose_libraries, prefer, time_matmuls
+from services.worker.blas_choice import LIBRARIES, choose, prefer, run
 from services.worker.build import build_engine
+from services.worker.cublaslt import Algo, CublasLt
 from shared.config import WorkerConfig
 
 pytestmark = [
@@ -40,12 +42,26 @@ def test_a_graph_captured_under_cublaslt_computes_what_cublas_does() -> None:
     assert rel < 1e-2, rel
 
 
-def test_choose_libraries_times_both_and_names_one_per_projection() -> None:
-    weights = [torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
-    x = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16)
-    assert all(time_matmuls(x, weights, lib, reps=2) > 0 for lib in LIBRARIES)
-    choice = choose_libraries({"a": weights, "b": weights[:1]}, batch=8, reps=2)
-    assert set(choice) == {"a", "b"} and set(choice.values()) <= set(LIBRARIES)
+@pytest.mark.parametrize("batch", [1, 8, 64])
+def test_choose_names_a_library_or_an_algorithm_per_projection_and_it_computes_the_product(batch: int) -> None:
+    lt = CublasLt(torch.device("cuda"))
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    weights = [torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16, generator=g) * 512**-0.5 for _ in range(4)]
+    down = [torch.randn(512, 1536, device="cuda", dtype=torch.bfloat16, generator=g) * 1536**-0.5 for _ in range(4)]
+    choice = choose({"a": weights, "b": weights[:1], "down": down}, batch, lt, layers=4, reps=2)
+    assert set(choice) == {"a", "b", "down"}
+    for name, ws in (("a", weights), ("down", down)):
+        c = choice[name]
+        assert c in LIBRARIES or (isinstance(c, Algo) and c.shape[:3] == (ws[0].shape[0], batch, ws[0].shape[1]))
+        x = torch.randn(batch, ws[0].shape[1], device="cuda", dtype=torch.bfloat16, generator=g)
+        ref = x.float() @ ws[0].float().t()
+        got = run(c, lt, x, ws[0], None)
+        assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, (name, c)
+
+
+def test_without_a_cublaslt_handle_only_libraries_are_chosen() -> None:
+    weights = [torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    assert set(choose({"a": weights}, 8, None, reps=2).values()) <= set(LIBRARIES)
 
 
 def test_every_captured_bucket_records_its_choice(tiny_models: dict[str, str]) -> None:
@@ -53,8 +69,10 @@ def test_every_captured_bucket_records_its_choice(tiny_models: dict[str, str]) -
                        max_total_token_num=4096)  # fmt: skip
     graphs = build_engine(cfg).runner.graphs
     assert graphs is not None and sorted(graphs.blas) == graphs.buckets
+    assert graphs.lt is not None and graphs.model.lt is graphs.lt  # the graphs' algorithms run on its workspace
     for bs, choice in graphs.blas.items():
-        assert set(choice) == PROJECTIONS and set(choice.values()) <= set(LIBRARIES), (bs, choice)
+        assert set(choice) == PROJECTIONS, (bs, choice)
+        assert all(c in LIBRARIES or isinstance(c, Algo) for c in choice.values()), (bs, choice)
     assert graphs.model.blas is None  # eager forwards use PyTorch's default again
     del graphs
     torch.cuda.empty_cache()

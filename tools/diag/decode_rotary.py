@@ -23,6 +23,7 @@ if __package__ in (None, ""):
 import torch
 
 from services.worker.attention.triton_backend import FUSE_MAX_SPLITS
+from services.worker.blas_choice import graph_ms
 from services.worker.kernels.decode_attention import (
     SPLIT_TOKENS,
     NewTokens,
@@ -32,7 +33,6 @@ from services.worker.kernels.decode_attention import (
 )
 from services.worker.kernels.rotary_store import rotary_store_
 from services.worker.models.rope import cos_sin_table
-from tools.bench_blas import graph_ms
 from tools.diag.decode_small import HKV, HQ, LAYERS, D, layer_pools
 
 

@@ -22,8 +22,8 @@ if __package__ in (None, ""):
 
 import torch
 
+from services.worker.blas_choice import graph_ms
 from services.worker.kernels.decode_attention import MAX_SPLITS, decode_attention, decode_scratch
-from tools.bench_blas import graph_ms
 
 LAYERS, HQ, HKV, D = 32, 32, 8, 128
 

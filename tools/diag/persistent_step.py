@@ -282,7 +282,8 @@ def random_weights(layers: int, hidden: int, hq: int, hkv: int, d: int, inter: i
 
 
 def main() -> None:
-    from tools.bench_blas import copy_gbps, graph_ms
+    from services.worker.blas_choice import graph_ms
+    from tools.bench_blas import copy_gbps
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default="128x128x8x3,64x256x8x3")

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.attention.base import AttentionBackend
-from services.worker.blas_choice import prefer
+from services.worker.blas_choice import Choice, run
+from services.worker.cublaslt import CublasLt
 from services.worker.forward_batch import ForwardBatch
 from services.worker.ops import LayerOps
 from services.worker.parallel import TensorParallel
@@ -76,8 +77,10 @@ class LlamaModel:
         self.head_dim = cfg.head_dim
         self.q_size = self.q_heads * cfg.head_dim
         self.kv_size = self.kv_heads * cfg.head_dim
-        # projection name -> BLAS library, set while a decode graph is captured (blas_choice.py)
-        self.blas: dict[str, str] | None = None
+        # projection name -> what runs it, set while a decode graph is captured (blas_choice.py), and
+        # the cuBLASLt handle that runs a chosen algorithm
+        self.blas: dict[str, Choice] | None = None
+        self.lt: CublasLt | None = None
 
     def projections(self) -> dict[str, list[torch.Tensor]]:
         """Each projection's weights [N, K], one per layer (the LM head's once)."""
@@ -86,10 +89,9 @@ class LlamaModel:
         return out | {"lm_head": [self.w.lm_head]}
 
     def _proj(self, name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        if self.blas is None:  # eager steps: no context manager on the hot path
+        if self.blas is None:  # eager steps: nothing to look up on the hot path
             return _matmul(x, w, out)
-        with prefer(self.blas[name]):
-            return _matmul(x, w, out)
+        return run(self.blas[name], self.lt, x, w, out)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
