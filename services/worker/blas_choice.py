@@ -64,7 +64,7 @@ def _fastest(ws: list[torch.Tensor], batch: int, lt: CublasLt | None, reps: int)
     timed: list[tuple[float, Choice]] = []
     for lib in LIBRARIES:
         with prefer(lib):
-            timed.append((graph_ms(lambda: [torch.mm(x, w.t(), out=o) for w, o in pairs], reps), lib))
+            timed.append((graph_ms(lambda: [matmul(x, w, o) for w, o in pairs], reps), lib))
     for algo in lt.candidates(x, *pairs[0]) if lt is not None else []:
         timed.append((graph_ms(lambda a=algo: [lt.matmul(x, w, o, a) for w, o in pairs], reps), algo))
     best_ms, best = min(timed, key=lambda t: t[0])
@@ -78,7 +78,12 @@ def run(choice: Choice, lt: CublasLt | None, x: torch.Tensor, w: torch.Tensor,
         assert lt is not None, "a cuBLASLt algorithm was chosen without a handle to run it"
         return lt.matmul(x, w, x.new_empty(x.shape[0], w.shape[0]) if out is None else out, choice)
     with prefer(choice):
-        return x @ w.t() if out is None else torch.mm(x, w.t(), out=out)
+        return matmul(x, w, out)
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.t() (w stored [N, K]) by PyTorch, into out when given."""
+    return x @ w.t() if out is None else torch.mm(x, w.t(), out=out)
 
 
 @contextlib.contextmanager

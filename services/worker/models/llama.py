@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.attention.base import AttentionBackend
-from services.worker.blas_choice import Choice, run
+from services.worker.blas_choice import Choice, matmul, run
 from services.worker.cublaslt import CublasLt
 from services.worker.forward_batch import ForwardBatch
 from services.worker.ops import LayerOps
@@ -90,7 +90,7 @@ class LlamaModel:
 
     def _proj(self, name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.blas is None:  # eager steps: nothing to look up on the hot path
-            return _matmul(x, w, out)
+            return matmul(x, w, out)
         return run(self.blas[name], self.lt, x, w, out)
 
     @torch.inference_mode()
@@ -161,8 +161,3 @@ class LlamaModel:
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         a = self.ops.silu_mul(self._proj("gate_up", x, layer.gate_up))  # [T, I]
         return self.tp.all_reduce(self._proj("down", a, layer.down))
-
-
-def _matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    """x @ w.t() (w stored [N, K]), into out when given."""
-    return x @ w.t() if out is None else torch.mm(x, w.t(), out=out)
