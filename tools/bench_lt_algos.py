@@ -24,7 +24,7 @@ if __package__ in (None, ""):
 
 import torch
 
-from services.worker.blas_choice import graph_ms, prefer
+from services.worker.blas_choice import LIBRARIES, time_choice
 from services.worker.cublaslt import Algo, CublasLt
 from tools.bench_blas import SHAPES, copy_gbps
 
@@ -42,10 +42,8 @@ def time_projection(lt: CublasLt, x: torch.Tensor, ws: list[torch.Tensor], count
     pairs = list(zip(ws, outs, strict=True))
     ref = x @ ws[0].t()
     row: dict = {}
-    for lib in ("cublas", "cublaslt"):
-        with prefer(lib):
-            ms = graph_ms(lambda: [torch.mm(x, w.t(), out=o) for w, o in pairs])
-        row[f"{lib}_us"] = round(ms * 1000 / len(ws), 2)
+    for lib in LIBRARIES:
+        row[f"{lib}_us"] = round(time_choice(lib, lt, x, pairs, 10) * 1000 / len(ws), 2)
 
     def time_algos(algos: list[Algo]) -> tuple[list[dict], int]:
         timed, wrong = [], 0
@@ -54,7 +52,7 @@ def time_projection(lt: CublasLt, x: torch.Tensor, ws: list[torch.Tensor], count
                 if not close(lt.matmul(x, ws[0], outs[0], a), ref):
                     wrong += 1
                     continue
-                us = graph_ms(lambda a=a: [lt.matmul(x, w, o, a) for w, o in pairs], 5) * 1000 / len(ws)
+                us = time_choice(a, lt, x, pairs, 5) * 1000 / len(ws)
             except RuntimeError as e:  # an algorithm the call refuses: noted, not timed
                 timed.append({"algo": a.describe(), "error": str(e)})
                 continue

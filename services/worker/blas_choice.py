@@ -61,14 +61,17 @@ def choose(projections: dict[str, list[torch.Tensor]], batch: int, lt: CublasLt 
 def _fastest(ws: list[torch.Tensor], batch: int, lt: CublasLt | None, reps: int) -> Choice:
     x = torch.randn(batch, ws[0].shape[1], dtype=ws[0].dtype, device=ws[0].device)
     pairs = [(w, torch.empty(batch, w.shape[0], dtype=w.dtype, device=w.device)) for w in ws]
-    timed: list[tuple[float, Choice]] = []
-    for lib in LIBRARIES:
-        with prefer(lib):
-            timed.append((graph_ms(lambda: [matmul(x, w, o) for w, o in pairs], reps), lib))
-    for algo in lt.candidates(x, *pairs[0]) if lt is not None else []:
-        timed.append((graph_ms(lambda a=algo: [lt.matmul(x, w, o, a) for w, o in pairs], reps), algo))
+    choices: list[Choice] = [*LIBRARIES, *(lt.candidates(x, *pairs[0]) if lt is not None else [])]
+    timed = [(time_choice(c, lt, x, pairs, reps), c) for c in choices]
     best_ms, best = min(timed, key=lambda t: t[0])
     return best if best_ms < MARGIN * timed[0][0] else "cublas"
+
+
+def time_choice(choice: Choice, lt: CublasLt | None, x: torch.Tensor,
+                pairs: list[tuple[torch.Tensor, torch.Tensor]], reps: int) -> float:  # fmt: skip
+    """Device ms of x @ w.t() into o for every (w, o) of pairs, by what choice names, replayed from
+    a CUDA graph."""
+    return graph_ms(lambda: [run(choice, lt, x, w, o) for w, o in pairs], reps)
 
 
 def run(choice: Choice, lt: CublasLt | None, x: torch.Tensor, w: torch.Tensor,

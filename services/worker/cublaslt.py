@@ -28,7 +28,7 @@ _PREF_MAX_WORKSPACE_BYTES = 1  # cublasLtMatmulPreferenceAttributes_t
 # cublasLtMatmulAlgoConfigAttributes_t: (attribute, its size in bytes), to describe an algorithm
 _CONFIG = {"id": (0, 4), "tile": (1, 4), "splitk": (2, 4), "reduction": (3, 4), "swizzle": (4, 4),
            "custom": (5, 4), "stages": (6, 4), "inner": (7, 2), "cluster": (8, 2)}  # fmt: skip
-_CAP_SPLITK_SUPPORT, _CAP_REDUCTION_MASK, _CAP_TILE_IDS = 0, 1, 6  # cublasLtMatmulAlgoCapAttributes_t
+_CAP_SPLITK_SUPPORT, _CAP_TILE_IDS = 0, 6  # cublasLtMatmulAlgoCapAttributes_t
 _REDUCTION_COMPUTE_TYPE = 2  # cublasLtReductionScheme_t
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # split-K counts neighbours() tries
 CLUSTERS = (0, 2, 3, 4, 5, 6, 7, 8)  # cublasLtClusterShape_t: auto, 1x1, 2x1, 4x1, 1x2, 2x2, 4x2, 1x4
