@@ -127,6 +127,9 @@ class WorkerConfig(CommonConfig):
     # decode graphs: time cuBLASLt's algorithms (and each without its split-K) beside PyTorch's matmul for each
     # projection and bucket, and capture the fastest (services/worker/blas_choice.py); false: PyTorch's libraries only
     gemm_search: bool = True
+    # on CUDA, one GPU, a float KV pool and no QKV bias: fold each layer's norm weights into its QKV and gate|up
+    # weights, so a decode step runs no norm kernel in a layer (services/worker/models/fold.py); false: as loaded
+    fold_norms: bool = True
     random_weights: bool = False  # draw weights from a seed on the device (benchmarks: no checkpoint needed)
     warmup: bool = True  # on CUDA, run a few prompts before serving so no request waits for a compile
     tp: int = 1  # tensor-parallel ranks of this group: one process per GPU (gloo on the CPU)

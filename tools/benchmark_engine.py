@@ -95,6 +95,7 @@ def make_engine(args: argparse.Namespace) -> tuple[Engine, ModelConfig, Callable
         cuda_graph_max_bs=args.cuda_graph_max_bs,
         cuda_graph_max_tokens=args.cuda_graph_max_tokens,
         gemm_search=bool(args.gemm_search),
+        fold_norms=bool(args.fold_norms),
         tp=args.tp,
     )
     if args.tp > 1:
@@ -312,6 +313,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cuda-graph-max-bs", type=int, default=512)
     ap.add_argument("--cuda-graph-max-tokens", type=int, default=2048)
     ap.add_argument("--gemm-search", type=int, default=1, help="0: decode graphs use PyTorch's matmul libraries only")
+    ap.add_argument("--fold-norms", type=int, default=1, help="0: norms kept apart from the weights (no decode_folded)")
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--low-load-requests", type=int, default=20)
     ap.add_argument("--side-by-side", type=int, default=0, help="also run the first N requests alone (offline)")
@@ -343,7 +345,8 @@ def main(argv: list[str] | None = None) -> dict:
     t = time.perf_counter()
     engine, model_cfg, stop_group = make_engine(args)
     res["engine"] = {"build_s": time.perf_counter() - t, "kv_capacity_tokens": engine.kv.capacity,
-                     "shape": args.model_dir or args.shape, "gemm_search": bool(args.gemm_search)}  # fmt: skip
+                     "shape": args.model_dir or args.shape, "gemm_search": bool(args.gemm_search),
+                     "fold_norms": engine.runner.model.w.folded}  # fmt: skip
     if engine.device.type == "cuda":  # as the worker service does before it serves
         res["engine"]["warmup_s"] = warm_up(engine, model_cfg.vocab_size).seconds
     print("engine", json.dumps(res["engine"]), flush=True)

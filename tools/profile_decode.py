@@ -167,13 +167,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cases", default="1x1024,64x1024,256x1024")
     ap.add_argument("--prefills", default="1x209,4x209,1x1024", help="eager prefill batch x length, host-profiled")
     ap.add_argument("--gemm-search", type=int, default=1, help="0: decode graphs use PyTorch's matmul libraries only")
+    ap.add_argument("--fold-norms", type=int, default=1, help="0: norms kept apart from the weights (no decode_folded)")
     args = ap.parse_args(argv)
     cfg = ModelConfig.from_dict(SHAPES[args.shape])
     device = torch.device("cuda")
     weights = random_weights(cfg, torch.bfloat16, device)
     engine = build_engine(
         WorkerConfig(model_dir="(random)", max_total_token_num=300_000, running_max_req_size=512,
-                     gemm_search=bool(args.gemm_search)), weights=weights, model_cfg=cfg,
+                     gemm_search=bool(args.gemm_search), fold_norms=bool(args.fold_norms)), weights=weights,
+        model_cfg=cfg,
     )  # fmt: skip
     out = []
     for spec in filter(None, args.prefills.split(",")):

@@ -74,18 +74,22 @@ def time_choice(choice: Choice, lt: CublasLt | None, x: torch.Tensor,
     return graph_ms(lambda: [run(choice, lt, x, w, o) for w, o in pairs], reps)
 
 
-def run(choice: Choice, lt: CublasLt | None, x: torch.Tensor, w: torch.Tensor,
-        out: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
-    """x @ w.t() (into out when given) by what choice names."""
+def run(choice: Choice, lt: CublasLt | None, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None,
+        accumulate: bool = False) -> torch.Tensor:  # fmt: skip
+    """x @ w.t() (into out when given; accumulate: added to out) by what choice names."""
     if isinstance(choice, Algo):
         assert lt is not None, "a cuBLASLt algorithm was chosen without a handle to run it"
-        return lt.matmul(x, w, x.new_empty(x.shape[0], w.shape[0]) if out is None else out, choice)
+        return lt.matmul(x, w, x.new_empty(x.shape[0], w.shape[0]) if out is None else out, choice, accumulate)
     with prefer(choice):
-        return matmul(x, w, out)
+        return matmul(x, w, out, accumulate)
 
 
-def matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w.t() (w stored [N, K]) by PyTorch, into out when given."""
+def matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+    """x @ w.t() (w stored [N, K]) by PyTorch, into out when given; accumulate: out += x @ w.t(),
+    one GEMM with beta 1 (out's old value is read by the GEMM, not by a kernel of its own)."""
+    if accumulate:
+        assert out is not None, "accumulate needs out"
+        return out.addmm_(x, w.t())
     return x @ w.t() if out is None else torch.mm(x, w.t(), out=out)
 
 

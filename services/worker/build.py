@@ -13,6 +13,7 @@ from services.worker.engine import Engine
 from services.worker.kv_cache import KVCache, KVLayout
 from services.worker.kv_manager import KVManager
 from services.worker.model_runner import ModelRunner
+from services.worker.models.fold import fold_norms_
 from services.worker.models.llama import LlamaModel, ModelWeights
 from services.worker.models.loader import load_weights
 from services.worker.models.random_weights import random_weights
@@ -97,12 +98,16 @@ def build_model_stack(
     if weights is None:
         weights = load_weights(cfg.model_dir, model_cfg, dtype, device, tp)
     max_total_len = min(cfg.max_req_total_len or model_cfg.context_length, model_cfg.context_length)
+    quantized = cfg.kv_dtype == "int8"
+    if cfg.fold_norms and device.type == "cuda" and tp.size == 1 and not quantized and not model_cfg.qkv_bias:
+        fold_norms_(weights)
+        log.info("norms folded into the QKV and gate|up weights: decode steps run no norm kernel in a layer")
     layout = KVLayout(
         num_layers=model_cfg.num_layers,
         kv_heads=model_cfg.num_kv_heads // tp.size,
         head_dim=model_cfg.head_dim,
         dtype=dtype,
-        quantized=cfg.kv_dtype == "int8",
+        quantized=quantized,
     )
     # every rank holds the same token slots (its share of the heads of each): the smallest pool wins
     capacity = tp.agree_min(kv_capacity(cfg, layout, device), device)

@@ -132,7 +132,8 @@ class CublasLt:
         _check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._plans: dict[tuple, tuple[ctypes.c_void_p, ...]] = {}
-        self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self._alpha = self._one = ctypes.c_float(1.0)
+        self._zero = ctypes.c_float(0.0)  # beta: D = alpha A B + beta C, with C D
 
     def _plan(self, dtype: torch.dtype, shape: tuple[int, int, int, int, int, int]) -> tuple[ctypes.c_void_p, ...]:
         """(matmul descriptor, A, B, D layouts) for a dtype and column_major_shape's result."""
@@ -262,8 +263,10 @@ class CublasLt:
             )
         return config
 
-    def matmul(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, algo: Algo) -> torch.Tensor:
-        """out = x @ w.t() with this algorithm, on the current stream (capturable in a CUDA graph)."""
+    def matmul(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, algo: Algo,
+               accumulate: bool = False) -> torch.Tensor:  # fmt: skip
+        """out = x @ w.t() with this algorithm (accumulate: out += x @ w.t()), on the current
+        stream (capturable in a CUDA graph)."""
         if x.dtype != w.dtype or out.dtype != x.dtype:
             raise ValueError(f"one dtype expected, got x {x.dtype}, w {w.dtype}, out {out.dtype}")
         shape = column_major_shape(x, w, out)
@@ -273,7 +276,8 @@ class CublasLt:
         raw = self._raw(algo.words)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         _check(self.lib.cublasLtMatmul(self.handle, desc, ctypes.byref(self._alpha), w.data_ptr(), a, x.data_ptr(), b,
-                                       ctypes.byref(self._beta), out.data_ptr(), d, out.data_ptr(), d,
+                                       ctypes.byref(self._one if accumulate else self._zero), out.data_ptr(), d,
+                                       out.data_ptr(), d,
                                        ctypes.byref(raw), self.workspace.data_ptr(), WORKSPACE_BYTES,
                                        stream), "cublasLtMatmul")  # fmt: skip
         return out

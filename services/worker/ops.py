@@ -7,9 +7,29 @@ same with one fused Triton kernel per step on CUDA.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
+
+
+class RowNorm(NamedTuple):
+    """An RMSNorm left to the consumer of a product: the rows of src [T, H] (the residual stream)
+    whose inverse RMS, rsqrt(mean(src^2) + eps), scales each row of the product's output. With the
+    norm's weight folded into the weights the product reads src itself, so (src * r * g) @ W.t()
+    becomes r * (src @ (W * g).t()) and the norm costs no kernel of its own (models/fold.py)."""
+
+    src: torch.Tensor
+    eps: float
+
+    def inv_rms(self) -> torch.Tensor:
+        """-> [T, 1] float32."""
+        xf = self.src.float()
+        return torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def scale_rows(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """x [T, ...] times r [T, 1] (float32, broadcast over x's other dims), rounded to x's dtype."""
+    return (x.float() * r.view(r.shape[0], *([1] * (x.dim() - 1)))).to(x.dtype)
 
 
 class LayerOps(Protocol):
@@ -23,8 +43,9 @@ class LayerOps(Protocol):
         """Rotate q [T, Hq, D] and k [T, Hkv, D] in place; cos_sin [max_pos, D] (cos | sin)."""
         ...
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """[T, 2I] (gate | up) -> silu(gate) * up: [T, I]."""
+    def silu_mul(self, gate_up: torch.Tensor, norm: RowNorm | None = None) -> torch.Tensor:
+        """[T, 2I] (gate | up) -> silu(gate) * up: [T, I]; given norm, gate and up are first scaled
+        by its rows' inverse RMS (scale_rows)."""
         ...
 
 
@@ -53,6 +74,8 @@ class TorchOps:
             t[..., :half] = r1.to(t.dtype)
             t[..., half:] = r2.to(t.dtype)
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def silu_mul(self, gate_up: torch.Tensor, norm: RowNorm | None = None) -> torch.Tensor:
+        if norm is not None:
+            gate_up = scale_rows(gate_up, norm.inv_rms())
         half = gate_up.shape[-1] // 2
         return torch.nn.functional.silu(gate_up[..., :half]) * gate_up[..., half:]

@@ -15,12 +15,13 @@ from services.worker.kernels.decode_attention import (
 )
 from services.worker.kernels.launch import Launcher
 from services.worker.models.rope import cos_sin_table
-from services.worker.ops import TorchOps
+from services.worker.ops import RowNorm, TorchOps, scale_rows
 
 
 def _check(lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, quantized: bool, num_splits: int,
            device: torch.device, pooled, reference, tol, fused: bool = False, rotary: bool = False,
-           **config: int) -> None:  # fmt: skip
+           norm: bool = False, **config: int) -> None:  # fmt: skip
+    """norm (with rotary): the new tokens come with a RowNorm, whose factor scales q, k and v."""
     req = pooled(lens, hkv, d, dtype, quantized, device)
     bsz = len(lens)
     qkv = torch.randn(bsz, hq + 2 * hkv, d, device=device).to(dtype)
@@ -34,7 +35,11 @@ def _check(lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, quant
     scale = d**-0.5
     keys, values, rq, new = req.keys, req.values, q, None
     if rotary:  # the new tokens as projected: the kernel rotates q and k and stores k and v
-        new, rq, keys, values = _new_tokens(req, qkv, lens, hq, hkv)
+        row_norm = None
+        if norm:  # a residual whose rows' RMS runs from 0.2 to 5, 40 wide (the kernel reads it in pieces)
+            spread = torch.linspace(0.2, 5.0, bsz, device=device)[:, None]
+            row_norm = RowNorm((torch.randn(bsz, 40, device=device) * spread).to(dtype), 1e-5)
+        new, rq, keys, values = _new_tokens(req, qkv, lens, hq, hkv, row_norm)
     before = qkv.clone()
     # fused: the last split of each (request, KV head) combines them, counting here (left zero)
     counts = torch.zeros(bsz * hkv + 3, dtype=torch.int32, device=device) if fused else None
@@ -55,15 +60,20 @@ def _check(lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, quant
     if new is not None:  # each new token's k (rotated) and v went to its slot, and nothing else changed
         stored = new.slots[seq_lens > 0].long()
         torch.testing.assert_close(req.k_pool[stored], torch.stack([k[-1] for k in keys if len(k)]), **tol(dtype))
-        assert torch.equal(req.v_pool[stored], torch.stack([v[-1] for v in values if len(v)]))
+        stored_v = torch.stack([v[-1] for v in values if len(v)])
+        if norm:  # the kernel's inverse RMS, summed in its own order, may round a v differently
+            torch.testing.assert_close(req.v_pool[stored], stored_v, **tol(dtype))
+        else:
+            assert torch.equal(req.v_pool[stored], stored_v)
         assert req.k_pool[new.slots[seq_lens == 0].long()].isnan().all()
     if num_splits == 1:  # one split: stage 1 writes the output, and the scratch stays as it was
         assert mid_o.isnan().all() and mid_lse.isnan().all()
 
 
-def _new_tokens(req, qkv: torch.Tensor, lens: list[int], hq: int, hkv: int):
+def _new_tokens(req, qkv: torch.Tensor, lens: list[int], hq: int, hkv: int, norm: RowNorm | None = None):
     """Make each request's last token a new one: its pool slot emptied (NaN), its k and v the
-    unrotated qkv rows. -> (NewTokens, q rotated, the keys and values the kernel should see)."""
+    unrotated qkv rows (to be scaled by norm's factor first, given one). -> (NewTokens, q
+    rotated, the keys and values the kernel should see)."""
     device, d = qkv.device, qkv.shape[-1]
     cos_sin = cos_sin_table(d, 500000.0, {}, max(lens) + 8, device)
     positions = torch.tensor([max(n - 1, 0) for n in lens], dtype=torch.int64, device=device)
@@ -71,7 +81,10 @@ def _new_tokens(req, qkv: torch.Tensor, lens: list[int], hq: int, hkv: int):
     free = req.k_pool.flatten(1).isnan().all(1).nonzero()[0].to(torch.int32)  # a slot no request uses
     slots[torch.tensor(lens, device=device) == 0] = free  # an empty request's (never written)
     k_new, v_new = qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
-    rq, rk = qkv[:, :hq].clone(), k_new.clone()
+    rq, rk, rv = qkv[:, :hq].clone(), k_new.clone(), v_new
+    if norm is not None:
+        r = norm.inv_rms()
+        rq, rk, rv = scale_rows(rq, r), scale_rows(rk, r), scale_rows(v_new, r)
     TorchOps().rotary_(rq, rk, positions, cos_sin)
     keys, values = [], []
     for b, n in enumerate(lens):
@@ -79,8 +92,8 @@ def _new_tokens(req, qkv: torch.Tensor, lens: list[int], hq: int, hkv: int):
             req.k_pool[slots[b].long()] = float("nan")
             req.v_pool[slots[b].long()] = float("nan")
         keys.append(torch.cat([req.keys[b][: n - 1], rk[b : b + 1]]) if n else req.keys[b])
-        values.append(torch.cat([req.values[b][: n - 1], v_new[b : b + 1]]) if n else req.values[b])
-    return NewTokens(k_new, v_new, cos_sin, slots), rq, keys, values
+        values.append(torch.cat([req.values[b][: n - 1], rv[b : b + 1]]) if n else req.values[b])
+    return NewTokens(k_new, v_new, cos_sin, slots, norm), rq, keys, values
 
 
 # lengths around the CPU tile (16): a single token, a partial tile, several tiles
@@ -103,6 +116,27 @@ def test_decode_rotates_and_stores_the_new_tokens(hq: int, hkv: int, d: int, dty
     # the new token alone in its split (17 = one 16-token tile + 1), at the start of a context
     # (1), and an empty request whose slot must stay untouched
     _check([1, 17, 70, 0, 33], hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 2, 32), (2, 1, 64)])
+@pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, False), (3, True)])
+def test_decode_applies_a_folded_norm_to_the_new_tokens(hq: int, hkv: int, d: int, dtype: torch.dtype,
+                                                        num_splits: int, fused: bool, device, pooled, reference,
+                                                        tol) -> None:  # fmt: skip
+    _check([1, 17, 70, 0, 33], hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused, True,
+           norm=True)  # fmt: skip
+
+
+def test_decode_rejects_a_norm_of_other_rows(device, pooled) -> None:
+    req = pooled([3, 5], 1, 16, torch.float32, False, device)
+    qkv = torch.randn(2, 4, 16, device=device)
+    cos_sin = cos_sin_table(16, 10000.0, {}, 16, device)
+    slots = req.req_table[req.rows.long(), 0]
+    new = NewTokens(qkv[:, 2:3], qkv[:, 3:], cos_sin, slots, RowNorm(torch.randn(3, 8, device=device), 1e-5))
+    with pytest.raises(ValueError, match=r"new\.norm\.src must be"):
+        decode_attention(qkv[:, :2], req.k_pool, req.v_pool, req.req_table, req.rows,
+                         torch.tensor([3, 5], dtype=torch.int32, device=device), 0.25, 1, new=new)  # fmt: skip
 
 
 def test_decode_new_tokens_need_a_float_pool(device, pooled) -> None:
@@ -229,12 +263,14 @@ class _Keys:
 @pytest.mark.parametrize(
     ("graph_splits", "mixed_splits", "fused"), [(1, 1, False), (8, 3, True), (17, 12, False), (32, 9, False)]
 )
+@pytest.mark.parametrize("norm", [False, True])
 def test_steps_with_prompt_tokens_reuse_the_decode_graphs_kernels(hq: int, hkv: int, d: int, graph_splits: int,
-                                                                  mixed_splits: int, fused: bool,
+                                                                  mixed_splits: int, fused: bool, norm: bool,
                                                                   monkeypatch) -> None:  # fmt: skip
-    """A decode graph's call (new tokens rotated and stored in the kernel) and an eager one in a
-    step with prompt tokens (its decodes' q at an offset in the step's tokens, no new tokens, a
-    split count of its own) key the same compiled kernels: no compile while serving."""
+    """A decode graph's call (new tokens rotated and stored in the kernel, with the folded norm
+    or without) and an eager one in a step with prompt tokens (its decodes' q at an offset in
+    the step's tokens, no new tokens, a split count of its own) key the same compiled kernels:
+    no compile while serving."""
     import services.worker.kernels.decode_attention as da
 
     splits_rec, reduce_rec = _Keys(da._decode_split_kernel), _Keys(da._decode_reduce_kernel)
@@ -254,7 +290,8 @@ def test_steps_with_prompt_tokens_reuse_the_decode_graphs_kernels(hq: int, hkv: 
         q, k, v = rows_of_step[:, :hq], rows_of_step[:, hq : hq + hkv], rows_of_step[:, hq + hkv :]
         out = torch.empty_like(qkv[:, :hq])[first : first + bd]
         scratch = decode_scratch(bd, hq, d, splits, torch.device("cpu"))
-        new = NewTokens(k, v, cos_sin, torch.zeros(bd, dtype=torch.int32)) if rotary else None
+        row_norm = RowNorm(torch.zeros(bd, 4096, dtype=torch.bfloat16), 1e-5) if norm else None
+        new = NewTokens(k, v, cos_sin, torch.zeros(bd, dtype=torch.int32), row_norm) if rotary else None
         decode_attention(q, pool, pool, table, rows, lens, d**-0.5, splits, out=out, split_tokens=SPLIT_TOKENS,
                          mid_o=scratch[0], mid_lse=scratch[1], counts=counts, new=new)  # fmt: skip
 

@@ -11,7 +11,7 @@ from services.worker.forward_batch import ForwardBatch
 from services.worker.kernels.triton_ops import TritonOps
 from services.worker.kv_cache import KVCache, KVLayout
 from services.worker.models.rope import cos_sin_table
-from services.worker.ops import TorchOps
+from services.worker.ops import RowNorm, TorchOps
 
 LAYER = 1
 
@@ -141,10 +141,13 @@ def test_mixed_batch_llama3_8b(quantized: bool, tol, reference) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("quantized", [False, True])
-def test_decode_attend_rotates_stores_and_attends(dtype: torch.dtype, quantized: bool, device, tol) -> None:
+@pytest.mark.parametrize("folded", [False, True])
+def test_decode_attend_rotates_stores_and_attends(dtype: torch.dtype, quantized: bool, folded: bool, device,
+                                                  tol) -> None:  # fmt: skip
     """A decode-only step's q, k and v as projected: the Triton backend's kernel rotates, stores
     and attends at once (an int8 pool: rotary_store, then attend), as the base class's two steps
-    do on the torch backend."""
+    do on the torch backend. folded: the layer's norm folded into the QKV weights, its factor
+    applied to q, k and v first (in the kernel; an int8 pool: by the base class)."""
     hq, hkv, d = 4, 2, 32
     layout = KVLayout(num_layers=2, kv_heads=hkv, head_dim=d, dtype=dtype, quantized=quantized)
     capacity = sum(DECODES) + 11
@@ -155,13 +158,16 @@ def test_decode_attend_rotates_stores_and_attends(dtype: torch.dtype, quantized:
     cos_sin = cos_sin_table(d, 500000.0, {}, max(DECODES), device)
     qkv = torch.randn(batch.num_tokens, hq + 2 * hkv, d, device=device).to(dtype)
     ref_qkv = qkv.clone()
+    residual = (torch.randn(batch.num_tokens, 48, device=device) * 3).to(dtype)
+    norm = RowNorm(residual, 1e-5) if folded else None
 
     def views(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return x[:, :hq], x[:, hq : hq + hkv], x[:, hq + hkv :]
 
-    ref = TorchAttention(torch_cache, hq, d).decode_attend(LAYER, *views(ref_qkv), batch, cos_sin, TorchOps().rotary_)
+    ref = TorchAttention(torch_cache, hq, d).decode_attend(LAYER, *views(ref_qkv), batch, cos_sin, TorchOps().rotary_,
+                                                          norm=norm)  # fmt: skip
     out = TritonAttention(triton_cache, hq, d, max_decode_batch=len(DECODES)).decode_attend(
-        LAYER, *views(qkv), batch, cos_sin, TritonOps().rotary_
+        LAYER, *views(qkv), batch, cos_sin, TritonOps().rotary_, norm=norm
     )
     torch.testing.assert_close(out, ref, **tol(dtype))
     slots = batch.out_slots.long()

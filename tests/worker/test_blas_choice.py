@@ -76,3 +76,20 @@ def test_every_captured_bucket_records_its_choice(tiny_models: dict[str, str]) -
     assert graphs.model.blas is None  # eager forwards use PyTorch's default again
     del graphs
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_every_choice_adds_into_out_when_told_to_accumulate(batch: int) -> None:
+    """run(..., accumulate=True): out += x @ w.t() in one GEMM (beta 1), as the folded decode
+    step adds the o and down products into the residual, by a library and by each algorithm."""
+    lt = CublasLt(torch.device("cuda"))
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    x = torch.randn(batch, 1536, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(512, 1536, device="cuda", dtype=torch.bfloat16, generator=g) * 1536**-0.5
+    residual = torch.randn(batch, 512, device="cuda", dtype=torch.bfloat16, generator=g)
+    ref = residual.float() + x.float() @ w.float().t()
+    scratch = torch.empty(batch, 512, device="cuda", dtype=torch.bfloat16)
+    for c in (*LIBRARIES, *lt.candidates(x, w, scratch)):
+        out = residual.clone()
+        assert run(c, lt, x, w, out, accumulate=True).data_ptr() == out.data_ptr()
+        assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, c

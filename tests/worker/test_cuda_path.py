@@ -31,12 +31,16 @@ TOP1_INT8 = 0.97
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize(("graphs", "pieces", "budget"), [(512, 2048, 8192), (512, 2048, 16), (0, 0, 8192)])
+@pytest.mark.parametrize(
+    ("graphs", "pieces", "budget", "fold"),
+    [(512, 2048, 8192, True), (512, 2048, 16, True), (0, 0, 8192, True), (512, 2048, 8192, False)],
+)
 def test_tiny_fp32_greedy_equals_cpu_and_hf(
-    tiny_models: dict[str, str], arch: str, graphs: int, pieces: int, budget: int
+    tiny_models: dict[str, str], arch: str, graphs: int, pieces: int, budget: int, fold: bool
 ) -> None:
     """graphs: decode steps under CUDA graphs; pieces: steps with prompt tokens under piecewise
-    graphs; budget: prompt tokens per step (16: prompts in chunks, beside other requests' decodes)."""
+    graphs; budget: prompt tokens per step (16: prompts in chunks, beside other requests' decodes);
+    fold: the norms folded into the weights (llama; qwen2's QKV bias keeps them apart)."""
     model_dir = tiny_models[arch]
     tok = hf_reference.tokenizer(model_dir)
     texts = ["Hello world", "The quick brown fox jumps over the lazy dog. " * 5, "你好，世界！", "def f(x): return",
@@ -46,8 +50,10 @@ def test_tiny_fp32_greedy_equals_cpu_and_hf(
     # allocator keeps what a finished engine freed)
     cuda_cfg = WorkerConfig(model_dir=model_dir, device="cuda", dtype="float32", cuda_graph_max_bs=graphs,
                             cuda_graph_max_tokens=pieces, max_total_token_num=65536,
-                            batch_max_tokens=budget)  # fmt: skip
-    cuda = run(build_engine(cuda_cfg), reqs)
+                            batch_max_tokens=budget, fold_norms=fold)  # fmt: skip
+    engine = build_engine(cuda_cfg)
+    assert engine.runner.model.w.folded == (fold and arch == "llama")
+    cuda = run(engine, reqs)
     cpu = run(build_engine(WorkerConfig(model_dir=model_dir, device="cpu")), reqs)
     for r in reqs:
         want = hf_reference.greedy(model_dir, list(r.input_ids), r.params.max_new_tokens)
@@ -70,9 +76,12 @@ def hf_logits(model_1b: str, sequences: list[list[int]]) -> list[torch.Tensor]:
 
 
 def _engine(model_dir: str, kv: str = "auto"):
+    """bf16; the norms folded into the weights, as by default (a float KV pool)."""
     cfg = WorkerConfig(model_dir=model_dir, device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_token_num=8192,
                        running_max_req_size=16)  # fmt: skip
-    return build_engine(cfg)
+    engine = build_engine(cfg)
+    assert engine.runner.model.w.folded == (kv != "int8")
+    return engine
 
 
 def _compare(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:

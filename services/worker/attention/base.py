@@ -9,6 +9,7 @@ import torch
 
 from services.worker.forward_batch import ForwardBatch
 from services.worker.kv_cache import KVCache
+from services.worker.ops import RowNorm, scale_rows
 
 # the ops' rotary_(q, k, positions, cos_sin): rotates q and k in place
 Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
@@ -57,10 +58,17 @@ class AttentionBackend(ABC):
         cos_sin: torch.Tensor,
         rotary: Rotary,
         out: torch.Tensor | None = None,
+        norm: RowNorm | None = None,
     ) -> torch.Tensor:
         """A decode-only batch (no extends), its q, k and v as projected: rotate q and k, store k
         and v at batch.out_slots, attend -> out [T, Hq, D]. A backend whose decode attention
-        kernel does all three overrides this; q and k are left rotated here, but need not be."""
+        kernel does all three overrides this; q, k and v are left as stored here (rotated, and
+        scaled by the norm), but need not be. norm: the layer's norm folded into the QKV weights
+        (models/fold.py): q, k and v are first scaled by the inverse RMS of their row of its src."""
+        if norm is not None:
+            r = norm.inv_rms()
+            for x in (q, k, v):
+                x.copy_(scale_rows(x, r))
         self.rotary_store(layer, q, k, v, batch.positions, cos_sin, batch.out_slots, rotary)
         return self.attend(layer, q, k, v, batch, out)
 

@@ -33,6 +33,7 @@ from services.worker.kernels.kv_store import store_kv
 from services.worker.kernels.kv_store_int8 import store_kv_int8
 from services.worker.kernels.rotary_store import rotary_store_
 from services.worker.kv_cache import KVCache
+from services.worker.ops import RowNorm
 
 # up to this many splits a request, the last split to finish combines them; with more, the
 # reduce kernel does (r67, one job on an H200, 8B shape, context 1024: a decode step took 5.06 /
@@ -118,17 +119,20 @@ class TritonAttention(AttentionBackend):
         cos_sin: torch.Tensor,
         rotary: Rotary,
         out: torch.Tensor | None = None,
+        norm: RowNorm | None = None,
     ) -> torch.Tensor:
         """The decode attention kernel rotates q and k and stores k and v itself (float pools; an
-        int8 pool's store computes scales first, so it keeps rotary_store): one kernel a layer
-        fewer. q and k are read, not rotated in place."""
+        int8 pool's store computes scales first, so it keeps rotary_store), and applies a folded
+        norm's factor: one kernel a layer fewer, or three with a folded norm. q, k and v are read,
+        not changed in place."""
         if self.cache.layout.quantized or batch.num_extends > 0:
-            return super().decode_attend(layer, q, k, v, batch, cos_sin, rotary, out)
+            return super().decode_attend(layer, q, k, v, batch, cos_sin, rotary, out, norm)
         if out is None:
             out = torch.empty_like(q)
         bd = batch.num_decodes
         if bd > 0:
-            new = NewTokens(k[:bd], v[:bd], cos_sin, batch.out_slots[:bd])  # at positions seq_lens - 1
+            rows_norm = RowNorm(norm.src[:bd], norm.eps) if norm is not None else None
+            new = NewTokens(k[:bd], v[:bd], cos_sin, batch.out_slots[:bd], rows_norm)  # at positions seq_lens - 1
             self._decode(layer, q[:bd], batch, out[:bd], new)
         return out
 

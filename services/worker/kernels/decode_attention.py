@@ -23,7 +23,9 @@ request's last split rotates the new k, writes k and v to the pool and folds the
 its softmax from registers, and the other splits stop a token short of the context. The
 kernels are specialised on nothing that differs between such a call and one without new
 tokens or with another split count, so steps with prompt tokens run what the decode graphs'
-capture compiled.
+capture compiled. Given a RowNorm with the new tokens (the layer's norm folded into the QKV
+weights, models/fold.py), each program scales q, k and v by the inverse RMS of its request's
+row of the residual, which it computes, before it rotates them.
 """
 
 from __future__ import annotations
@@ -37,10 +39,14 @@ import triton.language as tl
 from services.worker.kernels.extend_attention import check_pool, dot, online_softmax_step
 from services.worker.kernels.kv_store import check_kv_store_args
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
+from services.worker.kernels.rmsnorm import row_inv_rms
 from services.worker.kernels.rotary import check_rotary_args, rotate_rows
+from services.worker.ops import RowNorm
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
+# elements of a folded norm's residual row read at a time (row_inv_rms)
+NORM_BLOCK = 1024
 # the last split's combine loads this many splits' partials at a time: a fixed tile, so one
 # compiled kernel serves every split count
 COMBINE_SPLITS = 8
@@ -65,20 +71,22 @@ def _split_len(seq_len, num_splits, split_tokens, BLOCK_N: tl.constexpr):
 # prompt tokens (eager attention), so that the latter run kernels the graphs' capture compiled
 # (r73): the split count, and the scratch's strides, which follow it; the new tokens' flag and
 # strides (without new tokens the kernel gets stand-ins: q for k and v, the scratch for
-# cos_sin); the scales' strides (the scratch stands in for a float pool's).
+# cos_sin); the scales' strides (the scratch stands in for a float pool's); the norm's row stride
+# and width (without one, q stands in for its rows and the width is 0).
 @triton.jit(do_not_specialize=["num_splits", "split_tokens", "rotary", "kn_b_stride", "kn_h_stride", "vn_b_stride",
                                "vn_h_stride", "cs_row_stride", "o_b_stride", "o_h_stride", "o_s_stride",
                                "lse_b_stride", "lse_h_stride", "ks_slot_stride", "ks_h_stride", "vs_slot_stride",
-                               "vs_h_stride"])  # fmt: skip
+                               "vs_h_stride", "nrm_b_stride", "hidden"])  # fmt: skip
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
-                         cnt_ptr, out_ptr, kn_ptr, vn_ptr, slot_ptr, cs_ptr, q_b_stride, q_h_stride,
+                         cnt_ptr, out_ptr, kn_ptr, vn_ptr, slot_ptr, cs_ptr, nrm_ptr, nrm_b_stride, hidden, nrm_eps,
+                         q_b_stride, q_h_stride,
                          k_slot_stride, k_h_stride, v_slot_stride, v_h_stride, ks_slot_stride, ks_h_stride,
                          vs_slot_stride, vs_h_stride, table_stride, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
                          lse_h_stride, out_b_stride, out_h_stride, kn_b_stride, kn_h_stride, vn_b_stride,
                          vn_h_stride, cs_row_stride, qk_scale, num_splits, split_tokens, rotary, GROUP: tl.constexpr,
                          HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_S: tl.constexpr, QUANT: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
-                         FUSED: tl.constexpr):  # fmt: skip
+                         BLOCK_S: tl.constexpr, NORM_BLOCK: tl.constexpr, QUANT: tl.constexpr, IEEE: tl.constexpr,
+                         DIRECT: tl.constexpr, FUSED: tl.constexpr):  # fmt: skip
     """DIRECT (one split): mid_o_ptr and its b/h strides are the output's; no log-sum-exp.
     FUSED (several splits): the last split of a (request, KV head) to finish combines them
     into out_ptr, counting in cnt_ptr [B, Hkv] (zero before, left zero after).
@@ -86,7 +94,9 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     and the new token is not in the pool yet: each split rotates q (position seq_len - 1, table
     cs_ptr); the request's last split rotates k, stores k and v at slot_ptr[b] and folds the
     token in. A runtime flag, not a constexpr: steps with prompt tokens (whose decodes were
-    rotated and stored before) then run the kernels the decode graphs compiled."""
+    rotated and stored before) then run the kernels the decode graphs compiled.
+    hidden (nonzero, with rotary): q, k and v are each first scaled by the inverse RMS of row b
+    of nrm_ptr [B, hidden] (eps nrm_eps)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -114,8 +124,11 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     q_rows = q_ptr + b.to(tl.int64) * q_b_stride + heads[:, None] * q_h_stride
     qmask = gmask[:, None] & dmask[None, :]
     token_pos = (seq_len - 1).to(tl.int64)  # a decode's new token: position kv_len, seq_len kv_len + 1
+    # the folded norm's factor (reads nothing without a norm, hidden 0)
+    inv_rms = row_inv_rms(nrm_ptr + b.to(tl.int64) * nrm_b_stride, hidden, nrm_eps, NORM_BLOCK)
+    scale = tl.where(hidden > 0, inv_rms, 1.0)
     if rotary:
-        q = rotate_rows(q_rows, offs_d[None, :], qmask, cs_ptr, token_pos, cs_row_stride, HEAD_DIM // 2)
+        q = rotate_rows(q_rows, offs_d[None, :], qmask, cs_ptr, token_pos, cs_row_stride, scale, HEAD_DIM // 2)
         pool_end = tl.minimum(end, seq_len - 1)  # the new token is folded in after the loop
     else:
         q = tl.load(q_rows + offs_d[None, :], mask=qmask, other=0.0)  # [BLOCK_G, BLOCK_D]
@@ -148,7 +161,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
         slot = tl.load(slot_ptr + b).to(tl.int64)
         acc, m_i, l_i = _fold_new_token(acc, m_i, l_i, q, last, kn_row, vn_row, k_ptr, v_ptr, slot, kvh, k_slot_stride,
                                         k_h_stride, v_slot_stride, v_h_stride, cs_ptr, token_pos, cs_row_stride,
-                                        qk_scale, offs_d, dmask, HEAD_DIM // 2)  # fmt: skip
+                                        qk_scale, scale, offs_d, dmask, HEAD_DIM // 2)  # fmt: skip
 
     o_ptrs = mid_o_ptr + b.to(tl.int64) * o_b_stride + heads[:, None] * o_h_stride + offs_d[None, :]
     if DIRECT:  # an empty request (a padded graph row) gets zeros, not NaN, as from the reduce
@@ -174,13 +187,14 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
 
 @triton.jit
 def _fold_new_token(acc, m_i, l_i, q, last, kn_row, vn_row, kp_ptr, vp_ptr, slot, kvh, kp_slot_stride, kp_h_stride,
-                    vp_slot_stride, vp_h_stride, cs_ptr, token_pos, cs_row_stride, qk_scale, offs_d, dmask,
+                    vp_slot_stride, vp_h_stride, cs_ptr, token_pos, cs_row_stride, qk_scale, scale, offs_d, dmask,
                     HALF: tl.constexpr):  # fmt: skip
     """The request's new token, for its last split (last; other splits get their state back as
-    it was): k rotated, k and v stored in the pool at slot, and the token folded into the
-    running softmax as online_softmax_step folds a tile (p rounded to q's dtype for the sum)."""
-    k = rotate_rows(kn_row, offs_d, dmask, cs_ptr, token_pos, cs_row_stride, HALF)  # [BLOCK_D]
-    v = tl.load(vn_row + offs_d, mask=dmask, other=0.0)
+    it was): k and v scaled (the folded norm's factor, else 1) and k rotated, k and v stored in
+    the pool at slot, and the token folded into the running softmax as online_softmax_step folds
+    a tile (p rounded to q's dtype for the sum)."""
+    k = rotate_rows(kn_row, offs_d, dmask, cs_ptr, token_pos, cs_row_stride, scale, HALF)  # [BLOCK_D]
+    v = (tl.load(vn_row + offs_d, mask=dmask, other=0.0).to(tl.float32) * scale).to(vn_row.dtype.element_ty)
     store = offs_d < tl.where(last, 2 * HALF, 0)  # the whole head in the last split, else nothing
     tl.store(kp_ptr + slot * kp_slot_stride + kvh * kp_h_stride + offs_d, k.to(kp_ptr.dtype.element_ty), mask=store)
     tl.store(vp_ptr + slot * vp_slot_stride + kvh * vp_h_stride + offs_d, v.to(vp_ptr.dtype.element_ty), mask=store)
@@ -294,6 +308,7 @@ class NewTokens(NamedTuple):
     v: torch.Tensor
     cos_sin: torch.Tensor
     slots: torch.Tensor
+    norm: RowNorm | None = None  # the layer's norm, folded into the QKV weights: src [B, H] in q's dtype
 
 
 def decode_attention(
@@ -362,6 +377,10 @@ def decode_attention(
             raise ValueError(f"decode_attention: new.slots must be int32, got {new.slots.dtype}")
         if k_scale is not None or not k_pool.is_floating_point():
             raise ValueError("decode_attention: new tokens need a float pool (int8: store_kv_int8 first)")
+        src = new.norm.src if new.norm is not None else None
+        if src is not None and (src.dim() != 2 or src.shape[0] != bsz or src.stride(-1) != 1 or src.dtype != q.dtype):
+            raise ValueError(f"decode_attention: new.norm.src must be [{bsz}, H] {q.dtype} with a contiguous last "
+                             f"dim, got {tuple(src.shape)} {src.dtype}")  # fmt: skip
     if bsz == 0:
         return out
     quant = k_scale is not None
@@ -378,16 +397,19 @@ def decode_attention(
     o, o_strides = (out, (out.stride(0), out.stride(1), 0)) if direct else (mid_o, mid_o.stride()[:3])
     # without new tokens, tensors of the same kinds: the kernel does not read them, and its
     # compiled form is the one the decode graphs (given new tokens) use
-    kn, vn, cs, slots = new if new is not None else (q, q, mid_lse, seq_lens)
+    kn, vn, cs, slots, norm = new if new is not None else (q, q, mid_lse, seq_lens, None)
+    # without a norm, q stands in for its rows (not read: the width is 0)
+    nrm, hidden, eps = (norm.src, norm.src.shape[1], norm.eps) if norm is not None else (q, 0, 0.0)
     _decode_split_launch[(bsz, hkv, num_splits)](
         q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, o, mid_lse, cnt, out, kn, vn, slots, cs,
+        nrm, nrm.stride(0), hidden, eps,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), req_table.stride(0),
         *o_strides, mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), kn.stride(0), kn.stride(1),
         vn.stride(0), vn.stride(1), cs.stride(0), scale * LOG2E, num_splits, split_tokens, int(new is not None),
         GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_S=COMBINE_SPLITS, QUANT=quant, IEEE=q.dtype == torch.float32, DIRECT=direct, FUSED=fused,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        BLOCK_S=COMBINE_SPLITS, NORM_BLOCK=NORM_BLOCK, QUANT=quant, IEEE=q.dtype == torch.float32, DIRECT=direct,
+        FUSED=fused, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if direct or fused:
         return out

@@ -29,6 +29,19 @@ def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, hidden,
 _rmsnorm_launch = launcher(_rmsnorm_kernel)
 
 
+@triton.jit
+def row_inv_rms(row_ptr, hidden, eps, BLOCK: tl.constexpr):
+    """rsqrt(mean(x^2) + eps), float32, of one row of `hidden` elements read BLOCK at a time:
+    for a kernel that applies a norm folded into the product before it (ops.RowNorm). With
+    hidden 0 it reads nothing (and returns rsqrt(eps))."""
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, hidden, BLOCK):
+        x = tl.load(row_ptr + start + offs, mask=start + offs < hidden, other=0.0).to(tl.float32)
+        acc += x * x
+    return tl.rsqrt(tl.sum(acc, axis=0) / tl.maximum(hidden, 1) + eps)
+
+
 def row_launch_params(hidden: int) -> tuple[int, int]:
     """(BLOCK, num_warps) for a kernel that keeps one row of `hidden` elements in registers."""
     block = next_pow2(hidden)

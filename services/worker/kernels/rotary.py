@@ -38,11 +38,13 @@ def rotate_heads(x_ptr, row_stride, head_stride, token, num_heads, cos, sin, HAL
 
 
 @triton.jit
-def rotate_rows(row_ptrs, offs_d, mask, cs_ptr, pos, cs_row_stride, HALF: tl.constexpr):
+def rotate_rows(row_ptrs, offs_d, mask, cs_ptr, pos, cs_row_stride, scale, HALF: tl.constexpr):
     """Whole rows of x rotated, as rotate_heads rotates their halves, for a kernel that wants
     them in registers (decode attention's query and new key), not written back. row_ptrs: a
     pointer per row, broadcast against offs_d (the head dim's offsets); mask: which elements
-    exist. Returns the rows in x's dtype."""
+    exist; scale: a float32 factor x is first multiplied by and rounded to its dtype again (a
+    norm folded into the projection, ops.RowNorm; 1.0 changes nothing). Returns the rows in x's
+    dtype."""
     first = offs_d < HALF
     j = tl.where(first, offs_d, offs_d - HALF)  # the frequency of each element
     partner = tl.where(first, offs_d + HALF, offs_d - HALF)  # the other half's element it mixes with
@@ -50,8 +52,8 @@ def rotate_rows(row_ptrs, offs_d, mask, cs_ptr, pos, cs_row_stride, HALF: tl.con
     dtype = row_ptrs.dtype.element_ty
     c = tl.load(cs_ptr + pos * cs_row_stride + j, mask=dmask, other=0.0).to(dtype).to(tl.float32)
     s = tl.load(cs_ptr + pos * cs_row_stride + HALF + j, mask=dmask, other=0.0).to(dtype).to(tl.float32)
-    x = tl.load(row_ptrs + offs_d, mask=mask, other=0.0).to(tl.float32)
-    xp = tl.load(row_ptrs + partner, mask=mask, other=0.0).to(tl.float32)
+    x = (tl.load(row_ptrs + offs_d, mask=mask, other=0.0).to(tl.float32) * scale).to(dtype).to(tl.float32)
+    xp = (tl.load(row_ptrs + partner, mask=mask, other=0.0).to(tl.float32) * scale).to(dtype).to(tl.float32)
     # the first half: x1 c - x2 s; the second: x2 c + x1 s
     return tl.where(first, x * c - xp * s, x * c + xp * s).to(dtype)
 

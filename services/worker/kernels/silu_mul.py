@@ -1,7 +1,9 @@
 """SiLU-and-multiply of the fused gate|up projection: [T, 2I] -> silu(gate) * up, [T, I].
 
 Rounding follows ``TorchOps.silu_mul`` in a low-precision dtype: silu is computed in
-float32 and rounded to the activation dtype, then the product is rounded again.
+float32 and rounded to the activation dtype, then the product is rounded again. Given a
+RowNorm (the MLP's norm folded into gate_up's weights), gate and up are first scaled by the
+inverse RMS of their row of the residual, each program computing it from that row.
 """
 
 from __future__ import annotations
@@ -11,26 +13,34 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
+from services.worker.kernels.rmsnorm import row_inv_rms
+from services.worker.ops import RowNorm
 
 BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, x_row_stride, out_row_stride, inter, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, res_ptr, x_row_stride, out_row_stride, res_row_stride, inter, hidden, eps,
+                     BLOCK: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
+    dtype = x_ptr.dtype.element_ty
     gate = tl.load(x_ptr + row * x_row_stride + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
     up = tl.load(x_ptr + row * x_row_stride + inter + offs, mask=mask, other=0.0).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
+    if NORM:
+        r = row_inv_rms(res_ptr + row * res_row_stride, hidden, eps, BLOCK)
+        gate = (gate * r).to(dtype).to(tl.float32)
+        up = (up * r).to(dtype).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
     tl.store(out_ptr + row * out_row_stride + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 _silu_mul_launch = launcher(_silu_mul_kernel)
 
 
-def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """gate_up: [T, 2I] (gate | up) -> [T, I]."""
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, norm: RowNorm | None = None) -> torch.Tensor:
+    """gate_up: [T, 2I] (gate | up) -> [T, I]; norm: its src [T, H] in gate_up's dtype."""
     if gate_up.dim() != 2 or gate_up.stride(-1) != 1 or gate_up.shape[1] % 2:
         raise ValueError(f"silu_mul: gate_up must be [T, 2I] with a contiguous last dim, got {tuple(gate_up.shape)}")
     t, inter = gate_up.shape[0], gate_up.shape[1] // 2
@@ -38,9 +48,16 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
         out = torch.empty((t, inter), dtype=gate_up.dtype, device=gate_up.device)
     elif out.shape != (t, inter) or out.stride(-1) != 1 or out.dtype != gate_up.dtype:
         raise ValueError(f"silu_mul: out must be [{t}, {inter}] {gate_up.dtype} with a contiguous last dim")
+    if norm is not None:
+        src = norm.src
+        if src.dim() != 2 or src.shape[0] != t or src.stride(-1) != 1 or src.dtype != gate_up.dtype:
+            raise ValueError(f"silu_mul: norm.src must be [{t}, H] {gate_up.dtype} with a contiguous last dim, "
+                             f"got {tuple(src.shape)} {src.dtype}")  # fmt: skip
     if t == 0:
         return out
     block = min(BLOCK, next_pow2(inter))
     grid = (t, cdiv(inter, block))
-    _silu_mul_launch[grid](gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
+    res, hidden, eps = (norm.src, norm.src.shape[1], norm.eps) if norm is not None else (gate_up, 0, 0.0)
+    _silu_mul_launch[grid](gate_up, out, res, gate_up.stride(0), out.stride(0), res.stride(0), inter, hidden, eps,
+                           BLOCK=block, NORM=norm is not None, num_warps=4)  # fmt: skip
     return out

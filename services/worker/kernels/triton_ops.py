@@ -8,6 +8,7 @@ from services.worker.kernels.add_rmsnorm import add_rmsnorm_
 from services.worker.kernels.rmsnorm import rmsnorm
 from services.worker.kernels.rotary import rotary_
 from services.worker.kernels.silu_mul import silu_mul
+from services.worker.ops import RowNorm
 
 
 class TritonOps:
@@ -22,5 +23,5 @@ class TritonOps:
     def rotary_(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
         rotary_(q, k, positions, cos_sin)
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return silu_mul(gate_up)
+    def silu_mul(self, gate_up: torch.Tensor, norm: RowNorm | None = None) -> torch.Tensor:
+        return silu_mul(gate_up, norm=norm)

@@ -8,6 +8,10 @@ attention backend, passed in.
 A forward is a chain of pieces with an attention between each two (``piece``): everything
 but attention depends only on the token count, so piecewise_graphs.py captures the pieces
 in CUDA graphs and runs each step's attention between them.
+
+With the norms folded into the weights (fold.py), a decode-only step of up to
+FOLDED_MAX_BATCH requests runs decode_folded: the residual stream is the products' input and
+their sum, and no norm kernel runs in a layer.
 """
 
 from __future__ import annotations
@@ -20,9 +24,16 @@ from services.worker.attention.base import AttentionBackend
 from services.worker.blas_choice import Choice, matmul, run
 from services.worker.cublaslt import CublasLt
 from services.worker.forward_batch import ForwardBatch
-from services.worker.ops import LayerOps
+from services.worker.ops import LayerOps, RowNorm
 from services.worker.parallel import TensorParallel
 from shared.model_config import ModelConfig
+
+# the most requests a decode step runs decode_folded for. Its kernels each compute their rows'
+# inverse RMS from the residual, once a program: decode attention's (request, KV head, split) and
+# silu_mul's (row, 1024 columns). On an H200 at the 8B shape (docs/benchmarks.md, r103) that
+# saved 0.10-0.15 ms a step at batches 1-64, and cost 0.6 ms at 257-512 requests and 2.5 ms
+# past 1024; larger steps keep their norm kernels (with the folded weights' unit norms).
+FOLDED_MAX_BATCH = 64
 
 
 @dataclass
@@ -54,6 +65,7 @@ class ModelWeights:
     final_norm: torch.Tensor  # [H]
     lm_head: torch.Tensor  # [V / tp, H]; the embedding itself when tied
     vocab_start: int = 0  # first token id of this rank's vocabulary shard
+    folded: bool = False  # the layers' norms folded into qkv and gate_up (fold.py), their own weights ones
 
 
 class LlamaModel:
@@ -66,6 +78,8 @@ class LlamaModel:
         cos_sin: torch.Tensor,
         tp: TensorParallel,
     ) -> None:
+        if weights.folded and tp.size > 1:
+            raise ValueError("folded norms need one rank: decode_folded adds each rank's partial products in place")
         self.cfg = cfg
         self.w = weights
         self.ops = ops
@@ -88,16 +102,19 @@ class LlamaModel:
         out = {n: [getattr(layer, n) for layer in self.w.layers] for n in names}
         return out | {"lm_head": [self.w.lm_head]}
 
-    def _proj(self, name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _proj(self, name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
+              accumulate: bool = False) -> torch.Tensor:  # fmt: skip
         if self.blas is None:  # eager steps: nothing to look up on the hot path
-            return matmul(x, w, out)
-        return run(self.blas[name], self.lt, x, w, out)
+            return matmul(x, w, out, accumulate)
+        return run(self.blas[name], self.lt, x, w, out, accumulate)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """-> float32 logits [S, V] for batch.sample_index. A decode-only step leaves rotary and
         the KV store to the attention backend's decode_attend (a kernel fewer a layer)."""
         decode_only = batch.num_extends == 0
+        if decode_only and self.w.folded and batch.num_tokens <= FOLDED_MAX_BATCH:
+            return self.decode_folded(batch)
         c = self.piece(0, None, None, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only)
         for i in range(len(self.w.layers)):
             assert c.q is not None and c.k is not None and c.v is not None
@@ -138,23 +155,49 @@ class LlamaModel:
             if i == len(self.w.layers):
                 return Carry(residual, h=h)
             x = self.ops.add_rmsnorm(h, residual, self.w.layers[i].attn_norm, eps)
-        layer = self.w.layers[i]
+        q, k, v = self._qkv(self.w.layers[i], x, qkv_out)
+        if store:
+            self.attn.rotary_store(i, q, k, v, positions, self.cos_sin, out_slots, self.ops.rotary_)
+        return Carry(residual, q=q, k=k, v=v)
+
+    def decode_folded(self, batch: ForwardBatch) -> torch.Tensor:
+        """A decode-only step with the norms folded into the weights (fold.py; one GPU) -> float32
+        logits [S, V]. A layer: qkv from the residual; decode attention, which scales q, k and v by
+        the attention norm's factor; o added into the residual; gate_up from the residual;
+        silu_mul, which scales by the MLP norm's factor; down added into the residual."""
+        eps = self.cfg.rms_norm_eps
+        residual = self.tp.embed(batch.input_ids, self.w.embed, self.w.vocab_start)  # [T, H], a tensor of its own
+        t = residual.shape[0]
+        for i, layer in enumerate(self.w.layers):
+            norm = RowNorm(residual, eps)
+            q, k, v = self._qkv(layer, residual)
+            o = self.attn.decode_attend(i, q, k, v, batch, self.cos_sin, self.ops.rotary_, norm=norm)
+            self._proj("o", o.reshape(t, self.q_size), layer.o, residual, accumulate=True)
+            a = self.ops.silu_mul(self._proj("gate_up", residual, layer.gate_up), norm)
+            self._proj("down", a, layer.down, residual, accumulate=True)
+        return self._lm_head(self.ops.rmsnorm(residual[batch.sample_index], self.w.final_norm, eps))
+
+    def _qkv(self, layer: LayerWeights, x: torch.Tensor, out: torch.Tensor | None = None):
+        """The QKV projection of x [T, H] (into out [T, (Hq + 2 Hkv) D] when given) -> q [T, Hq, D],
+        k and v [T, Hkv, D], views of it."""
         t = x.shape[0]
-        qkv = self._proj("qkv", x, layer.qkv, qkv_out)  # [T, (Hq + 2 Hkv) D]
+        qkv = self._proj("qkv", x, layer.qkv, out)
         if layer.qkv_bias is not None:
             qkv += layer.qkv_bias
         q = qkv[:, : self.q_size].view(t, self.q_heads, self.head_dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
-        if store:
-            self.attn.rotary_store(i, q, k, v, positions, self.cos_sin, out_slots, self.ops.rotary_)
-        return Carry(residual, q=q, k=k, v=v)
+        return q, k, v
 
     def logits(self, last: Carry, sample_index: torch.Tensor) -> torch.Tensor:
         """The last piece's output -> float32 logits [S, V] of the rows sample_index [S]."""
         assert last.h is not None
         x = self.ops.add_rmsnorm(last.h[sample_index], last.residual[sample_index].clone(), self.w.final_norm,
                                  self.cfg.rms_norm_eps)  # fmt: skip
+        return self._lm_head(x)
+
+    def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm's output [S, H] -> float32 logits [S, V]."""
         logits = self.tp.gather_vocab(self._proj("lm_head", x, self.w.lm_head))
         return logits[:, : self.cfg.vocab_size].float()
 
