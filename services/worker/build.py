@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -22,7 +23,7 @@ from services.worker.ops import TorchOps
 from services.worker.parallel import TensorParallel
 from services.worker.piecewise_graphs import PiecewiseGraphs, token_buckets_up_to
 from services.worker.req_table import ReqTable
-from services.worker.sampler import Sampler
+from services.worker.sampler import Sampler, torch_argmax
 from services.worker.sampling_state import SamplingState
 from services.worker.scheduler import Scheduler, SchedulerLimits
 from services.worker.token_allocator import TokenAllocator
@@ -168,4 +169,14 @@ def build_engine(
         max_total_len=s.max_total_len,
     )
     state = SamplingState(s.table.max_rows + 1, s.model_cfg.vocab_size, s.device)
-    return Engine(s.runner, kv, Scheduler(kv, limits, eos), Sampler(state, eos), s.device)
+    return Engine(s.runner, kv, Scheduler(kv, limits, eos), Sampler(state, eos, _argmax(s.device)), s.device)
+
+
+def _argmax(device: torch.device):
+    """The sampler's argmax: on CUDA the kernel that splits each row over the SMs (PyTorch's
+    reduces a row in one block: 27.5 µs for one row of 128k logits on an H200, r105)."""
+    if device.type != "cuda":
+        return torch_argmax
+    from services.worker.kernels.argmax import argmax_rows  # imported here, as the other kernels
+
+    return partial(argmax_rows, num_sms=torch.cuda.get_device_properties(device).multi_processor_count)

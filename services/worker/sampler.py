@@ -11,6 +11,7 @@ SamplingState rows; the result stays on the device until the engine copies it ou
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -69,10 +70,23 @@ class SampleResult:
     top_values: torch.Tensor | None  # [S, k] float32
 
 
+def torch_argmax(x: torch.Tensor) -> torch.Tensor:
+    """[S, V] -> [S] int64, each row's first maximum."""
+    return x.argmax(dim=-1)
+
+
 class Sampler:
-    def __init__(self, state: SamplingState, eos_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        state: SamplingState,
+        eos_ids: frozenset[int],
+        argmax: Callable[[torch.Tensor], torch.Tensor] = torch_argmax,
+    ) -> None:
+        """argmax: [S, V] float32 -> [S] int64, the first maximum of each row (the CUDA path passes
+        the split kernel, kernels/argmax.py)."""
         self.state = state
         self.eos_ids = sorted(eos_ids)
+        self.argmax = argmax
 
     def batch(self, reqs: list[Req], device: torch.device) -> SampleBatch:
         """Host side: read the requests' parameters once, build the row index."""
@@ -102,14 +116,14 @@ class Sampler:
         if b.penalties or b.bans:
             logits = self._penalised(logits, b)
         if b.all_greedy:
-            tokens = logits.argmax(dim=-1)
+            tokens = self.argmax(logits)
         else:
             scaled = logits / st.temperature[rows][:, None]
             if b.filtered:
                 scaled = _top_k_top_p(scaled, st.top_k[rows], st.top_p[rows])
             noise = -torch.log(-torch.log(hashed_uniform(st.seed[rows], st.out_pos[rows], logits.shape[1])))
-            drawn = (torch.log_softmax(scaled, dim=-1) + noise).argmax(dim=-1)
-            tokens = torch.where(st.greedy[rows], logits.argmax(dim=-1), drawn)
+            drawn = self.argmax(torch.log_softmax(scaled, dim=-1) + noise)
+            tokens = torch.where(st.greedy[rows], self.argmax(logits), drawn)
         st.record(rows, tokens, b.penalties)
         lp = top_ids = top_values = None
         if b.logprobs:
