@@ -74,7 +74,7 @@ _combine_launch = launcher(_argmax_combine_kernel)
 def num_splits(rows: int, cols: int, num_sms: int) -> int:
     """Splits per row: about eight programs an SM in all, none with under two tiles to scan. A
     program's scan is bound by its loads' latency, not by bandwidth: with two programs an SM,
-    64 rows of 128,256 logits took 80 µs (r105)."""
+    64 rows of 128,256 logits took 80 µs (r106)."""
     return max(1, min(cdiv(8 * num_sms, max(rows, 1)), cols // (2 * BLOCK), MAX_SPLITS))
 
 
