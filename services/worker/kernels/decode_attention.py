@@ -338,7 +338,8 @@ def decode_attention(
     least B * Hkv, left zero: with several splits, the last split of each (request, KV head)
     combines them, and the reduce kernel is not launched (without it, it is). new: the new
     tokens' k and v not yet in the pool (a float pool): the kernel rotates q (in registers, q
-    itself is left as it is) and k, and stores k and v, as rotary_store_ would have before it.
+    itself is left as it is) and k, and stores k and v, as rotary_store_ would have before it;
+    with new.norm it first scales q, k and v by their rows' inverse RMS (ops.RowNorm).
     config overrides BLOCK_N / num_warps / num_stages. Returns out [B, Hq, D]."""
     if q.dim() != 3 or q.stride(-1) != 1:
         raise ValueError(f"decode_attention: q must be [B, Hq, D] with a contiguous last dim, got {tuple(q.shape)}")

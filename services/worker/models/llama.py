@@ -30,8 +30,8 @@ from shared.model_config import ModelConfig
 
 # the most requests a decode step runs decode_folded for. Its kernels each compute their rows'
 # inverse RMS from the residual, once a program: decode attention's (request, KV head, split) and
-# silu_mul's (row, 1024 columns). On an H200 at the 8B shape (docs/benchmarks.md, r103) that
-# saved 0.10-0.15 ms a step at batches 1-64, and cost 0.6 ms at 257-512 requests and 2.5 ms
+# silu_mul's (row, 1024 columns). On an H200 at the 8B shape (docs/benchmarks.md, r103, r104)
+# that saved 0.06-0.15 ms a step at batches 1-64, and cost 0.6 ms at 257-512 requests and 2.5 ms
 # past 1024; larger steps keep their norm kernels (with the folded weights' unit norms).
 FOLDED_MAX_BATCH = 64
 
@@ -177,7 +177,8 @@ class LlamaModel:
             self._proj("down", a, layer.down, residual, accumulate=True)
         return self._lm_head(self.ops.rmsnorm(residual[batch.sample_index], self.w.final_norm, eps))
 
-    def _qkv(self, layer: LayerWeights, x: torch.Tensor, out: torch.Tensor | None = None):
+    def _qkv(self, layer: LayerWeights, x: torch.Tensor,
+             out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         """The QKV projection of x [T, H] (into out [T, (Hq + 2 Hkv) D] when given) -> q [T, Hq, D],
         k and v [T, Hkv, D], views of it."""
         t = x.shape[0]
