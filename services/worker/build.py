@@ -15,7 +15,7 @@ from services.worker.kv_cache import KVCache, KVLayout
 from services.worker.kv_manager import KVManager
 from services.worker.model_runner import ModelRunner
 from services.worker.models.fold import fold_norms_
-from services.worker.models.llama import LlamaModel, ModelWeights
+from services.worker.models.llama import FOLDED_MAX_BATCH, LlamaModel, ModelWeights
 from services.worker.models.loader import load_weights
 from services.worker.models.random_weights import random_weights
 from services.worker.models.rope import cos_sin_table
@@ -102,7 +102,8 @@ def build_model_stack(
     quantized = cfg.kv_dtype == "int8"
     if cfg.fold_norms and device.type == "cuda" and tp.size == 1 and not quantized and not model_cfg.qkv_bias:
         fold_norms_(weights)
-        log.info("norms folded into the QKV and gate|up weights: decode steps run no norm kernel in a layer")
+        log.info("norms folded into the QKV and gate|up weights: decode steps of up to %d requests run no norm "
+                 "kernel in a layer", FOLDED_MAX_BATCH)  # fmt: skip
     layout = KVLayout(
         num_layers=model_cfg.num_layers,
         kv_heads=model_cfg.num_kv_heads // tp.size,
