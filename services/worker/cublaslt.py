@@ -132,8 +132,8 @@ class CublasLt:
         _check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._plans: dict[tuple, tuple[ctypes.c_void_p, ...]] = {}
-        self._alpha = self._one = ctypes.c_float(1.0)
-        self._zero = ctypes.c_float(0.0)  # beta: D = alpha A B + beta C, with C D
+        # alpha and beta of D = alpha A B + beta C (C is D): beta 1 adds the product into out
+        self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
     def _plan(self, dtype: torch.dtype, shape: tuple[int, int, int, int, int, int]) -> tuple[ctypes.c_void_p, ...]:
         """(matmul descriptor, A, B, D layouts) for a dtype and column_major_shape's result."""
@@ -275,7 +275,7 @@ class CublasLt:
         desc, a, b, d = self._plan(x.dtype, shape)
         raw = self._raw(algo.words)
         stream = torch.cuda.current_stream(x.device).cuda_stream
-        _check(self.lib.cublasLtMatmul(self.handle, desc, ctypes.byref(self._alpha), w.data_ptr(), a, x.data_ptr(), b,
+        _check(self.lib.cublasLtMatmul(self.handle, desc, ctypes.byref(self._one), w.data_ptr(), a, x.data_ptr(), b,
                                        ctypes.byref(self._one if accumulate else self._zero), out.data_ptr(), d,
                                        out.data_ptr(), d,
                                        ctypes.byref(raw), self.workspace.data_ptr(), WORKSPACE_BYTES,

@@ -51,8 +51,7 @@ class LayerOps(Protocol):
 
 class TorchOps:
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        xf = x.float() * RowNorm(x, eps).inv_rms()
         return weight * xf.to(x.dtype)
 
     def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

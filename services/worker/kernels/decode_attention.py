@@ -39,7 +39,7 @@ import triton.language as tl
 from services.worker.kernels.extend_attention import check_pool, dot, online_softmax_step
 from services.worker.kernels.kv_store import check_kv_store_args
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
-from services.worker.kernels.rmsnorm import row_inv_rms
+from services.worker.kernels.rmsnorm import check_row_norm, row_inv_rms
 from services.worker.kernels.rotary import check_rotary_args, rotate_rows
 from services.worker.ops import RowNorm
 
@@ -378,10 +378,7 @@ def decode_attention(
             raise ValueError(f"decode_attention: new.slots must be int32, got {new.slots.dtype}")
         if k_scale is not None or not k_pool.is_floating_point():
             raise ValueError("decode_attention: new tokens need a float pool (int8: store_kv_int8 first)")
-        src = new.norm.src if new.norm is not None else None
-        if src is not None and (src.dim() != 2 or src.shape[0] != bsz or src.stride(-1) != 1 or src.dtype != q.dtype):
-            raise ValueError(f"decode_attention: new.norm.src must be [{bsz}, H] {q.dtype} with a contiguous last "
-                             f"dim, got {tuple(src.shape)} {src.dtype}")  # fmt: skip
+        check_row_norm("decode_attention", "new.norm.src", new.norm, bsz, q.dtype)
     if bsz == 0:
         return out
     quant = k_scale is not None

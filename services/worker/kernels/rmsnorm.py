@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.launch import launcher, next_pow2
+from services.worker.ops import RowNorm
 
 
 @triton.jit
@@ -40,6 +41,17 @@ def row_inv_rms(row_ptr, hidden, eps, BLOCK: tl.constexpr):
         x = tl.load(row_ptr + start + offs, mask=start + offs < hidden, other=0.0).to(tl.float32)
         acc += x * x
     return tl.rsqrt(tl.sum(acc, axis=0) / tl.maximum(hidden, 1) + eps)
+
+
+def check_row_norm(where: str, name: str, norm: RowNorm | None, rows: int, dtype: torch.dtype) -> None:
+    """A folded norm's src must be [rows, H] of the activations' dtype with a contiguous last dim
+    (row_inv_rms reads a row of it as one run); nothing to check without a norm."""
+    if norm is None:
+        return
+    src = norm.src
+    if src.dim() != 2 or src.shape[0] != rows or src.stride(-1) != 1 or src.dtype != dtype:
+        raise ValueError(f"{where}: {name} must be [{rows}, H] {dtype} with a contiguous last dim, "
+                         f"got {tuple(src.shape)} {src.dtype}")  # fmt: skip
 
 
 def row_launch_params(hidden: int) -> tuple[int, int]:

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
-from services.worker.kernels.rmsnorm import row_inv_rms
+from services.worker.kernels.rmsnorm import check_row_norm, row_inv_rms
 from services.worker.ops import RowNorm
 
 BLOCK = 1024
@@ -48,11 +48,7 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, norm: RowNo
         out = torch.empty((t, inter), dtype=gate_up.dtype, device=gate_up.device)
     elif out.shape != (t, inter) or out.stride(-1) != 1 or out.dtype != gate_up.dtype:
         raise ValueError(f"silu_mul: out must be [{t}, {inter}] {gate_up.dtype} with a contiguous last dim")
-    if norm is not None:
-        src = norm.src
-        if src.dim() != 2 or src.shape[0] != t or src.stride(-1) != 1 or src.dtype != gate_up.dtype:
-            raise ValueError(f"silu_mul: norm.src must be [{t}, H] {gate_up.dtype} with a contiguous last dim, "
-                             f"got {tuple(src.shape)} {src.dtype}")  # fmt: skip
+    check_row_norm("silu_mul", "norm.src", norm, t, gate_up.dtype)
     if t == 0:
         return out
     block = min(BLOCK, next_pow2(inter))
