@@ -3,17 +3,25 @@
 A decoding request's last token may still be in flight (sampled by the step before,
 not yet copied to the host): its input id is then taken on the device from that step's
 sampled tokens, so building the next step never waits for the previous one.
+
+A decode-only batch for the decode graphs is built in their input layout instead
+(decode_inputs.py): one copy and one kernel, where the general path takes about a dozen.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from services.worker.forward_batch import ForwardBatch, HostIndex
 from services.worker.host_copy import to_device
+from services.worker.request import Req
 from services.worker.scheduler import PLACEHOLDER, StepPlan
+
+if TYPE_CHECKING:
+    from services.worker.decode_inputs import DecodeInputs
 
 
 @dataclass
@@ -25,8 +33,16 @@ class PreviousTokens:
 
 
 def build_batch(
-    plan: StepPlan, req_table: torch.Tensor, device: torch.device, prev: PreviousTokens | None = None
+    plan: StepPlan,
+    req_table: torch.Tensor,
+    device: torch.device,
+    prev: PreviousTokens | None = None,
+    staging: DecodeInputs | None = None,
 ) -> ForwardBatch:
+    """staging: the decode graphs' input layout; a decode-only batch that fits it is built there
+    (one copy and one kernel, decode_inputs.py)."""
+    if staging is not None and not plan.extends and plan.decode_slots is not None and staging.fits(len(plan.decodes)):
+        return _staged(plan, req_table, staging, prev)
     ids: list[int] = []
     pos: list[int] = []
     ext_rows, ext_starts, ext_lens, ext_prefix = [], [], [], []
@@ -46,13 +62,10 @@ def build_batch(
     from_prev: list[tuple[int, int]] = []  # (packed position, row in prev.tokens)
     for req in plan.decodes:
         sample_index.append(len(ids))
-        last = req.tokens[-1]
-        if last == PLACEHOLDER:
-            if prev is None or id(req) not in prev.index:
-                raise RuntimeError(f"request {req.rid}: input token in flight but no previous step holds it")
-            from_prev.append((len(ids), prev.index[id(req)]))
-            last = 0
-        ids.append(last)
+        j = _in_flight(req, prev)
+        if j is not None:
+            from_prev.append((len(ids), j))
+        ids.append(req.tokens[-1] if j is None else 0)
         pos.append(req.kv_len)
         dec_rows.append(req.row)
         dec_lens.append(req.kv_len + 1)
@@ -90,3 +103,25 @@ def build_batch(
         sample_index=i64(sample_index),
         host=HostIndex(pos, ext_rows, ext_starts, dec_rows, dec_lens, sample_index),
     )
+
+
+def _in_flight(req: Req, prev: PreviousTokens | None) -> int | None:
+    """The row of prev.tokens that holds the request's input token, if that is still in flight."""
+    if req.tokens[-1] != PLACEHOLDER:
+        return None
+    if prev is None or id(req) not in prev.index:
+        raise RuntimeError(f"request {req.rid}: input token in flight but no previous step holds it")
+    return prev.index[id(req)]
+
+
+def _staged(
+    plan: StepPlan, req_table: torch.Tensor, staging: DecodeInputs, prev: PreviousTokens | None
+) -> ForwardBatch:
+    tokens, positions, rows = [], [], []
+    for req in plan.decodes:
+        j = _in_flight(req, prev)
+        tokens.append(req.tokens[-1] if j is None else -1 - j)
+        positions.append(req.kv_len)
+        rows.append(req.row)
+    assert plan.decode_slots is not None
+    return staging.build(tokens, positions, rows, plan.decode_slots, req_table, prev.tokens if prev else None)

@@ -2,9 +2,10 @@
 
 A decode step of an 8B model is a few hundred small kernels; launched one by one they
 cost about as much host time as the step takes on the device. Each bucket's forward is
-captured once over static input buffers; a step copies its inputs into the buffers and
-replays the smallest bucket that holds it. Rows past the real batch are padding: they
-read and write only the pool's scratch slot through the table's scratch row. Before a
+captured once over static input buffers; a step copies its inputs into the buffers (one copy
+for a batch built in their layout, decode_inputs.py) and replays the smallest bucket that
+holds it. Rows past the real batch are padding: they read and write only the pool's scratch
+slot through the table's scratch row. Before a
 bucket is captured, what runs each projection (a BLAS library, or one cuBLASLt algorithm) is
 chosen by timing (blas_choice.py).
 """
@@ -18,6 +19,7 @@ import torch
 
 from services.worker.blas_choice import LIBRARIES, Choice, choose
 from services.worker.cublaslt import CublasLt
+from services.worker.decode_inputs import DecodeInputs
 from services.worker.forward_batch import ForwardBatch
 from services.worker.models.llama import LlamaModel
 
@@ -50,11 +52,8 @@ class DecodeGraphs:
         self.max_context = max_context
         self.buckets = sorted(buckets)
         n = self.buckets[-1]
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.out_slots = torch.full((n,), dummy_slot, dtype=torch.int32, device=device)
-        self.rows = torch.full((n,), dummy_row, dtype=torch.int32, device=device)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.inputs = DecodeInputs(n, dummy_slot, dummy_row, device)  # the static inputs, one buffer
+        self.input_ids, self.positions, self.out_slots, self.rows, self.seq_lens = self.inputs.views(self.inputs.static)
         self.sample_index = torch.arange(n, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -68,6 +67,12 @@ class DecodeGraphs:
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
         n = batch.num_decodes
         bs = next(b for b in self.buckets if b >= n)
+        if not self.inputs.load(batch):  # a batch built in the graphs' layout comes with its padding
+            self._copy_in(batch, n, bs)
+        self.graphs[bs].replay()
+        return self.logits[bs][:n]
+
+    def _copy_in(self, batch: ForwardBatch, n: int, bs: int) -> None:
         self.input_ids[:n].copy_(batch.input_ids)
         self.positions[:n].copy_(batch.positions)
         self.out_slots[:n].copy_(batch.out_slots)
@@ -77,8 +82,6 @@ class DecodeGraphs:
             self.out_slots[n:bs].fill_(self.dummy_slot)
             self.rows[n:bs].fill_(self.dummy_row)
             self.seq_lens[n:bs].fill_(1)
-        self.graphs[bs].replay()
-        return self.logits[bs][:n]
 
     def _batch(self, bs: int) -> ForwardBatch:
         empty = torch.zeros(0, dtype=torch.int32, device=self.input_ids.device)

@@ -99,8 +99,8 @@ class Engine:
         self.sampler.state.assign(plan.new_rows)
         sampled = plan.sampled()
         prev = self.inflight.previous_tokens() if self.inflight is not None else None
-        batch = build_batch(plan, self.kv.table.table, self.device, prev)
-        sample_batch = self.sampler.batch(sampled, self.device)
+        batch = build_batch(plan, self.kv.table.table, self.device, prev, self.runner.staging)
+        sample_batch = self.sampler.batch(sampled, self.device, batch.sample_rows)
         logits = self.runner.forward(batch)  # [S, V]
         result = self.sampler.sample(logits, sample_batch)
         host, event = self._copy_to_host(result)

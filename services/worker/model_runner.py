@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from services.worker.cuda_graphs import DecodeGraphs
+from services.worker.decode_inputs import DecodeInputs
 from services.worker.forward_batch import ForwardBatch
 from services.worker.models.llama import LlamaModel
 from services.worker.piecewise_graphs import PiecewiseGraphs
@@ -28,6 +29,8 @@ class ModelRunner:
         self.graphs = graphs
         self.channel = channel  # rank 0 of a tensor-parallel group: the other ranks run the same batch
         self.pieces = pieces
+        # the decode graphs' input layout, in which decode-only batches are built for them
+        self.staging: DecodeInputs | None = graphs.inputs if graphs is not None else None
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """-> float32 logits [S, V] for batch.sample_index."""

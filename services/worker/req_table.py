@@ -37,11 +37,9 @@ class ReqTable:
         self.table[row, start : start + slots.numel()] = slots
 
     def write_many(self, rows: list[int], positions: list[int], slots: torch.Tensor) -> None:
-        """table[rows[i], positions[i]] = slots[i] for every i, in one scatter."""
-        device = self.table.device
-        r = to_device(rows, torch.int64, device)
-        p = to_device(positions, torch.int64, device)
-        self.table[r, p] = slots
+        """table[rows[i], positions[i]] = slots[i] for every i, in one copy and one scatter."""
+        where = to_device([rows, positions], torch.int64, self.table.device)
+        self.table[where[0], where[1]] = slots
 
     def slots(self, row: int, end: int) -> torch.Tensor:
         """Slots of positions [0, end) of a row: [end] int32."""

@@ -1,0 +1,115 @@
+"""A decode-only step's inputs in one buffer laid out as the decode graphs' own inputs.
+
+The decode graphs read their five inputs (ids, positions, KV slots, table rows, lengths) from
+static tensors, which here are views of one byte buffer. A decode-only batch for the graphs
+is built into a fresh buffer of the same layout: one host-to-device copy of the host's lists
+and one kernel (kernels/decode_inputs.py), which also takes the tokens still in flight from the
+previous step's samples and writes the padding lanes. The graphs then load it with one device
+copy of the whole buffer. The batch owns its buffer, so building another batch before it runs
+changes nothing of it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from services.worker.forward_batch import ForwardBatch, HostIndex
+from services.worker.host_copy import to_device
+
+
+class DecodeInputViews(NamedTuple):
+    """The five inputs, [width] each, in the order kernels/decode_inputs.py writes them."""
+
+    input_ids: torch.Tensor  # int64
+    positions: torch.Tensor  # int64
+    out_slots: torch.Tensor  # int32
+    rows: torch.Tensor  # int32
+    seq_lens: torch.Tensor  # int32
+
+
+class DecodeInputs:
+    def __init__(self, width: int, dummy_slot: int, dummy_row: int, device: torch.device) -> None:
+        """width: the most requests a batch may hold (the largest decode graph)."""
+        self.width = width
+        self.dummy_slot = dummy_slot
+        self.dummy_row = dummy_row
+        self.device = device
+        # imported here, as the other kernels: they compile for the device they first see
+        from services.worker.kernels.decode_inputs import OUTPUTS, decode_inputs
+
+        self._fill = decode_inputs
+        self._dtypes = tuple(OUTPUTS.values())
+        self._offsets = []
+        size = 0
+        for dtype in self._dtypes:
+            self._offsets.append(size)
+            # 16-byte aligned, as a tensor of its own: the kernels the graphs capture are
+            # specialised on that, and the same compiled kernels serve the eager steps
+            size += -(-width * dtype.itemsize // 16) * 16
+        self.nbytes = size
+        self.static = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
+        static = self.views(self.static)
+        static.out_slots.fill_(dummy_slot)
+        static.rows.fill_(dummy_row)
+        static.seq_lens.fill_(1)
+
+    def views(self, buf: torch.Tensor) -> DecodeInputViews:
+        """The five inputs of a buffer of this layout, [width] each."""
+        return DecodeInputViews(
+            *(buf[o : o + self.width * d.itemsize].view(d) for o, d in zip(self._offsets, self._dtypes, strict=True))
+        )
+
+    def fits(self, num_decodes: int) -> bool:
+        return 0 < num_decodes <= self.width
+
+    def build(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        rows: list[int],
+        slots: torch.Tensor,
+        req_table: torch.Tensor,
+        prev: torch.Tensor | None,
+    ) -> ForwardBatch:
+        """A decode-only batch: per request its input token (-1 - j: row j of prev, the step
+        before's sampled tokens, still on the device), its position (= tokens in its KV before
+        this one) and its table row; slots [n] int32, where the new tokens' K and V go. The
+        sampled positions (0..n-1) and the rows as int64 (``sample_rows``, for the sampler) come
+        in the same copy."""
+        n = len(tokens)
+        pack = to_device([tokens, positions, rows, list(range(n))], torch.int64, self.device)
+        buf = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+        views = self.views(buf)
+        self._fill(pack[:3], prev, slots, views, self.dummy_slot, self.dummy_row)
+        empty = torch.zeros(0, dtype=torch.int32, device=self.device)
+        lens = [p + 1 for p in positions]
+        return ForwardBatch(
+            input_ids=views.input_ids[:n],
+            positions=views.positions[:n],
+            out_slots=views.out_slots[:n],
+            req_table=req_table,
+            num_extend_tokens=0,
+            extend_rows=empty,
+            extend_starts=empty,
+            extend_lens=empty,
+            extend_prefix_lens=empty,
+            extend_max_len=0,
+            extend_lens_host=[],
+            extend_prefix_lens_host=[],
+            decode_rows=views.rows[:n],
+            decode_seq_lens=views.seq_lens[:n],
+            decode_max_len=max(lens),
+            sample_index=pack[3],
+            host=HostIndex(positions, [], [], rows, lens, list(range(n))),
+            staged=buf,
+            sample_rows=pack[2],
+        )
+
+    def load(self, batch: ForwardBatch) -> bool:
+        """Copy a batch built here into the graphs' inputs; False when it was built otherwise."""
+        if batch.staged is None or batch.staged.shape != self.static.shape:
+            return False
+        self.static.copy_(batch.staged)
+        return True
