@@ -88,8 +88,9 @@ class Sampler:
         self.eos_ids = sorted(eos_ids)
         self.argmax = argmax
 
-    def batch(self, reqs: list[Req], device: torch.device) -> SampleBatch:
-        """Host side: read the requests' parameters once, build the row index."""
+    def batch(self, reqs: list[Req], device: torch.device, rows: torch.Tensor | None = None) -> SampleBatch:
+        """Host side: read the requests' parameters once, build the row index (rows: the
+        requests' rows as [S] int64 on the device, where the batch builder made them)."""
         params = [r.params for r in reqs]
         bans = []
         for i, r in enumerate(reqs):
@@ -99,7 +100,7 @@ class Sampler:
                 bans += [(i, t) for t in ends if 0 <= t < self.state.vocab]
         vocab = self.state.vocab
         return SampleBatch(
-            rows=to_device([r.row for r in reqs], torch.int64, device),
+            rows=rows if rows is not None else to_device([r.row for r in reqs], torch.int64, device),
             all_greedy=all(p.greedy for p in params),
             filtered=any(not p.greedy and (0 < p.top_k < vocab or p.top_p < 1.0) for p in params),
             penalties=any(uses_penalty(r) for r in reqs),
@@ -124,7 +125,7 @@ class Sampler:
             noise = -torch.log(-torch.log(hashed_uniform(st.seed[rows], st.out_pos[rows], logits.shape[1])))
             drawn = self.argmax(torch.log_softmax(scaled, dim=-1) + noise)
             tokens = torch.where(st.greedy[rows], self.argmax(logits), drawn)
-        st.record(rows, tokens, b.penalties)
+        st.record(rows, tokens, b.penalties, advance=not b.all_greedy)
         lp = top_ids = top_values = None
         if b.logprobs:
             logsm = torch.log_softmax(raw, dim=-1)

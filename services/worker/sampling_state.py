@@ -76,9 +76,12 @@ class SamplingState:
             ids = to_device(outputs, torch.int64, self.device)
             self.counts[r.row].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
 
-    def record(self, rows: torch.Tensor, tokens: torch.Tensor, penalties: bool) -> None:
-        """After a draw: advance the rows' output positions and, if in use, their counts."""
-        self.out_pos.index_add_(0, rows, torch.ones_like(rows))
+    def record(self, rows: torch.Tensor, tokens: torch.Tensor, penalties: bool, advance: bool = True) -> None:
+        """After a draw: advance the rows' output positions and, if in use, their counts.
+        advance false (a step of greedy requests only): the positions stay, since only a
+        sampling request's draw reads its own, and a request is greedy or not for its life."""
+        if advance:
+            self.out_pos.index_add_(0, rows, torch.ones_like(rows))
         if penalties and self.counts is not None and self.seen is not None:
             self.counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
             self.seen[rows, tokens] = True
