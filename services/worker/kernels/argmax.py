@@ -21,6 +21,10 @@ import triton.language as tl
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
 
 BLOCK = 1024
+# 8 warps: each thread loads one 16-byte vector of a float32 tile. With 4 (two vectors a thread)
+# 64 rows of 128,256 logits took 29.8 µs, with 8 12.4 µs, and one row 6.2 and 3.3 µs
+# (r109, a sweep of tiles 1024-4096, 4 or 8 warps, 4-32 programs an SM)
+WARPS = 8
 MAX_SPLITS = 64
 _NO_INDEX = 2**31 - 1
 
@@ -96,11 +100,11 @@ def argmax_rows(x: torch.Tensor, num_sms: int = 132) -> torch.Tensor:
     splits = cdiv(cols, chunk)  # none empty
     if splits == 1:
         _split_launch[(rows, 1)](x, out, out, x.stride(0), cols, chunk, 1, NO_INDEX=_NO_INDEX, BLOCK=block,
-                                 WRITE_VAL=False, num_warps=4)  # fmt: skip
+                                 WRITE_VAL=False, num_warps=WARPS)  # fmt: skip
         return out
     vals = torch.empty(rows, splits, dtype=torch.float32, device=x.device)
     idx = torch.empty(rows, splits, dtype=torch.int32, device=x.device)
     _split_launch[(rows, splits)](x, vals, idx, x.stride(0), cols, chunk, splits, NO_INDEX=_NO_INDEX, BLOCK=block,
-                                  WRITE_VAL=True, num_warps=4)  # fmt: skip
+                                  WRITE_VAL=True, num_warps=WARPS)  # fmt: skip
     _combine_launch[(rows,)](vals, idx, out, splits, NO_INDEX=_NO_INDEX, BLOCK_S=next_pow2(splits), num_warps=1)
     return out
