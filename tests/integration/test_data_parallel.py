@@ -64,6 +64,14 @@ def test_two_worker_groups_share_the_load_survive_a_death_and_take_back_a_restar
                 f = probe.figures()
                 on_dying = int(f['group_running_requests{group="1"}'])
                 assert on_dying == 2, f  # two per group: a pool cannot hold three
+                # the router learns of a first token from the group's next status, which may leave
+                # after the token itself: wait until it has seen group 1 hold 16 more tokens than
+                # it knew of when the clients had their first ones, so it knows both requests
+                # have output (else it would re-queue them when the group dies)
+                used = 'group_used_tokens{group="1"}'
+                await asyncio.to_thread(
+                    probe.wait_for, lambda g: g[used] >= f[used] + 16, 30, "group 1's requests known to have output"
+                )
                 # group 1 goes silent with requests running; the router keeps placing new ones
                 # there until it declares the group dead, and those never start
                 stack.signal_service("worker-1", signal.SIGSTOP)
