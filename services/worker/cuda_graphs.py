@@ -5,9 +5,8 @@ cost about as much host time as the step takes on the device. Each bucket's forw
 captured once over static input buffers; a step copies its inputs into the buffers (one copy
 for a batch built in their layout, decode_inputs.py) and replays the smallest bucket that
 holds it. Rows past the real batch are padding: they read and write only the pool's scratch
-slot through the table's scratch row. Before a
-bucket is captured, what runs each projection (a BLAS library, or one cuBLASLt algorithm) is
-chosen by timing (blas_choice.py).
+slot through the table's scratch row. Before a bucket is captured, what runs each projection
+(a BLAS library, or one cuBLASLt algorithm) is chosen by timing (blas_choice.py).
 """
 
 from __future__ import annotations
