@@ -123,7 +123,7 @@ class LlamaModel:
             else:
                 o = self.attn.attend(i, c.q, c.k, c.v, batch)  # [T, Hq, D]
             c = self.piece(i + 1, o, c, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only)
-        return self.logits(c, batch.sample_index)
+        return self.logits(c, None if decode_only else batch.sample_index)
 
     def piece(
         self,
@@ -175,7 +175,7 @@ class LlamaModel:
             self._proj("o", o.reshape(t, self.q_size), layer.o, residual, accumulate=True)
             a = self.ops.silu_mul(self._proj("gate_up", residual, layer.gate_up), norm)
             self._proj("down", a, layer.down, residual, accumulate=True)
-        return self._lm_head(self.ops.rmsnorm(residual[batch.sample_index], self.w.final_norm, eps))
+        return self._lm_head(self.ops.rmsnorm(residual, self.w.final_norm, eps))  # every row sampled, in order
 
     def _qkv(self, layer: LayerWeights, x: torch.Tensor,
              out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -190,12 +190,15 @@ class LlamaModel:
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.kv_heads, self.head_dim)
         return q, k, v
 
-    def logits(self, last: Carry, sample_index: torch.Tensor) -> torch.Tensor:
-        """The last piece's output -> float32 logits [S, V] of the rows sample_index [S]."""
-        assert last.h is not None
-        x = self.ops.add_rmsnorm(last.h[sample_index], last.residual[sample_index].clone(), self.w.final_norm,
-                                 self.cfg.rms_norm_eps)  # fmt: skip
-        return self._lm_head(x)
+    def logits(self, last: Carry, sample_index: torch.Tensor | None) -> torch.Tensor:
+        """The last piece's output -> float32 logits [S, V] of the rows sample_index [S] (None:
+        every row, in order, as a decode-only step samples; the final norm then adds into the
+        carry's residual in place, which nothing reads after it)."""
+        h, residual = last.h, last.residual
+        assert h is not None
+        if sample_index is not None:  # gathers, so the in-place add touches copies
+            h, residual = h[sample_index], residual[sample_index]
+        return self._lm_head(self.ops.add_rmsnorm(h, residual, self.w.final_norm, self.cfg.rms_norm_eps))
 
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """The final norm's output [S, H] -> float32 logits [S, V]."""
