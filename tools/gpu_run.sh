@@ -4,12 +4,19 @@
 #   PART: tests | kernels | blas | kernel-sweep | split-sweep | engine | engine-int8 | profile | step-gaps | offline | static | pipeline | peer | trace | hop
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 # pipeline needs a redis-server binary with its libraries in .redis/ (copied from Debian's package)
-# Needs the wheels the GPU image lacks in .whl/ (redis-py, fastapi, ...), installed to /tmp/site.
+# Needs the wheels the GPU image lacks in .whl/, installed to /tmp/site. The image has torch, triton,
+# transformers, msgpack, uvloop and numpy; the rest, as pinned in requirements.txt (Python 3.12), from
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any -d .whl \
+#     redis hiredis fastapi starlette uvicorn httptools pydantic pydantic_core annotated-types annotated-doc \
+#     typing-inspection typing_extensions opentelemetry-api h11 click prometheus-client httpx httpcore anyio \
+#     sniffio idna certifi jinja2 markupsafe
+# (each at the version the development environment has; fastapi 0.165 imports opentelemetry-api)
 set -u
 out=${1:?OUTDIR}; shift
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD" LD_LIBRARY_PATH="$PWD/.redis:${LD_LIBRARY_PATH:-}"
-if [ -d .whl ] && [ ! -d /tmp/site ]; then
+if [ -d .whl ]; then  # every time: a machine still warm from an earlier call may lack a wheel added since
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
