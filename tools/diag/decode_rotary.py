@@ -3,10 +3,11 @@
 At the 8B shape and context 1024, for each batch: 32 layers, each on its own KV pool, captured
 in one CUDA graph with the grid and split settings the engine's decode graphs use, timed over
 its replays. "apart" is rotary_store_ then decode_attention (as before 408feff), "fused" is
-decode_attention given the new tokens (NewTokens), under each launch config listed. Prints one
+decode_attention given the new tokens (NewTokens), under each launch config listed, with
+--norm 1 a folded norm too (as the engine's decode steps of up to 64 requests). Prints one
 JSON line per batch: µs per layer.
 
-    python3 tools/diag/decode_rotary.py [--batches 1,4,16,64,256] [--configs 64/2/3,64/4/2]
+    python3 tools/diag/decode_rotary.py [--batches 1,4,16,64,256] [--configs 64/2/3,64/4/2] [--norm 1]
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ from services.worker.kernels.decode_attention import (
 )
 from services.worker.kernels.rotary_store import rotary_store_
 from services.worker.models.rope import cos_sin_table
+from services.worker.ops import RowNorm
 from tools.diag.decode_small import HKV, HQ, LAYERS, D, layer_pools
+
+HIDDEN = HQ * D  # the residual row a folded norm reads (4096 at the 8B shape)
 
 
 def apart(pools: list, call: tuple, store: tuple, common: dict) -> None:
@@ -53,7 +57,7 @@ def fused(pools: list, call: tuple, new: NewTokens, common: dict) -> None:
         decode_attention(q, kp, vp, table, rows, lens, D**-0.5, grid, new=new, **common)
 
 
-def batch_row(b: int, ctx: int, configs: list[str], cos_sin: torch.Tensor, sms: int) -> dict:
+def batch_row(b: int, ctx: int, configs: list[str], cos_sin: torch.Tensor, sms: int, with_norm: bool = False) -> dict:
     dev, bf = cos_sin.device, torch.bfloat16
     pools, table, rows, lens = layer_pools(b, ctx, dev)
     slots = table[:, ctx - 1].clone()
@@ -68,10 +72,12 @@ def batch_row(b: int, ctx: int, configs: list[str], cos_sin: torch.Tensor, sms: 
     store = (k, v, cos_sin, slots)
     row = {"batch": b, "context": ctx, "splits": grid}
     row["apart_us"] = round(graph_ms(functools.partial(apart, pools, call, store, common)) * 1000 / LAYERS, 2)
+    # the layer's norm folded into the QKV weights, as the engine's decode steps of up to 64 run
+    norm = RowNorm(torch.randn(b, HIDDEN, dtype=bf, device=dev), 1e-5) if with_norm else None
     for spec in configs:
         bn, warps, stages = (int(x) for x in spec.split("/"))
         cfg = common | {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
-        run = functools.partial(fused, pools, call, NewTokens(*store), cfg)
+        run = functools.partial(fused, pools, call, NewTokens(*store, norm), cfg)
         row[f"fused_{spec}_us"] = round(graph_ms(run) * 1000 / LAYERS, 2)
     return row
 
@@ -81,12 +87,14 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,16,64,256")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--configs", default="64/2/3,64/4/2,32/2/3", help="BLOCK_N/num_warps/num_stages of the fused")
+    ap.add_argument("--norm", type=int, default=0, help="1: with a folded norm (a RowNorm of hidden 4096)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     cos_sin = cos_sin_table(D, 500000.0, {}, args.context + 1, dev)
     for b in (int(x) for x in args.batches.split(",")):
-        print(json.dumps(batch_row(b, args.context, args.configs.split(","), cos_sin, sms)), flush=True)
+        row = batch_row(b, args.context, args.configs.split(","), cos_sin, sms, bool(args.norm))
+        print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()
 
 
