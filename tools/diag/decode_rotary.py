@@ -75,8 +75,8 @@ def batch_row(b: int, ctx: int, configs: list[str], cos_sin: torch.Tensor, sms: 
     # the layer's norm folded into the QKV weights, as the engine's decode steps of up to 64 run
     norm = RowNorm(torch.randn(b, HIDDEN, dtype=bf, device=dev), 1e-5) if with_norm else None
     for spec in configs:
-        bn, warps, stages, early = ([int(x) for x in spec.split("/")] + [0])[:4]
-        cfg = common | {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "EARLY": early}
+        bn, warps, stages = (int(x) for x in spec.split("/"))
+        cfg = common | {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
         run = functools.partial(fused, pools, call, NewTokens(*store, norm), cfg)
         row[f"fused_{spec}_us"] = round(graph_ms(run) * 1000 / LAYERS, 2)
     return row

@@ -86,7 +86,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
                          vn_h_stride, cs_row_stride, qk_scale, num_splits, split_tokens, rotary, GROUP: tl.constexpr,
                          HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_S: tl.constexpr, NORM_BLOCK: tl.constexpr, QUANT: tl.constexpr, IEEE: tl.constexpr,
-                         DIRECT: tl.constexpr, FUSED: tl.constexpr, EARLY: tl.constexpr):  # fmt: skip
+                         DIRECT: tl.constexpr, FUSED: tl.constexpr):  # fmt: skip
     """DIRECT (one split): mid_o_ptr and its b/h strides are the output's; no log-sum-exp.
     FUSED (several splits): the last split of a (request, KV head) to finish combines them
     into out_ptr, counting in cnt_ptr [B, Hkv] (zero before, left zero after).
@@ -96,14 +96,11 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     token in. A runtime flag, not a constexpr: steps with prompt tokens (whose decodes were
     rotated and stored before) then run the kernels the decode graphs compiled.
     hidden (nonzero, with rotary): q, k and v are each first scaled by the inverse RMS of row b
-    of nrm_ptr [B, hidden] (eps nrm_eps).
-    EARLY: the first tile's K and V are asked for before the norm and q are worked out, so that
-    the two chains of loads (length, slots, K and V; residual row, q) overlap."""
+    of nrm_ptr [B, hidden] (eps nrm_eps)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
-    row = tl.load(rows_ptr + b).to(tl.int64)
     split_len = _split_len(seq_len, num_splits, split_tokens, BLOCK_N)
     begin = split * split_len
     if not DIRECT:  # noqa: SIM102 (a compile-time branch: Triton drops it whole for DIRECT)
@@ -116,8 +113,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
                                       BLOCK_S, BLOCK_D)  # fmt: skip
             return
     end = tl.minimum(begin + split_len, seq_len)
-    # with new tokens to rotate, the pool holds one token less: the new one is folded in after
-    pool_end = tl.where(rotary != 0, tl.minimum(end, seq_len - 1), end)
+    row = tl.load(rows_ptr + b).to(tl.int64)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -128,33 +124,36 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     q_rows = q_ptr + b.to(tl.int64) * q_b_stride + heads[:, None] * q_h_stride
     qmask = gmask[:, None] & dmask[None, :]
     token_pos = (seq_len - 1).to(tl.int64)  # a decode's new token: position kv_len, seq_len kv_len + 1
-    if EARLY:
-        k0, v0, ks0, vs0, nmask0 = _kv_tile(k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr + row * table_stride, begin,
-                                            pool_end, kvh, offs_n, offs_d, dmask, k_slot_stride, k_h_stride,
-                                            v_slot_stride, v_h_stride, ks_slot_stride, ks_h_stride, vs_slot_stride,
-                                            vs_h_stride, QUANT)  # fmt: skip
     # the folded norm's factor (reads nothing without a norm, hidden 0)
     inv_rms = row_inv_rms(nrm_ptr + b.to(tl.int64) * nrm_b_stride, hidden, nrm_eps, NORM_BLOCK)
     scale = tl.where(hidden > 0, inv_rms, 1.0)
     if rotary:
         q = rotate_rows(q_rows, offs_d[None, :], qmask, cs_ptr, token_pos, cs_row_stride, scale, HEAD_DIM // 2)
+        pool_end = tl.minimum(end, seq_len - 1)  # the new token is folded in after the loop
     else:
         q = tl.load(q_rows + offs_d[None, :], mask=qmask, other=0.0)  # [BLOCK_G, BLOCK_D]
+        pool_end = end
 
     # a finite floor instead of -inf keeps exp2(m_old - m_new) at 0, never NaN
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    first = begin
-    if EARLY:  # an empty first tile (all masked) leaves the state as it is
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k0, v0, ks0, vs0, nmask0, qk_scale, QUANT, IEEE)
-        first = begin + BLOCK_N
-    for start in range(first, pool_end, BLOCK_N):
-        k, v, k_s, v_s, nmask = _kv_tile(k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr + row * table_stride, start,
-                                         pool_end, kvh, offs_n, offs_d, dmask, k_slot_stride, k_h_stride,
-                                         v_slot_stride, v_h_stride, ks_slot_stride, ks_h_stride, vs_slot_stride,
-                                         vs_h_stride, QUANT)  # fmt: skip
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k, v, k_s, v_s, nmask, qk_scale, QUANT, IEEE)
+    for start in range(begin, pool_end, BLOCK_N):
+        pos = start + offs_n
+        nmask = pos < pool_end
+        slots = tl.load(table_ptr + row * table_stride + pos, mask=nmask, other=0).to(tl.int64)  # [BLOCK_N]
+        kv_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + slots[:, None] * k_slot_stride + kvh * k_h_stride + offs_d[None, :], mask=kv_mask, other=0)
+        v = tl.load(v_ptr + slots[:, None] * v_slot_stride + kvh * v_h_stride + offs_d[None, :], mask=kv_mask, other=0)
+        if QUANT:
+            k_s = tl.load(ks_ptr + slots * ks_slot_stride + kvh * ks_h_stride, mask=nmask, other=0.0)
+            v_s = tl.load(vs_ptr + slots * vs_slot_stride + kvh * vs_h_stride, mask=nmask, other=0.0)
+            qk = dot(q, tl.trans(k.to(q.dtype)), IEEE) * k_s[None, :]  # [BLOCK_G, BLOCK_N]
+        else:
+            v_s = None
+            qk = dot(q, tl.trans(k), IEEE)
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
     if rotary:
         last = (end == seq_len) & (seq_len > 0)
         kn_row = kn_ptr + b.to(tl.int64) * kn_b_stride + kvh * kn_h_stride
@@ -184,39 +183,6 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
                     _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh * GROUP + g, used, o_b_stride, o_h_stride,
                                   o_s_stride, lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, HEAD_DIM,
                                   BLOCK_S, BLOCK_D)  # fmt: skip
-
-
-@triton.jit
-def _kv_tile(k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, start, end, kvh, offs_n, offs_d, dmask, k_slot_stride,
-             k_h_stride, v_slot_stride, v_h_stride, ks_slot_stride, ks_h_stride, vs_slot_stride, vs_h_stride,
-             QUANT: tl.constexpr):  # fmt: skip
-    """The K and V rows of positions start + offs_n (those before end) of one KV head, gathered
-    through the request's table row, with their int8 scales (QUANT; else placeholders) and the
-    positions' mask."""
-    pos = start + offs_n
-    nmask = pos < end
-    slots = tl.load(table_row + pos, mask=nmask, other=0).to(tl.int64)  # [BLOCK_N]
-    kv_mask = nmask[:, None] & dmask[None, :]
-    k = tl.load(k_ptr + slots[:, None] * k_slot_stride + kvh * k_h_stride + offs_d[None, :], mask=kv_mask, other=0)
-    v = tl.load(v_ptr + slots[:, None] * v_slot_stride + kvh * v_h_stride + offs_d[None, :], mask=kv_mask, other=0)
-    if QUANT:
-        k_s = tl.load(ks_ptr + slots * ks_slot_stride + kvh * ks_h_stride, mask=nmask, other=0.0)
-        v_s = tl.load(vs_ptr + slots * vs_slot_stride + kvh * vs_h_stride, mask=nmask, other=0.0)
-    else:
-        k_s = nmask
-        v_s = nmask
-    return k, v, k_s, v_s, nmask
-
-
-@triton.jit
-def _attend_tile(acc, m_i, l_i, q, k, v, k_s, v_s, nmask, qk_scale, QUANT: tl.constexpr, IEEE: tl.constexpr):
-    """Fold one tile of K and V (from _kv_tile) into the running softmax of q's heads."""
-    if QUANT:
-        qk = dot(q, tl.trans(k.to(q.dtype)), IEEE) * k_s[None, :]  # [BLOCK_G, BLOCK_N]
-    else:
-        qk = dot(q, tl.trans(k), IEEE)
-    qk = tl.where(nmask[None, :], qk, float("-inf"))
-    return online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
 
 
 @triton.jit
@@ -441,7 +407,7 @@ def decode_attention(
         vn.stride(0), vn.stride(1), cs.stride(0), scale * LOG2E, num_splits, split_tokens, int(new is not None),
         GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"],
         BLOCK_S=COMBINE_SPLITS, NORM_BLOCK=NORM_BLOCK, QUANT=quant, IEEE=q.dtype == torch.float32, DIRECT=direct,
-        FUSED=fused, EARLY=bool(cfg.get("EARLY", 0)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        FUSED=fused, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if direct or fused:
         return out
