@@ -83,24 +83,16 @@ class DecodeGraphs:
             self.seq_lens[n:bs].fill_(1)
 
     def _batch(self, bs: int) -> ForwardBatch:
-        empty = torch.zeros(0, dtype=torch.int32, device=self.input_ids.device)
-        return ForwardBatch(
-            input_ids=self.input_ids[:bs],
-            positions=self.positions[:bs],
-            out_slots=self.out_slots[:bs],
-            req_table=self.req_table,
-            num_extend_tokens=0,
-            extend_rows=empty,
-            extend_starts=empty,
-            extend_lens=empty,
-            extend_prefix_lens=empty,
-            extend_max_len=0,
-            extend_lens_host=[],
-            extend_prefix_lens_host=[],
-            decode_rows=self.rows[:bs],
-            decode_seq_lens=self.seq_lens[:bs],
-            decode_max_len=self.max_context,  # fixes the split count of the captured kernels
-            sample_index=self.sample_index[:bs],
+        # decode_max_len: the longest context fixes the split count of the captured kernels
+        return ForwardBatch.decodes(
+            self.input_ids[:bs],
+            self.positions[:bs],
+            self.out_slots[:bs],
+            self.req_table,
+            self.rows[:bs],
+            self.seq_lens[:bs],
+            self.max_context,
+            self.sample_index[:bs],
         )
 
     def _capture_all(self, device: torch.device, gemm_search: bool) -> None:

@@ -83,29 +83,11 @@ class DecodeInputs:
         buf = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
         views = self.views(buf)
         self._fill(pack[:3], prev, slots, views, self.dummy_slot, self.dummy_row)
-        empty = torch.zeros(0, dtype=torch.int32, device=self.device)
         lens = [p + 1 for p in positions]
-        return ForwardBatch(
-            input_ids=views.input_ids[:n],
-            positions=views.positions[:n],
-            out_slots=views.out_slots[:n],
-            req_table=req_table,
-            num_extend_tokens=0,
-            extend_rows=empty,
-            extend_starts=empty,
-            extend_lens=empty,
-            extend_prefix_lens=empty,
-            extend_max_len=0,
-            extend_lens_host=[],
-            extend_prefix_lens_host=[],
-            decode_rows=views.rows[:n],
-            decode_seq_lens=views.seq_lens[:n],
-            decode_max_len=max(lens),
-            sample_index=pack[3],
-            host=HostIndex(positions, [], [], rows, lens, list(range(n))),
-            staged=buf,
-            sample_rows=pack[2],
-        )
+        host = HostIndex(positions, [], [], rows, lens, list(range(n)))
+        return ForwardBatch.decodes(views.input_ids[:n], views.positions[:n], views.out_slots[:n], req_table,
+                                    views.rows[:n], views.seq_lens[:n], max(lens), pack[3], host=host, staged=buf,
+                                    sample_rows=pack[2])  # fmt: skip
 
     def load(self, batch: ForwardBatch) -> bool:
         """Copy a batch built here into the graphs' inputs; False when it was built otherwise."""

@@ -55,6 +55,45 @@ class ForwardBatch:
     staged: torch.Tensor | None = None
     sample_rows: torch.Tensor | None = None
 
+    @classmethod
+    def decodes(
+        cls,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        out_slots: torch.Tensor,
+        req_table: torch.Tensor,
+        rows: torch.Tensor,
+        seq_lens: torch.Tensor,
+        max_len: int,
+        sample_index: torch.Tensor,
+        host: HostIndex | None = None,
+        staged: torch.Tensor | None = None,
+        sample_rows: torch.Tensor | None = None,
+    ) -> ForwardBatch:
+        """A decode-only batch: one token per request, no extend segments."""
+        empty = torch.zeros(0, dtype=torch.int32, device=input_ids.device)
+        return cls(
+            input_ids=input_ids,
+            positions=positions,
+            out_slots=out_slots,
+            req_table=req_table,
+            num_extend_tokens=0,
+            extend_rows=empty,
+            extend_starts=empty,
+            extend_lens=empty,
+            extend_prefix_lens=empty,
+            extend_max_len=0,
+            extend_lens_host=[],
+            extend_prefix_lens_host=[],
+            decode_rows=rows,
+            decode_seq_lens=seq_lens,
+            decode_max_len=max_len,
+            sample_index=sample_index,
+            host=host,
+            staged=staged,
+            sample_rows=sample_rows,
+        )
+
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
