@@ -6,6 +6,7 @@ import pytest
 import torch
 import triton
 
+from services.worker.kernels import decode_attention as decode_attention_module
 from services.worker.kernels.decode_attention import (
     SPLIT_TOKENS,
     NewTokens,
@@ -36,7 +37,7 @@ def _check(lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, quant
     keys, values, rq, new = req.keys, req.values, q, None
     if rotary:  # the new tokens as projected: the kernel rotates q and k and stores k and v
         row_norm = None
-        if norm:  # a residual whose rows' RMS runs from 0.2 to 5, 40 wide (the kernel reads it in pieces)
+        if norm:  # a residual whose rows' RMS runs from 0.2 to 5, 40 wide
             spread = torch.linspace(0.2, 5.0, bsz, device=device)[:, None]
             row_norm = RowNorm((torch.randn(bsz, 40, device=device) * spread).to(dtype), 1e-5)
         new, rq, keys, values = _new_tokens(req, qkv, lens, hq, hkv, row_norm)
@@ -126,6 +127,15 @@ def test_decode_applies_a_folded_norm_to_the_new_tokens(hq: int, hkv: int, d: in
                                                         tol) -> None:  # fmt: skip
     _check([1, 17, 70, 0, 33], hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused, True,
            norm=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, True)])
+def test_decode_folded_norm_wider_than_one_load(num_splits: int, fused: bool, device, pooled, reference, tol,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A residual row wider than NORM_BLOCK (40 against 16) is read in several tiles, summed alike."""
+    monkeypatch.setattr(decode_attention_module, "NORM_BLOCK", 16)
+    _check([1, 17, 70, 0, 33], 4, 2, 32, torch.float32, False, num_splits, device, pooled, reference, tol, fused,
+           True, norm=True)  # fmt: skip
 
 
 def test_decode_rejects_a_norm_of_other_rows(device, pooled) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.worker.kernels import silu_mul as silu_mul_module
 from services.worker.kernels.silu_mul import silu_mul
 from services.worker.ops import RowNorm, TorchOps
 
@@ -32,6 +33,12 @@ def test_silu_mul_small(t: int, inter: int, dtype: torch.dtype, device: torch.de
 def test_silu_mul_with_a_folded_norm(t: int, inter: int, hidden: int, dtype: torch.dtype, device: torch.device,
                                      tol) -> None:  # fmt: skip
     _check(t, inter, dtype, device, tol, hidden)
+
+
+def test_silu_mul_norm_wider_than_one_load(device: torch.device, tol, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A residual row wider than NORM_BLOCK is read in several tiles, summed alike."""
+    monkeypatch.setattr(silu_mul_module, "NORM_BLOCK", 256)
+    _check(3, 200, torch.float32, device, tol, hidden=1500)
 
 
 def test_silu_mul_rejects_a_norm_of_other_rows(device: torch.device) -> None:

@@ -40,13 +40,16 @@ from services.worker.kernels.extend_attention import check_pool, dot, online_sof
 from services.worker.kernels.kv_store import check_kv_store_args
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
 from services.worker.kernels.rmsnorm import check_row_norm, row_inv_rms
-from services.worker.kernels.rotary import check_rotary_args, rotate_rows
+from services.worker.kernels.rotary import check_rotary_args, load_cos_sin, load_halves, rotate_loaded
 from services.worker.ops import RowNorm
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
-# elements of a folded norm's residual row read at a time (row_inv_rms)
-NORM_BLOCK = 1024
+# elements of a folded norm's residual row read at a time (row_inv_rms): the 8B shape's whole
+# row in one load. A loop of smaller tiles waits for each tile's load before it asks for the
+# next, a memory round trip each, on the path of every program. The same for every call, with
+# or without a norm, so both run one compiled kernel.
+NORM_BLOCK = 4096
 # the last split's combine loads this many splits' partials at a time: a fixed tile, so one
 # compiled kernel serves every split count
 COMBINE_SPLITS = 8
@@ -101,6 +104,10 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
+    row = tl.load(rows_ptr + b).to(tl.int64)
+    # the folded norm's factor (reads nothing without a norm, hidden 0), its row read while the
+    # length and the table row are on their way rather than after them
+    inv_rms = row_inv_rms(nrm_ptr + b.to(tl.int64) * nrm_b_stride, hidden, nrm_eps, NORM_BLOCK)
     split_len = _split_len(seq_len, num_splits, split_tokens, BLOCK_N)
     begin = split * split_len
     if not DIRECT:  # noqa: SIM102 (a compile-time branch: Triton drops it whole for DIRECT)
@@ -113,7 +120,6 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
                                       BLOCK_S, BLOCK_D)  # fmt: skip
             return
     end = tl.minimum(begin + split_len, seq_len)
-    row = tl.load(rows_ptr + b).to(tl.int64)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -124,20 +130,31 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     q_rows = q_ptr + b.to(tl.int64) * q_b_stride + heads[:, None] * q_h_stride
     qmask = gmask[:, None] & dmask[None, :]
     token_pos = (seq_len - 1).to(tl.int64)  # a decode's new token: position kv_len, seq_len kv_len + 1
-    # the folded norm's factor (reads nothing without a norm, hidden 0)
-    inv_rms = row_inv_rms(nrm_ptr + b.to(tl.int64) * nrm_b_stride, hidden, nrm_eps, NORM_BLOCK)
     scale = tl.where(hidden > 0, inv_rms, 1.0)
-    if rotary:
-        q = rotate_rows(q_rows, offs_d[None, :], qmask, cs_ptr, token_pos, cs_row_stride, scale, HEAD_DIM // 2)
-        pool_end = tl.minimum(end, seq_len - 1)  # the new token is folded in after the loop
-    else:
-        q = tl.load(q_rows + offs_d[None, :], mask=qmask, other=0.0)  # [BLOCK_G, BLOCK_D]
-        pool_end = end
-
     # a finite floor instead of -inf keeps exp2(m_old - m_new) at 0, never NaN
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    if rotary:
+        # q, the new token's k and v, its slot and their cos and sin, all asked for before any is
+        # used; the new token is folded in first, so nothing of it is held through the loop
+        half: tl.constexpr = HEAD_DIM // 2
+        q_x, q_xp = load_halves(q_rows, offs_d[None, :], qmask, half)
+        k_x, k_xp = load_halves(kn_ptr + b.to(tl.int64) * kn_b_stride + kvh * kn_h_stride, offs_d, dmask, half)
+        v_x = tl.load(vn_ptr + b.to(tl.int64) * vn_b_stride + kvh * vn_h_stride + offs_d, mask=dmask, other=0.0)
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        cos, sin = load_cos_sin(cs_ptr, token_pos, cs_row_stride, offs_d, half)
+        first = offs_d < half
+        q = rotate_loaded(q_x, q_xp, cos[None, :], sin[None, :], first[None, :], scale)  # [BLOCK_G, BLOCK_D]
+        k_new = rotate_loaded(k_x, k_xp, cos, sin, first, scale)  # [BLOCK_D]
+        v_new = (v_x.to(tl.float32) * scale).to(v_x.dtype)
+        last = (end == seq_len) & (seq_len > 0)
+        acc, m_i, l_i = _fold_new_token(acc, m_i, l_i, q, last, k_new, v_new, k_ptr, v_ptr, slot, kvh, k_slot_stride,
+                                        k_h_stride, v_slot_stride, v_h_stride, qk_scale, offs_d, half)  # fmt: skip
+        pool_end = tl.minimum(end, seq_len - 1)  # the new token is in already
+    else:
+        q = tl.load(q_rows + offs_d[None, :], mask=qmask, other=0.0)  # [BLOCK_G, BLOCK_D]
+        pool_end = end
     for start in range(begin, pool_end, BLOCK_N):
         pos = start + offs_n
         nmask = pos < pool_end
@@ -154,14 +171,6 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
             qk = dot(q, tl.trans(k), IEEE)
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
-    if rotary:
-        last = (end == seq_len) & (seq_len > 0)
-        kn_row = kn_ptr + b.to(tl.int64) * kn_b_stride + kvh * kn_h_stride
-        vn_row = vn_ptr + b.to(tl.int64) * vn_b_stride + kvh * vn_h_stride
-        slot = tl.load(slot_ptr + b).to(tl.int64)
-        acc, m_i, l_i = _fold_new_token(acc, m_i, l_i, q, last, kn_row, vn_row, k_ptr, v_ptr, slot, kvh, k_slot_stride,
-                                        k_h_stride, v_slot_stride, v_h_stride, cs_ptr, token_pos, cs_row_stride,
-                                        qk_scale, scale, offs_d, dmask, HEAD_DIM // 2)  # fmt: skip
 
     o_ptrs = mid_o_ptr + b.to(tl.int64) * o_b_stride + heads[:, None] * o_h_stride + offs_d[None, :]
     if DIRECT:  # an empty request (a padded graph row) gets zeros, not NaN, as from the reduce
@@ -186,15 +195,12 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
 
 
 @triton.jit
-def _fold_new_token(acc, m_i, l_i, q, last, kn_row, vn_row, kp_ptr, vp_ptr, slot, kvh, kp_slot_stride, kp_h_stride,
-                    vp_slot_stride, vp_h_stride, cs_ptr, token_pos, cs_row_stride, qk_scale, scale, offs_d, dmask,
-                    HALF: tl.constexpr):  # fmt: skip
-    """The request's new token, for its last split (last; other splits get their state back as
-    it was): k and v scaled (the folded norm's factor, else 1) and k rotated, k and v stored in
+def _fold_new_token(acc, m_i, l_i, q, last, k, v, kp_ptr, vp_ptr, slot, kvh, kp_slot_stride, kp_h_stride,
+                    vp_slot_stride, vp_h_stride, qk_scale, offs_d, HALF: tl.constexpr):  # fmt: skip
+    """The request's new token (k rotated, k and v scaled by the folded norm's factor, [BLOCK_D]),
+    for its last split (last; other splits get their state back as it was): k and v stored in
     the pool at slot, and the token folded into the running softmax as online_softmax_step folds
     a tile (p rounded to q's dtype for the sum)."""
-    k = rotate_rows(kn_row, offs_d, dmask, cs_ptr, token_pos, cs_row_stride, scale, HALF)  # [BLOCK_D]
-    v = (tl.load(vn_row + offs_d, mask=dmask, other=0.0).to(tl.float32) * scale).to(vn_row.dtype.element_ty)
     store = offs_d < tl.where(last, 2 * HALF, 0)  # the whole head in the last split, else nothing
     tl.store(kp_ptr + slot * kp_slot_stride + kvh * kp_h_stride + offs_d, k.to(kp_ptr.dtype.element_ty), mask=store)
     tl.store(vp_ptr + slot * vp_slot_stride + kvh * vp_h_stride + offs_d, v.to(vp_ptr.dtype.element_ty), mask=store)

@@ -38,22 +38,35 @@ def rotate_heads(x_ptr, row_stride, head_stride, token, num_heads, cos, sin, HAL
 
 
 @triton.jit
-def rotate_rows(row_ptrs, offs_d, mask, cs_ptr, pos, cs_row_stride, scale, HALF: tl.constexpr):
-    """Whole rows of x rotated, as rotate_heads rotates their halves, for a kernel that wants
-    them in registers (decode attention's query and new key), not written back. row_ptrs: a
-    pointer per row, broadcast against offs_d (the head dim's offsets); mask: which elements
-    exist; scale: a float32 factor x is first multiplied by and rounded to its dtype again (a
-    norm folded into the projection, ops.RowNorm; 1.0 changes nothing). Returns the rows in x's
-    dtype."""
-    first = offs_d < HALF
-    j = tl.where(first, offs_d, offs_d - HALF)  # the frequency of each element
-    partner = tl.where(first, offs_d + HALF, offs_d - HALF)  # the other half's element it mixes with
+def load_halves(row_ptrs, offs_d, mask, HALF: tl.constexpr):
+    """Rows of x as they are (x) and with their halves swapped (each element's partner in the
+    rotation, xp), for rotate_loaded; a kernel that wants rotated rows in registers, not written
+    back (decode attention's query and new key), asks for them early with this. row_ptrs: a
+    pointer per row, broadcast against offs_d (the head dim's offsets); mask: which elements exist."""
+    partner = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
+    return tl.load(row_ptrs + offs_d, mask=mask, other=0.0), tl.load(row_ptrs + partner, mask=mask, other=0.0)
+
+
+@triton.jit
+def load_cos_sin(cs_ptr, pos, cs_row_stride, offs_d, HALF: tl.constexpr):
+    """cos and sin of each element of a head at position pos, float32 [BLOCK_D] (offs_d)."""
+    j = tl.where(offs_d < HALF, offs_d, offs_d - HALF)  # the frequency of each element
     dmask = offs_d < 2 * HALF
-    dtype = row_ptrs.dtype.element_ty
-    c = tl.load(cs_ptr + pos * cs_row_stride + j, mask=dmask, other=0.0).to(dtype).to(tl.float32)
-    s = tl.load(cs_ptr + pos * cs_row_stride + HALF + j, mask=dmask, other=0.0).to(dtype).to(tl.float32)
-    x = (tl.load(row_ptrs + offs_d, mask=mask, other=0.0).to(tl.float32) * scale).to(dtype).to(tl.float32)
-    xp = (tl.load(row_ptrs + partner, mask=mask, other=0.0).to(tl.float32) * scale).to(dtype).to(tl.float32)
+    c = tl.load(cs_ptr + pos * cs_row_stride + j, mask=dmask, other=0.0)
+    return c, tl.load(cs_ptr + pos * cs_row_stride + HALF + j, mask=dmask, other=0.0)
+
+
+@triton.jit
+def rotate_loaded(x, xp, c, s, first, scale):
+    """Rows rotated as rotate_heads rotates their halves, from load_halves' x and xp and
+    load_cos_sin's c and s (broadcast against x); first: which elements are in the first half.
+    scale: a float32 factor x is first multiplied by and rounded to its dtype again (a norm folded
+    into the projection, ops.RowNorm; 1.0 changes nothing). Returns the rows in x's dtype."""
+    dtype = x.dtype
+    c = c.to(dtype).to(tl.float32)
+    s = s.to(dtype).to(tl.float32)
+    x = (x.to(tl.float32) * scale).to(dtype).to(tl.float32)
+    xp = (xp.to(tl.float32) * scale).to(dtype).to(tl.float32)
     # the first half: x1 c - x2 s; the second: x2 c + x1 s
     return tl.where(first, x * c - xp * s, x * c + xp * s).to(dtype)
 

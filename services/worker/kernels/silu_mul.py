@@ -17,11 +17,14 @@ from services.worker.kernels.rmsnorm import check_row_norm, row_inv_rms
 from services.worker.ops import RowNorm
 
 BLOCK = 1024
+# the widest residual row a folded norm's factor is computed from in one load (row_inv_rms):
+# a loop of smaller tiles waits for each tile's load before it asks for the next
+NORM_BLOCK = 8192
 
 
 @triton.jit
 def _silu_mul_kernel(x_ptr, out_ptr, res_ptr, x_row_stride, out_row_stride, res_row_stride, inter, hidden, eps,
-                     BLOCK: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
+                     BLOCK: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
@@ -29,7 +32,7 @@ def _silu_mul_kernel(x_ptr, out_ptr, res_ptr, x_row_stride, out_row_stride, res_
     gate = tl.load(x_ptr + row * x_row_stride + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
     up = tl.load(x_ptr + row * x_row_stride + inter + offs, mask=mask, other=0.0).to(tl.float32)
     if NORM:
-        r = row_inv_rms(res_ptr + row * res_row_stride, hidden, eps, BLOCK)
+        r = row_inv_rms(res_ptr + row * res_row_stride, hidden, eps, NORM_BLOCK)
         gate = (gate * r).to(dtype).to(tl.float32)
         up = (up * r).to(dtype).to(tl.float32)
     act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
@@ -54,6 +57,7 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, norm: RowNo
     block = min(BLOCK, next_pow2(inter))
     grid = (t, cdiv(inter, block))
     res, hidden, eps = (norm.src, norm.src.shape[1], norm.eps) if norm is not None else (gate_up, 0, 0.0)
+    norm_block = min(NORM_BLOCK, next_pow2(max(hidden, 1)))
     _silu_mul_launch[grid](gate_up, out, res, gate_up.stride(0), out.stride(0), res.stride(0), inter, hidden, eps,
-                           BLOCK=block, NORM=norm is not None, num_warps=4)  # fmt: skip
+                           BLOCK=block, NORM=norm is not None, NORM_BLOCK=norm_block, num_warps=4)  # fmt: skip
     return out
