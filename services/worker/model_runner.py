@@ -33,7 +33,7 @@ class ModelRunner:
         self.staging: DecodeInputs | None = graphs.inputs if graphs is not None else None
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """-> float32 logits [S, V] for batch.sample_index."""
+        """-> logits [S, V] (the weights' dtype) for batch.sample_index."""
         if self.channel is not None:
             self.channel.send(batch)
         if self.graphs is not None and batch.num_extends == 0 and self.graphs.fits(batch.num_decodes):

@@ -72,7 +72,7 @@ class PiecewiseGraphs:
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """-> float32 logits [S, V] for batch.sample_index."""
+        """-> logits [S, V] (the weights' dtype) for batch.sample_index."""
         t = batch.num_tokens
         m = self.bucket(t)
         self.input_ids[:t].copy_(batch.input_ids)

@@ -82,7 +82,7 @@ class Sampler:
         eos_ids: frozenset[int],
         argmax: Callable[[torch.Tensor], torch.Tensor] = torch_argmax,
     ) -> None:
-        """argmax: [S, V] float32 -> [S] int64, the first maximum of each row (the CUDA path passes
+        """argmax: [S, V] float -> [S] int64, the first maximum of each row (the CUDA path passes
         the split kernel, kernels/argmax.py)."""
         self.state = state
         self.eos_ids = sorted(eos_ids)
@@ -110,7 +110,11 @@ class Sampler:
         )
 
     def sample(self, logits: torch.Tensor, b: SampleBatch) -> SampleResult:
-        """logits: [S, V] float32, one row per request of the batch, in order."""
+        """logits: [S, V], one row per request of the batch, in order, in the model's dtype. A
+        greedy step without penalties or log-probabilities takes the argmax of them as they are
+        (a float32 copy has the same maxima); anything else works on a float32 copy."""
+        if not b.all_greedy or b.penalties or b.bans or b.logprobs:
+            logits = logits.float()
         raw = logits
         st = self.state
         rows = b.rows

@@ -45,8 +45,9 @@ def test_argmax_rows_rejects_what_it_cannot_reduce(device: torch.device) -> None
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
-def test_argmax_rows_llama3_vocab(rows: int) -> None:
-    x = torch.randn(rows, 128256, device="cuda") * 3
+def test_argmax_rows_llama3_vocab(rows: int, dtype: torch.dtype) -> None:
+    x = (torch.randn(rows, 128256, device="cuda") * 3).to(dtype)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert torch.equal(argmax_rows(x, num_sms=sms), x.argmax(dim=-1))

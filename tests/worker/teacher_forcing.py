@@ -24,7 +24,7 @@ def prefill_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
     batch.sample_index = torch.arange(len(ids), device=engine.device)
     assert batch.host is not None
     batch.host.sample_index = list(range(len(ids)))  # what the other ranks of a TP group are sent
-    logits = engine.runner.forward(batch).clone()
+    logits = engine.runner.forward(batch).to(torch.float32, copy=True)
     engine.kv.release(req)
     return logits
 
@@ -47,7 +47,7 @@ def decode_logits(engine: Engine, seqs: list[list[int]], start: int) -> list[tor
         plan = StepPlan(decodes=list(reqs), decode_slots=slots)
         logits = engine.runner.forward(build_batch(plan, engine.kv.table.table, engine.device))
         for k in range(len(reqs)):
-            out[k].append(logits[k].clone())
+            out[k].append(logits[k].to(torch.float32, copy=True))
         for req in reqs:
             req.kv_len += 1
     for req in reqs:

@@ -151,3 +151,26 @@ def test_logprobs_and_top_logprobs() -> None:
     lp = torch.log_softmax(logits, -1)
     assert torch.allclose(out.logprobs, lp.max(-1).values, atol=1e-5)
     assert out.top_ids is not None and out.top_ids[0].tolist() == lp[0].topk(3).indices.tolist()
+
+
+def test_low_precision_logits_give_what_their_float32_copy_gives() -> None:
+    """The model hands the sampler logits in its own dtype: a greedy step takes their argmax as
+    they are, and every other kind of step works on a float32 copy, so each gives what the
+    float32 logits give."""
+    torch.manual_seed(3)
+    logits = (torch.randn(4, V) * 3).to(torch.bfloat16)
+    wide = logits.float()
+
+    def run(x: torch.Tensor) -> SampleResult:
+        b = Bench()
+        seen = [int(wide[2].argmax())]  # penalised: request p's prompt holds its row's best token
+        reqs = [b.req("g"), b.req("s", do_sample=True, seed=5, temperature=0.7, top_k=10),
+                b.req("p", tokens=seen, repetition_penalty=1.3), b.req("l", logprobs=True)]  # fmt: skip
+        return b.sample(x, reqs)
+
+    greedy = Bench()
+    assert greedy.tokens(logits, [greedy.req(str(i)) for i in range(4)]) == wide.argmax(-1).tolist()
+    low, ref = run(logits), run(wide)
+    assert torch.equal(low.tokens, ref.tokens)
+    assert low.logprobs is not None and low.logprobs.dtype == torch.float32
+    assert torch.equal(low.logprobs, ref.logprobs)

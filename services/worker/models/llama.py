@@ -110,7 +110,7 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """-> float32 logits [S, V] for batch.sample_index. A decode-only step leaves rotary and
+        """-> logits [S, V] (the weights' dtype) for batch.sample_index. A decode-only step leaves rotary and
         the KV store to the attention backend's decode_attend (a kernel fewer a layer)."""
         decode_only = batch.num_extends == 0
         if decode_only and self.w.folded and batch.num_tokens <= FOLDED_MAX_BATCH:
@@ -161,8 +161,8 @@ class LlamaModel:
         return Carry(residual, q=q, k=k, v=v)
 
     def decode_folded(self, batch: ForwardBatch) -> torch.Tensor:
-        """A decode-only step with the norms folded into the weights (fold.py; one GPU) -> float32
-        logits [S, V]. A layer: qkv from the residual; decode attention, which scales q, k and v by
+        """A decode-only step with the norms folded into the weights (fold.py; one GPU) -> logits
+        [S, V]. A layer: qkv from the residual; decode attention, which scales q, k and v by
         the attention norm's factor; o added into the residual; gate_up from the residual;
         silu_mul, which scales by the MLP norm's factor; down added into the residual."""
         eps = self.cfg.rms_norm_eps
@@ -191,7 +191,7 @@ class LlamaModel:
         return q, k, v
 
     def logits(self, last: Carry, sample_index: torch.Tensor | None) -> torch.Tensor:
-        """The last piece's output -> float32 logits [S, V] of the rows sample_index [S] (None:
+        """The last piece's output -> logits [S, V] of the rows sample_index [S] (None:
         every row, in order, as a decode-only step samples; the final norm then adds into the
         carry's residual in place, which nothing reads after it)."""
         h, residual = last.h, last.residual
@@ -201,9 +201,11 @@ class LlamaModel:
         return self._lm_head(self.ops.add_rmsnorm(h, residual, self.w.final_norm, self.cfg.rms_norm_eps))
 
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
-        """The final norm's output [S, H] -> float32 logits [S, V]."""
+        """The final norm's output [S, H] -> logits [S, V] in the weights' dtype. Not widened to
+        float32 here: a greedy step's argmax reads them as they are (the same choice), and the
+        sampler widens them for what needs it (penalties, temperature, log-probabilities)."""
         logits = self.tp.gather_vocab(self._proj("lm_head", x, self.w.lm_head))
-        return logits[:, : self.cfg.vocab_size].float()
+        return logits[:, : self.cfg.vocab_size]
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         a = self.ops.silu_mul(self._proj("gate_up", x, layer.gate_up))  # [T, I]
