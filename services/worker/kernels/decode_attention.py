@@ -18,9 +18,10 @@ and the reduce is not launched either: at small batches that kernel costs a laun
 latency for a few microseconds of work.
 
 Given the new tokens as projected (NewTokens: a decode-only step, a float pool), stage 1 also
-does what rotary_store would have done before it: each split rotates its q in registers, the
-request's last split rotates the new k, writes k and v to the pool and folds the token into
-its softmax from registers, and the other splits stop a token short of the context. The
+does what rotary_store would have done before it: each split rotates its q and the new k in
+registers, the request's last split writes k and v to the pool and folds the token into its
+softmax from registers before its KV loop, and the other splits stop a token short of the
+context. The
 kernels are specialised on nothing that differs between such a call and one without new
 tokens or with another split count, so steps with prompt tokens run what the decode graphs'
 capture compiled. Given a RowNorm with the new tokens (the layer's norm folded into the QKV
@@ -94,9 +95,9 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     FUSED (several splits): the last split of a (request, KV head) to finish combines them
     into out_ptr, counting in cnt_ptr [B, Hkv] (zero before, left zero after).
     rotary (nonzero): q (q_ptr) and the new token's k and v (kn_ptr, vn_ptr) are as projected,
-    and the new token is not in the pool yet: each split rotates q (position seq_len - 1, table
-    cs_ptr); the request's last split rotates k, stores k and v at slot_ptr[b] and folds the
-    token in. A runtime flag, not a constexpr: steps with prompt tokens (whose decodes were
+    and the new token is not in the pool yet: each split rotates q and k (position seq_len - 1,
+    table cs_ptr); the request's last split stores k and v at slot_ptr[b] and folds the token
+    in. A runtime flag, not a constexpr: steps with prompt tokens (whose decodes were
     rotated and stored before) then run the kernels the decode graphs compiled.
     hidden (nonzero, with rotary): q, k and v are each first scaled by the inverse RMS of row b
     of nrm_ptr [B, hidden] (eps nrm_eps)."""
