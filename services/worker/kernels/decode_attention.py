@@ -21,12 +21,11 @@ Given the new tokens as projected (NewTokens: a decode-only step, a float pool),
 does what rotary_store would have done before it: each split rotates its q and the new k in
 registers, the request's last split writes k and v to the pool and folds the token into its
 softmax from registers before its KV loop, and the other splits stop a token short of the
-context. The
-kernels are specialised on nothing that differs between such a call and one without new
-tokens or with another split count, so steps with prompt tokens run what the decode graphs'
-capture compiled. Given a RowNorm with the new tokens (the layer's norm folded into the QKV
-weights, models/fold.py), each program scales q, k and v by the inverse RMS of its request's
-row of the residual, which it computes, before it rotates them.
+context. The kernels are specialised on nothing that differs between such a call and one
+without new tokens or with another split count, so steps with prompt tokens run what the
+decode graphs' capture compiled. Given a RowNorm with the new tokens (the layer's norm
+folded into the QKV weights, models/fold.py), each program scales q, k and v by the inverse
+RMS of its request's row of the residual, which it computes, before it rotates them.
 """
 
 from __future__ import annotations
