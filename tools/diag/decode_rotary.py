@@ -57,19 +57,26 @@ def fused(pools: list, call: tuple, new: NewTokens, common: dict) -> None:
         decode_attention(q, kp, vp, table, rows, lens, D**-0.5, grid, new=new, **common)
 
 
-def batch_row(b: int, ctx: int, configs: list[str], cos_sin: torch.Tensor, sms: int, with_norm: bool = False) -> dict:
+def decode_setup(b: int, ctx: int, grid: int, cos_sin: torch.Tensor) -> tuple[list, tuple, tuple, dict]:
+    """b requests of ctx tokens in each of 32 layers' pools, with a split grid of grid: (the pools,
+    the call's (q, table, rows, lens, grid), the new tokens' (k, v, cos_sin, slots), the keyword
+    arguments every call shares: scratch, and counts when the last split combines)."""
     dev, bf = cos_sin.device, torch.bfloat16
     pools, table, rows, lens = layer_pools(b, ctx, dev)
     slots = table[:, ctx - 1].clone()
     qkv = torch.randn(b, HQ + 2 * HKV, D, dtype=bf, device=dev)
     q, k, v = qkv[:, :HQ], qkv[:, HQ : HQ + HKV], qkv[:, HQ + HKV :]
-    grid = choose_num_splits(b, HKV, 1 << 30, sms)  # as a captured graph's (decode_max_len unbounded)
     mid_o, mid_lse = decode_scratch(b, HQ, D, grid, dev)
     counts = torch.zeros(b * HKV, dtype=torch.int32, device=dev) if 1 < grid <= FUSE_MAX_SPLITS else None
     common = {"split_tokens": SPLIT_TOKENS, "out": torch.empty_like(q), "mid_o": mid_o, "mid_lse": mid_lse,
               "counts": counts}  # fmt: skip
-    call = (q, table, rows, lens, grid)
-    store = (k, v, cos_sin, slots)
+    return pools, (q, table, rows, lens, grid), (k, v, cos_sin, slots), common
+
+
+def batch_row(b: int, ctx: int, configs: list[str], cos_sin: torch.Tensor, sms: int, with_norm: bool = False) -> dict:
+    dev, bf = cos_sin.device, torch.bfloat16
+    grid = choose_num_splits(b, HKV, 1 << 30, sms)  # as a captured graph's (decode_max_len unbounded)
+    pools, call, store, common = decode_setup(b, ctx, grid, cos_sin)
     row = {"batch": b, "context": ctx, "splits": grid}
     row["apart_us"] = round(graph_ms(functools.partial(apart, pools, call, store, common)) * 1000 / LAYERS, 2)
     # the layer's norm folded into the QKV weights, as the engine's decode steps of up to 64 run

@@ -29,30 +29,17 @@ if __package__ in (None, ""):
 
 import torch
 
-from services.worker.attention.triton_backend import FUSE_MAX_SPLITS
 from services.worker.blas_choice import graph_ms
 from services.worker.kernels import decode_attention as attention_module
 from services.worker.kernels import silu_mul as silu_module
-from services.worker.kernels.decode_attention import (
-    SPLIT_TOKENS,
-    NewTokens,
-    choose_num_splits,
-    decode_attention,
-    decode_scratch,
-)
+from services.worker.kernels.decode_attention import NewTokens, choose_num_splits
 from services.worker.kernels.silu_mul import silu_mul
 from services.worker.models.rope import cos_sin_table
 from services.worker.ops import RowNorm
-from tools.diag.decode_small import HKV, HQ, LAYERS, D, layer_pools
+from tools.diag.decode_rotary import HIDDEN, decode_setup, fused
+from tools.diag.decode_small import HKV, LAYERS, D
 
-HIDDEN = HQ * D  # the residual row the norm reads (4096 at the 8B shape)
 INTER = 14336
-
-
-def attention_layers(pools: list, call: tuple, new: NewTokens, common: dict) -> None:
-    q, table, rows, lens, grid = call
-    for kp, vp in pools:
-        decode_attention(q, kp, vp, table, rows, lens, D**-0.5, grid, new=new, **common)
 
 
 def silu_layers(gate_ups: list, out: torch.Tensor, norm: RowNorm) -> None:
@@ -61,17 +48,8 @@ def silu_layers(gate_ups: list, out: torch.Tensor, norm: RowNorm) -> None:
 
 
 def attention_us(b: int, ctx: int, grid: int, cos_sin: torch.Tensor, norm: RowNorm) -> float:
-    dev, bf = cos_sin.device, torch.bfloat16
-    pools, table, rows, lens = layer_pools(b, ctx, dev)
-    slots = table[:, ctx - 1].clone()
-    qkv = torch.randn(b, HQ + 2 * HKV, D, dtype=bf, device=dev)
-    q, k, v = qkv[:, :HQ], qkv[:, HQ : HQ + HKV], qkv[:, HQ + HKV :]
-    mid_o, mid_lse = decode_scratch(b, HQ, D, grid, dev)
-    counts = torch.zeros(b * HKV, dtype=torch.int32, device=dev) if 1 < grid <= FUSE_MAX_SPLITS else None
-    common = {"split_tokens": SPLIT_TOKENS, "out": torch.empty_like(q), "mid_o": mid_o, "mid_lse": mid_lse,
-              "counts": counts}  # fmt: skip
-    run = functools.partial(attention_layers, pools, (q, table, rows, lens, grid), NewTokens(k, v, cos_sin, slots,
-                                                                                            norm), common)  # fmt: skip
+    pools, call, store, common = decode_setup(b, ctx, grid, cos_sin)
+    run = functools.partial(fused, pools, call, NewTokens(*store, norm), common)
     return round(graph_ms(run) * 1000 / LAYERS, 2)
 
 
