@@ -40,7 +40,9 @@ def build_batch(
     staging: DecodeInputs | None = None,
 ) -> ForwardBatch:
     """staging: the decode graphs' input layout; a decode-only batch that fits it is built there
-    (one copy and one kernel, decode_inputs.py)."""
+    (one copy and one kernel, decode_inputs.py). Either way the decodes' new slots
+    (plan.decode_slots, which the scheduler does not record) are written into req_table at
+    (row, position)."""
     if staging is not None and not plan.extends and plan.decode_slots is not None and staging.fits(len(plan.decodes)):
         return _staged(plan, req_table, staging, prev)
     ids: list[int] = []
@@ -84,9 +86,13 @@ def build_batch(
         assert prev is not None
         where = to_device(from_prev, torch.int64, device)
         input_ids[where[:, 0]] = prev.tokens[where[:, 1]]
+    positions = i64(pos)
+    decode_rows = i32(dec_rows)
+    if plan.decode_slots is not None:  # the decodes' new slots, which the scheduler leaves to the batch
+        req_table[decode_rows.long(), positions[num_extend:]] = plan.decode_slots
     return ForwardBatch(
         input_ids=input_ids,
-        positions=i64(pos),
+        positions=positions,
         out_slots=torch.cat(slots) if slots else i32([]),
         req_table=req_table,
         num_extend_tokens=num_extend,
@@ -97,7 +103,7 @@ def build_batch(
         extend_max_len=max(ext_lens, default=0),
         extend_lens_host=ext_lens,
         extend_prefix_lens_host=ext_prefix,
-        decode_rows=i32(dec_rows),
+        decode_rows=decode_rows,
         decode_seq_lens=i32(dec_lens),
         decode_max_len=max(dec_lens, default=0),
         sample_index=i64(sample_index),

@@ -35,13 +35,14 @@ class KVManager:
         return slots
 
     def allocate_one_each(self, reqs: list[Req]) -> torch.Tensor:
-        """One slot for the next position of each request (which all hold rows): a decode step.
-        One allocation and one table scatter for the whole batch, not two per request."""
+        """One slot for the next position of each request (which all hold rows and are decoding:
+        alloc_len == kv_len), in one allocation: a decode step. The table is not written here:
+        the step's batch records slot i at (reqs[i].row, reqs[i].kv_len) as it is built
+        (batch_builder), before anything can read or free it."""
         slots = self.allocator.allocate(len(reqs))
-        rows = [r.row for r in reqs]
-        positions = [r.alloc_len for r in reqs]
-        self.table.write_many(rows, positions, slots)  # type: ignore[arg-type]
         for r in reqs:
+            if r.alloc_len != r.kv_len:
+                raise RuntimeError(f"request {r.rid}: decoding with {r.alloc_len} slots for {r.kv_len} tokens")
             r.alloc_len += 1
         return slots
 

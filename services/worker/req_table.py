@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.host_copy import to_device
-
 
 class ReqTable:
     def __init__(self, max_rows: int, max_context: int, device: torch.device | str, dummy_slot: int) -> None:
@@ -35,11 +33,6 @@ class ReqTable:
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         """Record that positions [start, start + len(slots)) of the row live in these slots."""
         self.table[row, start : start + slots.numel()] = slots
-
-    def write_many(self, rows: list[int], positions: list[int], slots: torch.Tensor) -> None:
-        """table[rows[i], positions[i]] = slots[i] for every i, in one copy and one scatter."""
-        where = to_device([rows, positions], torch.int64, self.table.device)
-        self.table[where[0], where[1]] = slots
 
     def slots(self, row: int, end: int) -> torch.Tensor:
         """Slots of positions [0, end) of a row: [end] int32."""

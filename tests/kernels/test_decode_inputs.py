@@ -15,13 +15,21 @@ def _outputs(width: int, device: torch.device) -> list[torch.Tensor]:
     return [torch.full((width,), -5, dtype=dtype, device=device) for dtype in OUTPUTS.values()]
 
 
+CONTEXT = 4000  # the request table's width, past every position a case draws
+
+
+def _table(n: int, device: torch.device) -> torch.Tensor:
+    # a table with every entry stale: only (row, position) of each request may change
+    return torch.full((max(n, 1) * 3 + 1, CONTEXT), -7, dtype=torch.int32, device=device)
+
+
 def _case(n: int, prev_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     g = torch.Generator().manual_seed(n * 31 + prev_len)
     tokens = torch.randint(0, 50_000, (n,), generator=g)
     if prev_len:
         pending = torch.rand(n, generator=g) < 0.5
         tokens = torch.where(pending, -1 - torch.randint(0, prev_len, (n,), generator=g), tokens)
-    positions = torch.randint(0, 4000, (n,), generator=g)
+    positions = torch.randint(0, CONTEXT, (n,), generator=g)
     rows = torch.randperm(max(n, 1) * 3, generator=g)[:n]
     pack = torch.stack([tokens, positions, rows]).to(device)
     prev = torch.randint(0, 128_000, (prev_len,), generator=g).to(device) if prev_len else None
@@ -34,10 +42,13 @@ def _case(n: int, prev_len: int, device: torch.device) -> tuple[torch.Tensor, to
 def test_decode_inputs_is_the_reference(n: int, width: int, prev_len: int, device: torch.device) -> None:
     pack, prev, slots = _case(n, prev_len, device)
     got, want = _outputs(width, device), _outputs(width, device)
-    decode_inputs(pack, prev, slots, got, DUMMY_SLOT, DUMMY_ROW)
-    decode_inputs_reference(pack, prev, slots, want, DUMMY_SLOT, DUMMY_ROW)
+    got_table, want_table = _table(n, device), _table(n, device)
+    decode_inputs(pack, prev, slots, got_table, got, DUMMY_SLOT, DUMMY_ROW)
+    decode_inputs_reference(pack, prev, slots, want_table, want, DUMMY_SLOT, DUMMY_ROW)
     for name, g, w in zip(OUTPUTS, got, want, strict=True):
         assert torch.equal(g, w), name
+    assert torch.equal(got_table, want_table)
+    assert int((got_table != -7).sum()) == n
 
 
 def test_what_the_lanes_hold(device: torch.device) -> None:
@@ -45,29 +56,37 @@ def test_what_the_lanes_hold(device: torch.device) -> None:
     prev = torch.tensor([100, 200], device=device)
     slots = torch.tensor([40, 41, 42], dtype=torch.int32, device=device)
     out = _outputs(5, device)
-    decode_inputs(pack, prev, slots, out, DUMMY_SLOT, DUMMY_ROW)
+    table = torch.zeros(3, 8, dtype=torch.int32, device=device)
+    decode_inputs(pack, prev, slots, table, out, DUMMY_SLOT, DUMMY_ROW)
     ids, positions, out_slots, rows, seq_lens = (t.tolist() for t in out)
     assert ids == [11, 200, 13, 0, 0]
     assert positions == [4, 5, 6, 0, 0]
     assert out_slots == [40, 41, 42, DUMMY_SLOT, DUMMY_SLOT]
     assert rows == [0, 1, 2, DUMMY_ROW, DUMMY_ROW]
     assert seq_lens == [5, 6, 7, 1, 1]
+    # each request's new slot is recorded at its row and position; the padding lanes write nothing
+    want = torch.zeros(3, 8, dtype=torch.int32)
+    want[0, 4], want[1, 5], want[2, 6] = 40, 41, 42
+    assert torch.equal(table.cpu(), want)
 
 
 def test_decode_inputs_rejects_what_it_cannot_write(device: torch.device) -> None:
     pack, prev, slots = _case(4, 2, device)
+    table = _table(4, device)
     with pytest.raises(ValueError, match="pack"):
-        decode_inputs(pack[:2], prev, slots, _outputs(4, device), DUMMY_SLOT, DUMMY_ROW)
+        decode_inputs(pack[:2], prev, slots, table, _outputs(4, device), DUMMY_SLOT, DUMMY_ROW)
     with pytest.raises(ValueError, match="slots"):
-        decode_inputs(pack, prev, slots.long(), _outputs(4, device), DUMMY_SLOT, DUMMY_ROW)
+        decode_inputs(pack, prev, slots.long(), table, _outputs(4, device), DUMMY_SLOT, DUMMY_ROW)
     with pytest.raises(ValueError, match="do not fit"):
-        decode_inputs(pack, prev, slots, _outputs(3, device), DUMMY_SLOT, DUMMY_ROW)
+        decode_inputs(pack, prev, slots, table, _outputs(3, device), DUMMY_SLOT, DUMMY_ROW)
+    with pytest.raises(ValueError, match="table"):
+        decode_inputs(pack, prev, slots, table.long(), _outputs(4, device), DUMMY_SLOT, DUMMY_ROW)
     wrong = _outputs(4, device)
     wrong[3] = wrong[3].long()
     with pytest.raises(ValueError, match="rows"):
-        decode_inputs(pack, prev, slots, wrong, DUMMY_SLOT, DUMMY_ROW)
+        decode_inputs(pack, prev, slots, table, wrong, DUMMY_SLOT, DUMMY_ROW)
     with pytest.raises(ValueError, match="5 tensors"):
-        decode_inputs(pack, prev, slots, _outputs(4, device)[:4], DUMMY_SLOT, DUMMY_ROW)
+        decode_inputs(pack, prev, slots, table, _outputs(4, device)[:4], DUMMY_SLOT, DUMMY_ROW)
 
 
 @pytest.mark.gpu
@@ -77,6 +96,8 @@ def test_decode_inputs_at_the_largest_decode_graph() -> None:
     for n in (1, 64, 255, 512):
         pack, prev, slots = _case(n, n, cuda)
         got, want = _outputs(512, cuda), _outputs(512, cuda)
-        decode_inputs(pack, prev, slots, got, DUMMY_SLOT, DUMMY_ROW)
-        decode_inputs_reference(pack, prev, slots, want, DUMMY_SLOT, DUMMY_ROW)
+        got_table, want_table = _table(n, cuda), _table(n, cuda)
+        decode_inputs(pack, prev, slots, got_table, got, DUMMY_SLOT, DUMMY_ROW)
+        decode_inputs_reference(pack, prev, slots, want_table, want, DUMMY_SLOT, DUMMY_ROW)
         assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        assert torch.equal(got_table, want_table)

@@ -41,10 +41,14 @@ def _decode_plan() -> tuple[StepPlan, PreviousTokens]:
 
 def test_a_staged_batch_is_the_general_one() -> None:
     plan, prev = _decode_plan()
-    table = torch.zeros(10, 8, dtype=torch.int32)
+    table, staged_table = torch.zeros(10, 8, dtype=torch.int32), torch.zeros(10, 8, dtype=torch.int32)
     staging = DecodeInputs(8, dummy_slot=99, dummy_row=9, device=CPU)
     general = build_batch(plan, table, CPU, prev)
-    staged = build_batch(plan, table, CPU, prev, staging)
+    staged = build_batch(plan, staged_table, CPU, prev, staging)
+    # both record each decode's new slot at its row and position (kv_len), and nothing else
+    recorded = torch.zeros(10, 8, dtype=torch.int32)
+    recorded[1, 2], recorded[4, 2], recorded[7, 1] = 11, 12, 13
+    assert torch.equal(table, recorded) and torch.equal(staged_table, recorded)
     assert staged.staged is not None and general.staged is None
     assert staged.input_ids.tolist() == general.input_ids.tolist() == [7, 90, 70]
     for name in ("positions", "out_slots", "decode_rows", "decode_seq_lens", "sample_index"):

@@ -8,6 +8,8 @@ and its request-table row) and this kernel writes the five inputs the model read
   step's sampled tokens, read on the device;
 - positions, and sequence lengths (position + 1, the new token included);
 - KV slots (from the allocator's [n] int32) and table rows, as int32.
+It also records each new token's slot in the request table (table[row, position] = slot), which
+otherwise took a host copy and an index kernel of its own a step.
 Lanes from n up to the outputs' width are padding: token 0 at position 0, the pool's scratch
 slot and the table's scratch row, length 1, as the decode graphs' padded rows expect.
 """
@@ -28,9 +30,10 @@ OUTPUTS = {"input_ids": torch.int64, "positions": torch.int64, "out_slots": torc
            "seq_lens": torch.int32}  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["n", "width", "dummy_slot", "dummy_row"])
-def _decode_inputs_kernel(pack_ptr, prev_ptr, slots_ptr, ids_ptr, pos_ptr, out_slots_ptr, rows_ptr, lens_ptr,
-                          n, width, dummy_slot, dummy_row, HAS_PREV: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+@triton.jit(do_not_specialize=["n", "width", "table_stride", "dummy_slot", "dummy_row"])
+def _decode_inputs_kernel(pack_ptr, prev_ptr, slots_ptr, table_ptr, ids_ptr, pos_ptr, out_slots_ptr, rows_ptr,
+                          lens_ptr, n, width, table_stride, dummy_slot, dummy_row, HAS_PREV: tl.constexpr,
+                          BLOCK: tl.constexpr):  # fmt: skip
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lane = offs < width
     real = offs < n
@@ -42,6 +45,7 @@ def _decode_inputs_kernel(pack_ptr, prev_ptr, slots_ptr, ids_ptr, pos_ptr, out_s
         prev = tl.load(prev_ptr + (-1 - tok), mask=pending, other=0)
         tok = tl.where(pending, prev, tok)
     slot = tl.load(slots_ptr + offs, mask=real, other=dummy_slot)
+    tl.store(table_ptr + row * table_stride + pos, slot, mask=real)
     tl.store(ids_ptr + offs, tok, mask=lane)
     tl.store(pos_ptr + offs, pos, mask=lane)
     tl.store(out_slots_ptr + offs, slot.to(tl.int32), mask=lane)
@@ -52,7 +56,9 @@ def _decode_inputs_kernel(pack_ptr, prev_ptr, slots_ptr, ids_ptr, pos_ptr, out_s
 _launch = launcher(_decode_inputs_kernel)
 
 
-def _check(pack: torch.Tensor, prev: torch.Tensor | None, slots: torch.Tensor, out: Sequence[torch.Tensor]) -> None:
+def _check(
+    pack: torch.Tensor, prev: torch.Tensor | None, slots: torch.Tensor, table: torch.Tensor, out: Sequence[torch.Tensor]
+) -> None:
     if pack.dim() != 2 or pack.shape[0] != 3 or pack.dtype != torch.int64 or not pack.is_contiguous():
         raise ValueError(f"decode_inputs: pack must be a contiguous [3, n] int64, got {tuple(pack.shape)} {pack.dtype}")
     n = pack.shape[1]
@@ -62,6 +68,9 @@ def _check(pack: torch.Tensor, prev: torch.Tensor | None, slots: torch.Tensor, o
         )
     if prev is not None and (prev.dim() != 1 or prev.dtype != torch.int64 or not prev.is_contiguous()):
         raise ValueError(f"decode_inputs: prev must be a contiguous 1-d int64, got {tuple(prev.shape)} {prev.dtype}")
+    if table.dim() != 2 or table.dtype != torch.int32 or table.stride(1) != 1 or table.device != pack.device:
+        raise ValueError(f"decode_inputs: table must be a 2-d int32 with a contiguous last dim on {pack.device}, "
+                         f"got {tuple(table.shape)} {table.dtype} on {table.device}")  # fmt: skip
     width = out[0].shape[0]
     if width < n:
         raise ValueError(f"decode_inputs: {n} requests do not fit outputs of width {width}")
@@ -77,37 +86,43 @@ def decode_inputs(
     pack: torch.Tensor,
     prev: torch.Tensor | None,
     slots: torch.Tensor,
+    table: torch.Tensor,
     out: Sequence[torch.Tensor],
     dummy_slot: int,
     dummy_row: int,
 ) -> None:
     """pack [3, n] int64 (token or -1 - j for prev[j], position, table row); prev [P] int64, the
-    previous step's sampled tokens (None: no token is in flight); slots [n] int32. Writes the
-    five tensors of out (OUTPUTS, [width] each), lanes past n as padding."""
-    _check(pack, prev, slots, out)
+    previous step's sampled tokens (None: no token is in flight); slots [n] int32; table the
+    request table [rows, context] int32, whose rows and positions of pack must be in range. Writes
+    the five tensors of out (OUTPUTS, [width] each), lanes past n as padding, and
+    table[row, position] = slot for each request."""
+    _check(pack, prev, slots, table, out)
     width = out[0].shape[0]
     if width == 0:
         return
     has_prev = prev is not None and prev.numel() > 0
-    _launch[(cdiv(width, BLOCK),)](pack, prev if has_prev else pack, slots, *out, pack.shape[1], width,
-                                   dummy_slot, dummy_row, HAS_PREV=has_prev, BLOCK=BLOCK, num_warps=4)  # fmt: skip
+    _launch[(cdiv(width, BLOCK),)](pack, prev if has_prev else pack, slots, table, *out, pack.shape[1], width,
+                                   table.stride(0), dummy_slot, dummy_row, HAS_PREV=has_prev, BLOCK=BLOCK,
+                                   num_warps=4)  # fmt: skip
 
 
 def decode_inputs_reference(
     pack: torch.Tensor,
     prev: torch.Tensor | None,
     slots: torch.Tensor,
+    table: torch.Tensor,
     out: Sequence[torch.Tensor],
     dummy_slot: int,
     dummy_row: int,
 ) -> None:
     """The same in PyTorch ops."""
-    _check(pack, prev, slots, out)
+    _check(pack, prev, slots, table, out)
     n = pack.shape[1]
     tok, pos, row = pack
     if prev is not None and prev.numel() > 0:
         pending = tok < 0
         tok = torch.where(pending, prev[torch.where(pending, -1 - tok, 0)], tok)
+    table[row, pos] = slots
     ids, positions, out_slots, rows, seq_lens = out
     for t, pad, real in ((ids, 0, tok), (positions, 0, pos), (out_slots, dummy_slot, slots), (rows, dummy_row, row),
                          (seq_lens, 1, pos + 1)):  # fmt: skip
