@@ -5,9 +5,8 @@ static tensors, which here are views of one byte buffer. A decode-only batch for
 is built into a fresh buffer of the same layout: one host-to-device copy of the host's lists
 and one kernel (kernels/decode_inputs.py), which also takes the tokens still in flight from the
 previous step's samples, writes the padding lanes, and records the new tokens' slots in the
-request table. The graphs then load it with one device
-copy of the whole buffer. The batch owns its buffer, so building another batch before it runs
-changes nothing of it.
+request table. The graphs then load it with one device copy of the whole buffer. The batch owns
+its buffer, so building another batch before it runs changes nothing of it.
 """
 
 from __future__ import annotations
@@ -77,18 +76,20 @@ class DecodeInputs:
         """A decode-only batch: per request its input token (-1 - j: row j of prev, the step
         before's sampled tokens, still on the device), its position (= tokens in its KV before
         this one) and its table row; slots [n] int32, where the new tokens' K and V go, recorded
-        in req_table at (row, position) by the same kernel. The
-        sampled positions (0..n-1) and the rows as int64 (``sample_rows``, for the sampler) come
-        in the same copy."""
+        in req_table at (row, position) by the same kernel. The sampled positions (0..n-1) and
+        the rows as int64 (``sample_rows``, for the sampler) come in the same copy."""
         n = len(tokens)
+        lens = [p + 1 for p in positions]
+        longest = max(lens)
+        if longest > req_table.shape[1]:  # the kernel writes the table without bounds checks
+            raise ValueError(f"decode inputs: position {longest - 1} is past the request table's {req_table.shape[1]}")
         pack = to_device([tokens, positions, rows, list(range(n))], torch.int64, self.device)
         buf = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
         views = self.views(buf)
         self._fill(pack[:3], prev, slots, req_table, views, self.dummy_slot, self.dummy_row)
-        lens = [p + 1 for p in positions]
         host = HostIndex(positions, [], [], rows, lens, list(range(n)))
         return ForwardBatch.decodes(views.input_ids[:n], views.positions[:n], views.out_slots[:n], req_table,
-                                    views.rows[:n], views.seq_lens[:n], max(lens), pack[3], host=host, staged=buf,
+                                    views.rows[:n], views.seq_lens[:n], longest, pack[3], host=host, staged=buf,
                                     sample_rows=pack[2])  # fmt: skip
 
     def load(self, batch: ForwardBatch) -> bool:

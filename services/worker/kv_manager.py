@@ -39,10 +39,11 @@ class KVManager:
         alloc_len == kv_len), in one allocation: a decode step. The table is not written here:
         the step's batch records slot i at (reqs[i].row, reqs[i].kv_len) as it is built
         (batch_builder), before anything can read or free it."""
-        slots = self.allocator.allocate(len(reqs))
         for r in reqs:
             if r.alloc_len != r.kv_len:
                 raise RuntimeError(f"request {r.rid}: decoding with {r.alloc_len} slots for {r.kv_len} tokens")
+        slots = self.allocator.allocate(len(reqs))
+        for r in reqs:
             r.alloc_len += 1
         return slots
 

@@ -4,6 +4,7 @@ Triton interpreter on the CPU)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from services.worker.batch_builder import PreviousTokens, build_batch
@@ -62,6 +63,12 @@ def test_a_staged_batch_is_the_general_one() -> None:
     # loading it into the graphs' inputs is one copy of the whole buffer
     assert staging.load(staged) and torch.equal(staging.static, staged.staged)
     assert not staging.load(general)
+
+
+def test_a_position_past_the_table_is_refused() -> None:
+    plan, prev = _decode_plan()
+    with pytest.raises(ValueError, match="past the request table"):
+        build_batch(plan, torch.zeros(10, 2, dtype=torch.int32), CPU, prev, DecodeInputs(8, 99, 9, CPU))
 
 
 def test_batches_too_large_or_with_prompt_tokens_take_the_general_path() -> None:

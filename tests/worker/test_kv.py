@@ -45,6 +45,24 @@ def test_kv_manager_allocates_rows_and_releases_everything() -> None:
     assert kv.free_tokens == 16 and kv.table.num_free_rows == 2 and r1.row is None
 
 
+def test_a_decode_steps_slots_are_left_for_the_batch_to_record() -> None:
+    """allocate_one_each hands out one slot a request and leaves the table as it was (the step's
+    batch records them); a request whose slots do not match its tokens is refused."""
+    kv = KVManager(TokenAllocator(16, "cpu"), ReqTable(2, 32, "cpu", dummy_slot=16))
+    r1, r2 = Req(request("1", [1, 2, 3]), 1), Req(request("2", [4]), 2)
+    for r, n in ((r1, 3), (r2, 1)):
+        kv.allocate(r, n)
+        r.kv_len = n
+    before = kv.table.table.clone()
+    slots = kv.allocate_one_each([r1, r2])
+    assert slots.shape == (2,) and kv.free_tokens == 10
+    assert (r1.alloc_len, r2.alloc_len) == (4, 2)
+    assert torch.equal(kv.table.table, before)
+    with pytest.raises(RuntimeError, match="2 slots for 1 tokens"):
+        kv.allocate_one_each([r2])  # its kv_len was not advanced: the step before never launched
+    assert kv.free_tokens == 10  # nothing taken by the refused call
+
+
 def test_int8_layout_holds_about_twice_the_tokens() -> None:
     bf16 = KVLayout(32, 8, 128, torch.bfloat16, quantized=False)
     int8 = KVLayout(32, 8, 128, torch.bfloat16, quantized=True)
