@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -89,6 +90,17 @@ def batch_row(b: int, ctx: int, configs: list[str], cos_sin: torch.Tensor, sms: 
     return row
 
 
+def each_batch(batches: str, context: int, row: Callable[[int, torch.Tensor, int], dict]) -> None:
+    """On the GPU, for each batch of the comma list: print row(batch, cos_sin, sms) as one JSON line,
+    cos_sin the rope table of the 8B shape up to context + 1 positions, sms the GPU's SM count."""
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    cos_sin = cos_sin_table(D, 500000.0, {}, context + 1, dev)
+    for b in (int(x) for x in batches.split(",")):
+        print(json.dumps(row(b, cos_sin, sms)), flush=True)
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,4,16,64,256")
@@ -96,13 +108,9 @@ def main() -> None:
     ap.add_argument("--configs", default="64/2/3,64/4/2,32/2/3", help="BLOCK_N/num_warps/num_stages of the fused")
     ap.add_argument("--norm", type=int, default=0, help="1: with a folded norm (a RowNorm of hidden 4096)")
     args = ap.parse_args()
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    cos_sin = cos_sin_table(D, 500000.0, {}, args.context + 1, dev)
-    for b in (int(x) for x in args.batches.split(",")):
-        row = batch_row(b, args.context, args.configs.split(","), cos_sin, sms, bool(args.norm))
-        print(json.dumps(row), flush=True)
-        torch.cuda.empty_cache()
+    configs = args.configs.split(",")
+    each_batch(args.batches, args.context,
+               lambda b, cos_sin, sms: batch_row(b, args.context, configs, cos_sin, sms, bool(args.norm)))  # fmt: skip
 
 
 if __name__ == "__main__":

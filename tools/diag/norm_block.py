@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 
@@ -34,10 +33,9 @@ from services.worker.kernels import decode_attention as attention_module
 from services.worker.kernels import silu_mul as silu_module
 from services.worker.kernels.decode_attention import NewTokens, choose_num_splits
 from services.worker.kernels.silu_mul import silu_mul
-from services.worker.models.rope import cos_sin_table
 from services.worker.ops import RowNorm
-from tools.diag.decode_rotary import HIDDEN, decode_setup, fused
-from tools.diag.decode_small import HKV, LAYERS, D
+from tools.diag.decode_rotary import HIDDEN, decode_setup, each_batch, fused
+from tools.diag.decode_small import HKV, LAYERS
 
 INTER = 14336
 
@@ -53,7 +51,7 @@ def attention_us(b: int, ctx: int, grid: int, cos_sin: torch.Tensor, norm: RowNo
     return round(graph_ms(run) * 1000 / LAYERS, 2)
 
 
-def batch_row(b: int, ctx: int, blocks: list[int], grids: list[int], silu_blocks: list[int], cos_sin: torch.Tensor,
+def batch_row(ctx: int, blocks: list[int], grids: list[int], silu_blocks: list[int], b: int, cos_sin: torch.Tensor,
               sms: int) -> dict:  # fmt: skip
     dev, bf = cos_sin.device, torch.bfloat16
     norm = RowNorm(torch.randn(b, HIDDEN, dtype=bf, device=dev), 1e-5)
@@ -87,15 +85,10 @@ def main() -> None:
     ap.add_argument("--grids", default="", help="split grids of decode attention to time besides the engine's")
     ap.add_argument("--silu-blocks", default="", help="silu_mul tiles to time besides the engine's")
     args = ap.parse_args()
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    cos_sin = cos_sin_table(D, 500000.0, {}, args.context + 1, dev)
     blocks = [int(x) for x in args.blocks.split(",")]
     grids = [int(x) for x in args.grids.split(",") if x]
     silu_blocks = [int(x) for x in args.silu_blocks.split(",") if x]
-    for b in (int(x) for x in args.batches.split(",")):
-        print(json.dumps(batch_row(b, args.context, blocks, grids, silu_blocks, cos_sin, sms)), flush=True)
-        torch.cuda.empty_cache()
+    each_batch(args.batches, args.context, functools.partial(batch_row, args.context, blocks, grids, silu_blocks))
 
 
 if __name__ == "__main__":
