@@ -51,27 +51,31 @@ def graph_ms(fn: Callable[[], object], reps: int = 10) -> float:
 
 
 def choose(projections: dict[str, list[torch.Tensor]], batch: int, lt: CublasLt | None, layers: int = 8,
-           reps: int = 3) -> dict[str, Choice]:  # fmt: skip
+           reps: int = 3, accumulate: frozenset[str] = frozenset()) -> dict[str, Choice]:  # fmt: skip
     """For each projection (name -> its weight [N, K] in every layer), what runs the GEMMs of a
     [batch, K] input fastest over its first `layers` layers: a library, or (lt given) one of
-    lt.candidates. PyTorch's default (cuBLAS) unless another is at least 3 % faster."""
-    return {name: _fastest(weights[:layers], batch, lt, reps) for name, weights in projections.items()}
+    lt.candidates. PyTorch's default (cuBLAS) unless another is at least 3 % faster. The
+    projections named in accumulate are timed adding into their output, as the step runs them
+    (a GEMM with beta 1 may get another kernel from a library's heuristic than one with beta 0)."""
+    return {name: _fastest(weights[:layers], batch, lt, reps, name in accumulate)
+            for name, weights in projections.items()}  # fmt: skip
 
 
-def _fastest(ws: list[torch.Tensor], batch: int, lt: CublasLt | None, reps: int) -> Choice:
+def _fastest(ws: list[torch.Tensor], batch: int, lt: CublasLt | None, reps: int, accumulate: bool) -> Choice:
     x = torch.randn(batch, ws[0].shape[1], dtype=ws[0].dtype, device=ws[0].device)
-    pairs = [(w, torch.empty(batch, w.shape[0], dtype=w.dtype, device=w.device)) for w in ws]
+    # zeros: an accumulating product's output stays finite over the timing's replays
+    pairs = [(w, torch.zeros(batch, w.shape[0], dtype=w.dtype, device=w.device)) for w in ws]
     choices: list[Choice] = [*LIBRARIES, *(lt.candidates(x, *pairs[0]) if lt is not None else [])]
-    timed = [(time_choice(c, lt, x, pairs, reps), c) for c in choices]
+    timed = [(time_choice(c, lt, x, pairs, reps, accumulate), c) for c in choices]
     best_ms, best = min(timed, key=lambda t: t[0])
     return best if best_ms < MARGIN * timed[0][0] else "cublas"
 
 
-def time_choice(choice: Choice, lt: CublasLt | None, x: torch.Tensor,
-                pairs: list[tuple[torch.Tensor, torch.Tensor]], reps: int) -> float:  # fmt: skip
-    """Device ms of x @ w.t() into o for every (w, o) of pairs, by what choice names, replayed from
-    a CUDA graph."""
-    return graph_ms(lambda: [run(choice, lt, x, w, o) for w, o in pairs], reps)
+def time_choice(choice: Choice, lt: CublasLt | None, x: torch.Tensor, pairs: list[tuple[torch.Tensor, torch.Tensor]],
+                reps: int, accumulate: bool = False) -> float:  # fmt: skip
+    """Device ms of x @ w.t() into o (accumulate: added to o) for every (w, o) of pairs, by what
+    choice names, replayed from a CUDA graph."""
+    return graph_ms(lambda: [run(choice, lt, x, w, o, accumulate) for w, o in pairs], reps)
 
 
 def run(choice: Choice, lt: CublasLt | None, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None,

@@ -101,7 +101,8 @@ class DecodeGraphs:
         stream = torch.cuda.Stream(device)
         self.model.lt = self.lt = _cublaslt(device) if gemm_search else None  # kept while its graphs live
         for bs in reversed(self.buckets):  # largest first: the smaller ones reuse its memory
-            self.blas[bs] = self.model.blas = choose(self.model.projections(), bs, self.lt)
+            adds = self.model.accumulating(bs)
+            self.blas[bs] = self.model.blas = choose(self.model.projections(), bs, self.lt, accumulate=adds)
             try:
                 self.graphs[bs] = self._capture(bs, pool, stream, device)
             finally:

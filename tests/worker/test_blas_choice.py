@@ -48,7 +48,8 @@ def test_choose_names_a_library_or_an_algorithm_per_projection_and_it_computes_t
     g = torch.Generator(device="cuda").manual_seed(batch)
     weights = [torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16, generator=g) * 512**-0.5 for _ in range(4)]
     down = [torch.randn(512, 1536, device="cuda", dtype=torch.bfloat16, generator=g) * 1536**-0.5 for _ in range(4)]
-    choice = choose({"a": weights, "b": weights[:1], "down": down}, batch, lt, layers=4, reps=2)
+    choice = choose({"a": weights, "b": weights[:1], "down": down}, batch, lt, layers=4, reps=2,
+                    accumulate=frozenset({"down"}))  # fmt: skip
     assert set(choice) == {"a", "b", "down"}
     for name, ws in (("a", weights), ("down", down)):
         c = choice[name]
@@ -57,6 +58,10 @@ def test_choose_names_a_library_or_an_algorithm_per_projection_and_it_computes_t
         ref = x.float() @ ws[0].float().t()
         got = run(c, lt, x, ws[0], None)
         assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, (name, c)
+        into = torch.randn(batch, ws[0].shape[0], device="cuda", dtype=torch.bfloat16, generator=g)
+        want = into.float() + ref
+        run(c, lt, x, ws[0], into, accumulate=True)
+        assert ((into.float() - want).norm() / want.norm()).item() < 1e-2, (name, c)
 
 
 def test_without_a_cublaslt_handle_only_libraries_are_chosen() -> None:

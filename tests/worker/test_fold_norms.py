@@ -93,3 +93,29 @@ def _counted(fn, calls: list):
         return fn(*args, **kwargs)
 
     return wrapped
+
+
+def test_accumulating_names_the_products_a_decode_step_adds_into_the_residual(tiny_llama: str, monkeypatch) -> None:
+    """The decode graphs time o and down adding into their output (blas_choice.choose) because a
+    folded step runs them so; accumulating() must say what the step really does."""
+    import services.worker.models.llama as llama
+
+    seen: dict[str, set[bool]] = {}
+    proj = llama.LlamaModel._proj
+
+    def recorded(self, name, x, w, out=None, accumulate=False):
+        seen.setdefault(name, set()).add(accumulate)
+        return proj(self, name, x, w, out, accumulate)
+
+    monkeypatch.setattr(llama.LlamaModel, "_proj", recorded)
+    tok = hf_reference.tokenizer(tiny_llama)
+    seqs = [tok(t)["input_ids"] for t in ("Once upon a time", "Hello world, again")]
+    for engine in (_folded_engine(tiny_llama), build_engine(WorkerConfig(model_dir=tiny_llama, device="cpu"))):
+        model = engine.runner.model
+        seen.clear()
+        decode_logits(engine, seqs, start=3)
+        assert {name for name, modes in seen.items() if True in modes} == model.accumulating(len(seqs))
+    assert model.accumulating(2) == frozenset()  # the plain model adds nothing into the residual in a product
+    folded = _folded_engine(tiny_llama).runner.model
+    assert folded.accumulating(llama.FOLDED_MAX_BATCH) == {"o", "down"}
+    assert folded.accumulating(llama.FOLDED_MAX_BATCH + 1) == frozenset()

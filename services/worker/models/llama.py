@@ -102,6 +102,12 @@ class LlamaModel:
         out = {n: [getattr(layer, n) for layer in self.w.layers] for n in names}
         return out | {"lm_head": [self.w.lm_head]}
 
+    def accumulating(self, decode_batch: int) -> frozenset[str]:
+        """The projections that a decode step of decode_batch requests adds into their output (the
+        residual): o and down when the step runs decode_folded."""
+        folded = self.w.folded and decode_batch <= FOLDED_MAX_BATCH
+        return frozenset({"o", "down"}) if folded else frozenset()
+
     def _proj(self, name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
               accumulate: bool = False) -> torch.Tensor:  # fmt: skip
         if self.blas is None:  # eager steps: nothing to look up on the hot path
