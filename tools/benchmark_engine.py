@@ -220,25 +220,16 @@ def static_decode(engine: Engine, cfg: ModelConfig, batch: int, context: int, st
     # the layout is the rank's already), in parallel with the others
     ranks = engine.runner.model.tp.size
     floor_ms = 1000 * (weight_bytes(cfg) / ranks + kv_read) / copy_bw if copy_bw else None
+    graphs = engine.runner.graphs  # what the step's graph was captured with, to tell two engines' steps apart
     return {
         "batch": batch,
         "context": context,
-        "blas": blas_choices(engine, batch),
+        "blas": graphs.described_blas(batch) if graphs is not None and graphs.fits(batch) else None,
         "ms_per_step": ms,
         "tokens_per_s": batch * 1000 / ms,
         "bandwidth_floor_ms": floor_ms,
         "fraction_of_floor": (floor_ms / ms) if floor_ms else None,
     }
-
-
-def blas_choices(engine: Engine, batch: int) -> dict[str, str] | None:
-    """What each projection of the decode graph that runs `batch` requests was captured with (None:
-    no graphs), so that two engines' step times can be told apart by their choices."""
-    graphs = engine.runner.graphs
-    bucket = next((b for b in graphs.buckets if b >= batch), None) if graphs is not None else None
-    if bucket is None:
-        return None
-    return {name: c if isinstance(c, str) else c.describe() for name, c in graphs.blas[bucket].items()}
 
 
 def offline(

@@ -186,8 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         row = _report(profile_case(engine, cfg, b, c), "top_kernels_ms", 12)
         graphs = engine.runner.graphs
         if graphs is not None:  # what each projection of this batch's bucket was captured with
-            bucket = next(bs for bs in graphs.buckets if bs >= b)
-            row["gemms"] = {k: v if isinstance(v, str) else v.describe() for k, v in graphs.blas[bucket].items()}
+            row["gemms"] = graphs.described_blas(b)
             print(json.dumps({"batch": b, "gemms": row["gemms"]}), flush=True)
         out.append(row)
     with open(args.out, "w") as f:

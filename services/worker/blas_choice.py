@@ -30,6 +30,11 @@ Choice = str | Algo  # a library for PyTorch's matmul, or one cuBLASLt algorithm
 MARGIN = 0.97
 
 
+def describe(choice: Choice) -> str:
+    """A library's name, or an algorithm's settings."""
+    return choice if isinstance(choice, str) else choice.describe()
+
+
 def graph_ms(fn: Callable[[], object], reps: int = 10) -> float:
     """Device ms of one replay of a CUDA graph of fn (run once outside it first), over reps replays."""
     stream = torch.cuda.Stream()

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from services.worker.blas_choice import LIBRARIES, Choice, choose
+from services.worker.blas_choice import LIBRARIES, Choice, choose, describe
 from services.worker.cublaslt import CublasLt
 from services.worker.decode_inputs import DecodeInputs
 from services.worker.forward_batch import ForwardBatch
@@ -63,9 +63,17 @@ class DecodeGraphs:
     def fits(self, batch_size: int) -> bool:
         return 0 < batch_size <= self.buckets[-1]
 
+    def bucket(self, batch_size: int) -> int:
+        """The smallest captured batch size that holds batch_size requests."""
+        return next(b for b in self.buckets if b >= batch_size)
+
+    def described_blas(self, batch_size: int) -> dict[str, str]:
+        """What each projection of the graph that runs batch_size requests was captured with, as text."""
+        return {name: describe(c) for name, c in self.blas[self.bucket(batch_size)].items()}
+
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
         n = batch.num_decodes
-        bs = next(b for b in self.buckets if b >= n)
+        bs = self.bucket(n)
         if not self.inputs.load(batch):  # a batch built in the graphs' layout comes with its padding
             self._copy_in(batch, n, bs)
         self.graphs[bs].replay()

@@ -78,6 +78,9 @@ def test_every_captured_bucket_records_its_choice(tiny_models: dict[str, str]) -
     for bs, choice in graphs.blas.items():
         assert set(choice) == PROJECTIONS, (bs, choice)
         assert all(c in LIBRARIES or isinstance(c, Algo) for c in choice.values()), (bs, choice)
+        assert graphs.bucket(bs) == bs and graphs.bucket(bs - 1 or 1) <= bs
+        described = graphs.described_blas(bs)
+        assert described.keys() == choice.keys() and all(isinstance(d, str) and d for d in described.values())
     assert graphs.model.blas is None  # eager forwards use PyTorch's default again
     del graphs
     torch.cuda.empty_cache()

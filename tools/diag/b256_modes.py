@@ -34,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     engine, cfg, _ = make_engine(parse_args(["--out", "-", "--running-max-req-size", "2048"]))
     graphs = engine.runner.graphs
-    bucket = next(b for b in graphs.buckets if b >= args.batch)
+    bucket = graphs.bucket(args.batch)
     row: dict = {"batch": args.batch, "bucket": bucket, "blas": graphs.blas[bucket]}
     eager = profile_case(engine, cfg, args.batch, args.context)  # fills and frees a batch: the allocator moves on
     row["eager_device_ms"] = round(eager["device_ms_per_step"], 3)

@@ -85,7 +85,7 @@ def main() -> None:
             if n >= steps - args.show:
                 at, gap = ops[b][0] - ops[a][0], ops[b][0] - ops[b - 1][1]
                 lines.append(f"step {n}: next replay at +{at:.1f} µs (gap {gap:.1f})")
-        row = {"batch": batch, "context": args.context, "bucket": next(b for b in graphs.buckets if b >= batch),
+        row = {"batch": batch, "context": args.context, "bucket": graphs.bucket(batch),
                "step_period_us": period, "graph_us": graph_us, "graph_ops": len(seq),
                "outside_graph_us": dict(sorted(outside.items(), key=lambda kv: -kv[1])),
                "outside_graph_ops_per_step": dict(counts)}  # fmt: skip
@@ -100,8 +100,7 @@ def main() -> None:
 def _graph_sequence(engine, batch: int) -> list[str]:
     """The names of the operations one replay of the bucket's graph runs (profiled alone), in order."""
     graphs = engine.runner.graphs
-    bucket = next(b for b in graphs.buckets if b >= batch)
-    g = graphs.graphs[bucket]
+    g = graphs.graphs[graphs.bucket(batch)]
     g.replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

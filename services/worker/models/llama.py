@@ -102,11 +102,14 @@ class LlamaModel:
         out = {n: [getattr(layer, n) for layer in self.w.layers] for n in names}
         return out | {"lm_head": [self.w.lm_head]}
 
+    def runs_folded(self, decode_batch: int) -> bool:
+        """Whether a decode-only step of decode_batch requests runs decode_folded."""
+        return self.w.folded and decode_batch <= FOLDED_MAX_BATCH
+
     def accumulating(self, decode_batch: int) -> frozenset[str]:
         """The projections that a decode step of decode_batch requests adds into their output (the
         residual): o and down when the step runs decode_folded."""
-        folded = self.w.folded and decode_batch <= FOLDED_MAX_BATCH
-        return frozenset({"o", "down"}) if folded else frozenset()
+        return frozenset({"o", "down"}) if self.runs_folded(decode_batch) else frozenset()
 
     def _proj(self, name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
               accumulate: bool = False) -> torch.Tensor:  # fmt: skip
@@ -119,7 +122,7 @@ class LlamaModel:
         """-> logits [S, V] (the weights' dtype) for batch.sample_index. A decode-only step leaves rotary and
         the KV store to the attention backend's decode_attend (a kernel fewer a layer)."""
         decode_only = batch.num_extends == 0
-        if decode_only and self.w.folded and batch.num_tokens <= FOLDED_MAX_BATCH:
+        if decode_only and self.runs_folded(batch.num_tokens):
             return self.decode_folded(batch)
         c = self.piece(0, None, None, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only)
         for i in range(len(self.w.layers)):
