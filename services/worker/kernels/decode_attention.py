@@ -38,7 +38,6 @@ import triton.language as tl
 
 from services.worker.kernels.extend_attention import check_pool, dot, online_softmax_step
 from services.worker.kernels.kv_store import check_kv_store_args
-from services.worker.kernels.l2_prefetch import prefetch_share, share_bytes
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
 from services.worker.kernels.rmsnorm import check_row_norm, row_inv_rms
 from services.worker.kernels.rotary import check_rotary_args, load_cos_sin, load_halves, rotate_loaded
@@ -80,15 +79,14 @@ def _split_len(seq_len, num_splits, split_tokens, BLOCK_N: tl.constexpr):
 @triton.jit(do_not_specialize=["num_splits", "split_tokens", "rotary", "kn_b_stride", "kn_h_stride", "vn_b_stride",
                                "vn_h_stride", "cs_row_stride", "o_b_stride", "o_h_stride", "o_s_stride",
                                "lse_b_stride", "lse_h_stride", "ks_slot_stride", "ks_h_stride", "vs_slot_stride",
-                               "vs_h_stride", "nrm_b_stride", "hidden", "pf_addr", "pf_chunk", "pf_total"])  # fmt: skip
+                               "vs_h_stride", "nrm_b_stride", "hidden"])  # fmt: skip
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
                          cnt_ptr, out_ptr, kn_ptr, vn_ptr, slot_ptr, cs_ptr, nrm_ptr, nrm_b_stride, hidden, nrm_eps,
                          q_b_stride, q_h_stride,
                          k_slot_stride, k_h_stride, v_slot_stride, v_h_stride, ks_slot_stride, ks_h_stride,
                          vs_slot_stride, vs_h_stride, table_stride, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
                          lse_h_stride, out_b_stride, out_h_stride, kn_b_stride, kn_h_stride, vn_b_stride,
-                         vn_h_stride, cs_row_stride, qk_scale, num_splits, split_tokens, rotary, pf_addr, pf_chunk,
-                         pf_total, PF_AT: tl.constexpr, PF_LANES: tl.constexpr, GROUP: tl.constexpr,
+                         vn_h_stride, cs_row_stride, qk_scale, num_splits, split_tokens, rotary, GROUP: tl.constexpr,
                          HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_S: tl.constexpr, NORM_BLOCK: tl.constexpr, QUANT: tl.constexpr, IEEE: tl.constexpr,
                          DIRECT: tl.constexpr, FUSED: tl.constexpr):  # fmt: skip
@@ -105,9 +103,6 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    share = (b * tl.num_programs(1) + kvh) * tl.num_programs(2) + split
-    if PF_AT == 1:
-        prefetch_share(pf_addr, share, pf_chunk, pf_total, PF_LANES)
     seq_len = tl.load(lens_ptr + b)
     row = tl.load(rows_ptr + b).to(tl.int64)
     # the folded norm's factor (reads nothing without a norm, hidden 0), its row read while the
@@ -117,8 +112,6 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     begin = split * split_len
     if not DIRECT:  # noqa: SIM102 (a compile-time branch: Triton drops it whole for DIRECT)
         if begin >= seq_len:
-            if PF_AT == 2:
-                prefetch_share(pf_addr, share, pf_chunk, pf_total, PF_LANES)
             if FUSED:  # noqa: SIM102
                 if seq_len == 0 and split == 0:  # an empty request: the combine of no splits, zeros
                     for g in tl.static_range(GROUP):
@@ -179,8 +172,6 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
 
-    if PF_AT == 2:
-        prefetch_share(pf_addr, share, pf_chunk, pf_total, PF_LANES)
     o_ptrs = mid_o_ptr + b.to(tl.int64) * o_b_stride + heads[:, None] * o_h_stride + offs_d[None, :]
     if DIRECT:  # an empty request (a padded graph row) gets zeros, not NaN, as from the reduce
         result = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -343,8 +334,6 @@ def decode_attention(
     mid_lse: torch.Tensor | None = None,
     counts: torch.Tensor | None = None,
     new: NewTokens | None = None,
-    prefetch: torch.Tensor | None = None,
-    prefetch_at: int = 1,
     **config: int,
 ) -> torch.Tensor:
     """q: [B, Hq, D] one token per request; pools: [C, Hkv, D]; rows, seq_lens: [B] int32, seq_lens
@@ -415,10 +404,6 @@ def decode_attention(
     kn, vn, cs, slots, norm = new if new is not None else (q, q, mid_lse, seq_lens, None)
     # without a norm, q stands in for its rows (not read: the width is 0)
     nrm, hidden, eps = (norm.src, norm.src.shape[1], norm.eps) if norm is not None else (q, 0, 0.0)
-    pf_at, pf_addr, pf_chunk, pf_total, lanes = 0, 0, 0, 0, 32 * cfg["num_warps"]
-    if prefetch is not None and q.is_cuda:
-        pf_at, pf_addr, pf_total = prefetch_at, prefetch.data_ptr(), prefetch.numel() * prefetch.element_size()
-        pf_chunk = share_bytes(pf_total, bsz * hkv * num_splits, lanes)
     _decode_split_launch[(bsz, hkv, num_splits)](
         q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, o, mid_lse, cnt, out, kn, vn, slots, cs,
         nrm, nrm.stride(0), hidden, eps,
@@ -426,8 +411,7 @@ def decode_attention(
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), req_table.stride(0),
         *o_strides, mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), kn.stride(0), kn.stride(1),
         vn.stride(0), vn.stride(1), cs.stride(0), scale * LOG2E, num_splits, split_tokens, int(new is not None),
-        pf_addr, pf_chunk, pf_total, PF_AT=pf_at, PF_LANES=lanes, GROUP=group, HEAD_DIM=d,
-        BLOCK_G=max(16, next_pow2(group)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"],
+        GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"],
         BLOCK_S=COMBINE_SPLITS, NORM_BLOCK=NORM_BLOCK, QUANT=quant, IEEE=q.dtype == torch.float32, DIRECT=direct,
         FUSED=fused, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
