@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,14 @@ class NotAtOnce(Exception):
     """call_once could not reach Redis at once: try again with call, where blocking is fine."""
 
 
+def client(url: str, **options: Any) -> redis.Redis:
+    """A redis-py client for url that tries each command once. Retrying is RedisLink's (call,
+    with its backoff and its stop event), and call_once must fail at once. redis-py's own
+    retries, which its plain constructor turns on in recent versions (ten tries with backoff up
+    to a second: about 4 s against a closed port), would hide an outage inside one call."""
+    return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
+
+
 class RedisLink:
     def __init__(
         self,
@@ -44,7 +54,7 @@ class RedisLink:
         self.stop = stop or threading.Event()
         self.max_backoff_s = max_backoff_s
         self.quick_timeout_s = quick_timeout_s
-        self.client = redis.Redis.from_url(
+        self.client = client(
             url,
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=2.0,
@@ -54,7 +64,7 @@ class RedisLink:
         )
         # for call_once: a caller that must not block long (an event loop) tries once on a
         # connection of its own with a short timeout, and falls back to call from a thread
-        self.quick = redis.Redis.from_url(
+        self.quick = client(
             url, socket_timeout=quick_timeout_s, socket_connect_timeout=quick_timeout_s, decode_responses=False
         )
         self._outage_since: float | None = None

@@ -12,6 +12,8 @@ import time
 
 import redis
 
+from shared.redis_link import client
+
 _handed_out: set[int] = set()
 LOWEST_PORT = 20000
 
@@ -76,11 +78,11 @@ class RedisServer:
             "no",
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        probe = client(f"redis://127.0.0.1:{self.port}", socket_connect_timeout=0.5)  # this loop retries
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             try:
-                if client.ping():
+                if probe.ping():
                     return self
             except redis.ConnectionError:
                 time.sleep(0.05)

@@ -12,7 +12,7 @@ from shared import redis_streams
 from shared.messages import AbortReq
 from shared.redis_link import RedisLink
 from shared.redis_streams import FIELD, StreamReader, StreamWriter
-from tools.redis_server import RedisServer
+from tools.redis_server import RedisServer, free_port
 
 
 def test_send_read_ack(redis_url: str) -> None:
@@ -131,6 +131,17 @@ def test_survives_redis_restart(spin: bool, monkeypatch: pytest.MonkeyPatch) -> 
     finally:
         first.stop()
         second.stop()
+
+
+def test_the_links_clients_try_each_call_once() -> None:
+    """Retrying is the link's (call, which a stop ends): its clients fail at once against a closed
+    port, without redis-py's own retries (ten tries, about 4 s, in its plain constructor)."""
+    link = RedisLink(f"redis://127.0.0.1:{free_port()}")
+    for c in (link.client, link.quick):
+        t = time.perf_counter()
+        with pytest.raises(redis.ConnectionError):
+            c.ping()
+        assert time.perf_counter() - t < 1
 
 
 @pytest.fixture

@@ -8,11 +8,10 @@ import asyncio
 import time
 
 import pytest
-import redis
 
 from services.tokenizer.pipeline import AT_ONCE_MAX_PENDING, Liveness, Pipeline
 from shared.messages import DetokRegister, GenerateReq, Heartbeat, SamplingParams, TextItem
-from shared.redis_link import NotAtOnce, RedisLink
+from shared.redis_link import NotAtOnce, RedisLink, client
 from shared.redis_streams import StreamReader, StreamWriter
 from shared.streams import StreamNames
 from tools.redis_server import free_port
@@ -58,7 +57,7 @@ def test_each_submission_reaches_the_router_and_its_detokenizer(redis_url: str, 
 
 def test_when_redis_does_not_answer_at_once_the_pool_sends_it(redis_url: str) -> None:
     link = RedisLink(redis_url)
-    link.quick = redis.Redis(port=free_port(), socket_connect_timeout=0.2)  # nothing listens there
+    link.quick = client(f"redis://127.0.0.1:{free_port()}", socket_connect_timeout=0.2)  # nothing listens there
     p = pipeline(link)
     t = time.perf_counter()
     rids = asyncio.run(submit_many(p, 1))

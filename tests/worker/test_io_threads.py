@@ -10,12 +10,10 @@ import threading
 import time
 from collections.abc import Iterator
 
-import redis
-
 from services.worker.io_threads import Inbox, Outbox
 from shared.busy_poll import BusyPoll
 from shared.messages import AbortReqs
-from shared.redis_link import RedisLink
+from shared.redis_link import RedisLink, client
 from shared.redis_streams import StreamReader, StreamWriter
 from tools.redis_server import free_port
 
@@ -156,7 +154,7 @@ def test_with_few_requests_the_loop_reads_between_steps_without_waiting(redis_ur
             got = inbox.drain()
         assert [e.msg.rids[0] for e in got] == ["f"]
         assert reader.reads == [(threading.current_thread().name, None)]
-        reader.link.quick = redis.Redis(port=free_port(), socket_connect_timeout=0.2)  # Redis does not answer at once
+        reader.link.quick = client(f"redis://127.0.0.1:{free_port()}", socket_connect_timeout=0.2)  # not at once
         writer.send("t:few", AbortReqs(["g"], "test"))
         got = inbox.drain()  # hands the reading to the thread instead of waiting
         while not got and time.monotonic() < deadline:
@@ -193,7 +191,7 @@ def test_a_small_job_for_an_idle_outbox_is_sent_by_the_caller_or_else_by_the_thr
     time.sleep(0.05)  # the thread is waiting for work
     outbox.send([("t:once", AbortReqs(["a"], "test"))], at_once=True)
     assert senders == [threading.current_thread().name]
-    link.quick = redis.Redis(port=free_port(), socket_connect_timeout=0.2)  # Redis "does not answer at once"
+    link.quick = client(f"redis://127.0.0.1:{free_port()}", socket_connect_timeout=0.2)  # "not at once"
     outbox.send([("t:once", AbortReqs(["b"], "test"))], at_once=True)
     outbox.send([("t:once", AbortReqs(["c"], "test"))], at_once=True)
     outbox.close()
