@@ -43,11 +43,6 @@ from services.worker.kernels.rmsnorm import check_row_norm, row_inv_rms
 from services.worker.kernels.rotary import check_rotary_args, load_cos_sin, load_halves, rotate_loaded
 from services.worker.ops import RowNorm
 
-try:  # Triton >= 3.4 on CUDA; used only when a caller asks for PDL (never under the interpreter)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - an older Triton: PDL is never asked for
-    gdc_launch_dependents = gdc_wait = None
-
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
 # elements of a folded norm's residual row read at a time (row_inv_rms): the 8B shape's whole
@@ -94,7 +89,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
                          vn_h_stride, cs_row_stride, qk_scale, num_splits, split_tokens, rotary, GROUP: tl.constexpr,
                          HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_S: tl.constexpr, NORM_BLOCK: tl.constexpr, QUANT: tl.constexpr, IEEE: tl.constexpr,
-                         DIRECT: tl.constexpr, FUSED: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+                         DIRECT: tl.constexpr, FUSED: tl.constexpr):  # fmt: skip
     """DIRECT (one split): mid_o_ptr and its b/h strides are the output's; no log-sum-exp.
     FUSED (several splits): the last split of a (request, KV head) to finish combines them
     into out_ptr, counting in cnt_ptr [B, Hkv] (zero before, left zero after).
@@ -108,8 +103,6 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    if PDL:  # the kernel after this one may be scheduled now; it waits for this one's results itself
-        gdc_launch_dependents()
     seq_len = tl.load(lens_ptr + b)
     row = tl.load(rows_ptr + b).to(tl.int64)
     # the folded norm's factor (reads nothing without a norm, hidden 0), its row read while the
@@ -264,12 +257,9 @@ def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, lens_ptr, out_ptr, o_b_stride,
                           lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, num_splits, split_tokens,
                           HEAD_DIM: tl.constexpr,
                           BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+                          BLOCK_N: tl.constexpr):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
-    if PDL:  # launched early: let the next kernel be scheduled, then wait for stage 1's partials
-        gdc_launch_dependents()
-        gdc_wait()
     seq_len = tl.load(lens_ptr + b)
     split_len = _split_len(seq_len, num_splits, split_tokens, BLOCK_N)
     # the splits stage 1 ran, recomputed (none for an empty request, whose split_len is 0)
@@ -344,7 +334,6 @@ def decode_attention(
     mid_lse: torch.Tensor | None = None,
     counts: torch.Tensor | None = None,
     new: NewTokens | None = None,
-    pdl: bool = False,
     **config: int,
 ) -> torch.Tensor:
     """q: [B, Hq, D] one token per request; pools: [C, Hkv, D]; rows, seq_lens: [B] int32, seq_lens
@@ -424,14 +413,13 @@ def decode_attention(
         vn.stride(0), vn.stride(1), cs.stride(0), scale * LOG2E, num_splits, split_tokens, int(new is not None),
         GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"],
         BLOCK_S=COMBINE_SPLITS, NORM_BLOCK=NORM_BLOCK, QUANT=quant, IEEE=q.dtype == torch.float32, DIRECT=direct,
-        FUSED=fused, PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        FUSED=fused, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if direct or fused:
         return out
     _decode_reduce_launch[(bsz, hq)](
         mid_o, mid_lse, seq_lens, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), num_splits, split_tokens, HEAD_DIM=d,
-        BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], PDL=pdl, num_warps=4,
-        **({"launch_pdl": True} if pdl else {}),
+        BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], num_warps=4,
     )  # fmt: skip
     return out
