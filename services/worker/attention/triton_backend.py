@@ -26,7 +26,7 @@ from services.worker.kernels.decode_attention import (
     NewTokens,
     choose_num_splits,
     decode_attention,
-    decode_config,
+    split_min_tokens,
 )
 from services.worker.kernels.extend_attention import extend_attention
 from services.worker.kernels.kv_store import store_kv
@@ -48,8 +48,7 @@ class TritonAttention(AttentionBackend):
         super().__init__(cache, num_heads, head_dim)
         device = cache.k[0].device
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-        cuda, quantized = device.type == "cuda", cache.layout.quantized
-        self.block_n = decode_config(head_dim, cache.layout.dtype, cuda, quantized)["BLOCK_N"]
+        self.split_min = split_min_tokens(head_dim, cache.layout.dtype, device.type == "cuda")
         # split-K scratch, flat so any (batch, splits) views it; grows, never shrinks
         self._mid_o = torch.empty(0, dtype=torch.float32, device=device)
         self._mid_lse = torch.empty(0, dtype=torch.float32, device=device)
@@ -163,7 +162,7 @@ class TritonAttention(AttentionBackend):
         return cache.k_scale[layer], cache.v_scale[layer]
 
     def _num_splits(self, batch: int, max_len: int) -> int:
-        return choose_num_splits(batch, self.cache.layout.kv_heads, max_len, self.num_sms, self.block_n)
+        return choose_num_splits(batch, self.cache.layout.kv_heads, max_len, self.num_sms, self.split_min)
 
     def _reserve(self, batch_splits: int, batch: int) -> None:
         """Make the scratch hold batch_splits (request, split) pairs, and the counts batch requests."""

@@ -276,23 +276,34 @@ def decode_config(head_dim: int, dtype: torch.dtype, is_cuda: bool, quantized: b
     bf16 / fp16 pools: 2 warps and 3 stages (r64, tools/diag/decode_small.py, 32 layers' pools
     replayed from a graph on an H200) took a layer's attention at context 1024 from 267.5 to
     247.7 µs at batch 256 and 66.6 to 65.5 at batch 64, and gave the same or a little less at
-    batches 1 and 4; an int8 pool keeps 4 warps and 2 stages, which that sweep did not cover."""
+    batches 1 and 4. An int8 pool: 128-token tiles, 4 warps, 2 stages (r141–r142,
+    tools/diag/decode_int8.py): 112 µs a layer at batch 64 and context 2048 against 258 with
+    64 / 4 / 2, and the fastest of 19 configs at batches 1, 64 and 256, faster than the bf16
+    pool's kernel on the same requests."""
     if not is_cuda:
         return {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
     if dtype == torch.float32 or head_dim > 128:
         return {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
     if quantized:
-        return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+        return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}
     return {"BLOCK_N": 64, "num_warps": 2, "num_stages": 3}
 
 
-def choose_num_splits(batch: int, kv_heads: int, max_len: int, num_sms: int = 132, block_n: int = 64) -> int:
+def choose_num_splits(batch: int, kv_heads: int, max_len: int, num_sms: int = 132, min_tokens: int = 128) -> int:
     """Splits per request so that stage 1 has about two programs per SM, each split covering
-    at least 2 * block_n tokens (shorter splits cost more in the reduce than they save). On an
-    H200 at batch 64, context 2048, one split (3.9 programs per SM) beat two by 4%."""
+    at least min_tokens (shorter splits cost more in the combine than they save): two of a
+    float pool's tiles (split_min_tokens). On an H200 at batch 64, context 2048, one split (3.9
+    programs per SM) beat two by 4%."""
     programs = max(1, batch * kv_heads)
     want = cdiv(2 * num_sms, programs)
-    return max(1, min(want, max_len // (2 * block_n), MAX_SPLITS))
+    return max(1, min(want, max_len // min_tokens, MAX_SPLITS))
+
+
+def split_min_tokens(head_dim: int, dtype: torch.dtype, is_cuda: bool) -> int:
+    """choose_num_splits's min_tokens: two of a float pool's tiles, an int8 pool's too. An int8
+    pool's one-tile splits of 128 tokens took a lone request's attention at context 1024 in
+    9.1 µs a layer, against 11.8 in its two-tile splits (r142, r143)."""
+    return 2 * decode_config(head_dim, dtype, is_cuda)["BLOCK_N"]
 
 
 def decode_scratch(
