@@ -177,7 +177,7 @@ def _decode_setup(s: Shapes, ctx: int, scattered: bool, int8: bool, dev) -> dict
     }
 
 
-def _decode_bytes(s: Shapes, ctx: int, int8: bool) -> int:
+def decode_bytes(s: Shapes, ctx: int, int8: bool) -> int:
     tokens = s.decode_batch * ctx
     kv = 2 * tokens * s.hkv * (s.head_dim * (1 if int8 else 2) + (4 if int8 else 0))
     return kv + tokens * 4 + 2 * s.decode_batch * s.hq * s.head_dim * 2  # + slots, q and out
@@ -205,7 +205,7 @@ def bench_decode(s: Shapes, dev, timer: Timer, num_sms: int, copy_gbs: float) ->
             return decode_attention(num_splits=splits, split_tokens=SPLIT_TOKENS, **args)
 
         ms, graph_ms = timer(run), timer.graphed(run)
-        nbytes = _decode_bytes(s, ctx, int8)
+        nbytes = decode_bytes(s, ctx, int8)
         name = f"ctx{ctx}_{'scattered' if scattered else 'contiguous'}{'_int8' if int8 else ''}"
         gbs, graph_gbs = nbytes / ms / 1e6, nbytes / graph_ms / 1e6
         out[name] = {"batch": s.decode_batch, "context": ctx, "num_splits": splits, "bytes": nbytes, "ms": ms,
@@ -318,7 +318,7 @@ def sweep(s: Shapes, dev, timer: Timer, seq: int, num_sms: int) -> dict:
     return {
         "extend": _sweep(f"extend seq {seq}", ext_cfgs, lambda c: lambda: extend_attention(**ext, **c), timer,
                          _extend_flops(s, seq, 0), "TFLOP/s"),
-        "decode": _sweep(f"decode ctx {ctx}", dec_cfgs, make_decode, timer, _decode_bytes(s, ctx, False), "GB/s"),
+        "decode": _sweep(f"decode ctx {ctx}", dec_cfgs, make_decode, timer, decode_bytes(s, ctx, False), "GB/s"),
     }  # fmt: skip
 
 
@@ -333,7 +333,7 @@ def split_sweep(s: Shapes, dev, timer: Timer, copy_gbs: float, smoke: bool) -> d
         sb = replace(s, decode_batch=b)
         args = _decode_setup(sb, ctx, True, False, dev)
         args["out"] = torch.empty_like(args["q"])
-        nbytes = _decode_bytes(sb, ctx, False)
+        nbytes = decode_bytes(sb, ctx, False)
         for grid in (1, 2, 4, 8, 16, 32):
             seen = set()
             for tokens in (1, 256, 512, 1024):

@@ -1,9 +1,11 @@
 """Decode attention over an int8 KV pool against a bf16 one, by launch config.
 
 Each point is 32 calls, one per layer, each on its own pool (so no layer finds its KV in L2),
-captured in one CUDA graph with the engine's grid (choose_num_splits, SPLIT_TOKENS, the last
-split combining) and timed over its replays. A point's bytes are what the kernel must read: K
-and V (and an int8 pool's two float32 scales a token and head), the slot table, q. Prints one
+captured in one CUDA graph with the split count an eager step would pick at that context
+(choose_num_splits; the decode graphs' grid is fixed, and SPLIT_TOKENS bounds each request's
+splits in it), the last split combining, and timed over its replays. A point's bytes are what
+the kernel must read (bench_kernels.decode_bytes): K and V (and an int8 pool's two float32
+scales a token and head), the slot table, q and the output. Prints one
 JSON line per point (µs a layer, TB/s), then each compiled kernel's registers and spills,
 which say whether a config fits.
 
@@ -26,8 +28,8 @@ import torch
 
 from services.worker.blas_choice import graph_ms
 from services.worker.kernels import decode_attention as da
-
-LAYERS, HQ, HKV, D = 32, 32, 8, 128
+from tools.bench_kernels import Shapes, decode_bytes
+from tools.diag.decode_small import HKV, HQ, LAYERS, D
 
 
 def pools(b: int, ctx: int, int8: bool, dev: torch.device) -> list[dict]:
@@ -44,11 +46,6 @@ def pools(b: int, ctx: int, int8: bool, dev: torch.device) -> list[dict]:
             kv = {n: torch.randn(cap, HKV, D, dtype=torch.bfloat16, device=dev) for n in ("k_pool", "v_pool")}
         layers.append(kv)
     return layers
-
-
-def layer_bytes(b: int, ctx: int, int8: bool) -> int:
-    per_token = 2 * HKV * (D * (1 if int8 else 2) + (4 if int8 else 0))
-    return b * ctx * (per_token + 4) + 2 * b * HQ * D * 2
 
 
 def run_layers(layers: list[dict], call: dict, cfg: dict) -> None:
@@ -93,12 +90,12 @@ def main() -> None:
                 "seq_lens": torch.full((b,), ctx, dtype=torch.int32, device=dev), "scale": D**-0.5,
                 "split_tokens": da.SPLIT_TOKENS, "out": torch.empty_like(q),
                 "counts": torch.zeros(b * HKV, dtype=torch.int32, device=dev)}  # fmt: skip
+        splits = da.choose_num_splits(b, HKV, ctx, num_sms)
+        mid_o, mid_lse = da.decode_scratch(b, HQ, D, splits, dev)
+        call |= {"num_splits": splits, "mid_o": mid_o, "mid_lse": mid_lse}
         for int8, configs in ((True, parse_configs(args.configs)), (False, parse_configs(args.bf16_configs))):
-            splits = da.choose_num_splits(b, HKV, ctx, num_sms)
-            mid_o, mid_lse = da.decode_scratch(b, HQ, D, splits, dev)
-            call |= {"num_splits": splits, "mid_o": mid_o, "mid_lse": mid_lse}
             layers = pools(b, ctx, int8, dev)
-            nbytes = layer_bytes(b, ctx, int8)
+            nbytes = decode_bytes(Shapes(decode_batch=b), ctx, int8)
             for cfg in configs:
                 run = functools.partial(run_layers, layers, call, cfg)
                 us = [graph_ms(run, 20) * 1000 / LAYERS for _ in range(args.rounds)]
