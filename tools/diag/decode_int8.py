@@ -26,10 +26,9 @@ if __package__ in (None, ""):
 
 import torch
 
-from services.worker.blas_choice import graph_ms
 from services.worker.kernels import decode_attention as da
 from tools.bench_kernels import Shapes, decode_bytes
-from tools.diag.decode_small import HKV, HQ, LAYERS, D
+from tools.diag.decode_small import HKV, HQ, LAYERS, D, graph_us
 
 
 def pools(b: int, ctx: int, int8: bool, dev: torch.device) -> list[dict]:
@@ -98,7 +97,7 @@ def main() -> None:
             nbytes = decode_bytes(Shapes(decode_batch=b), ctx, int8)
             for cfg in configs:
                 run = functools.partial(run_layers, layers, call, cfg)
-                us = [graph_ms(run, 20) * 1000 / LAYERS for _ in range(args.rounds)]
+                us = [graph_us(run) for _ in range(args.rounds)]
                 print(json.dumps({"batch": b, "context": ctx, "splits": splits, "kv": "int8" if int8 else "bf16",
                                   **cfg, "us_per_layer": [round(u, 2) for u in us],
                                   "TB/s": round(nbytes / min(us) / 1e6, 3)}), flush=True)  # fmt: skip
