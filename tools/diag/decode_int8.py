@@ -28,7 +28,7 @@ import torch
 
 from services.worker.kernels import decode_attention as da
 from tools.bench_kernels import Shapes, decode_bytes
-from tools.diag.decode_small import HKV, HQ, LAYERS, D, graph_us
+from tools.diag.decode_small import HKV, HQ, LAYERS, D, graph_us, requests
 
 
 def pools(b: int, ctx: int, int8: bool, dev: torch.device) -> list[dict]:
@@ -84,9 +84,8 @@ def main() -> None:
     for shape in args.shapes.split(","):
         b, ctx = (int(x) for x in shape.split("x"))
         q = torch.randn(b, HQ, D, dtype=torch.bfloat16, device=dev)
-        call = {"q": q, "req_table": torch.randperm(b * ctx, device=dev).view(b, ctx).to(torch.int32),
-                "rows": torch.arange(b, dtype=torch.int32, device=dev),
-                "seq_lens": torch.full((b,), ctx, dtype=torch.int32, device=dev), "scale": D**-0.5,
+        table, rows, lens = requests(b, ctx, dev)
+        call = {"q": q, "req_table": table, "rows": rows, "seq_lens": lens, "scale": D**-0.5,
                 "split_tokens": da.SPLIT_TOKENS, "out": torch.empty_like(q),
                 "counts": torch.zeros(b * HKV, dtype=torch.int32, device=dev)}  # fmt: skip
         splits = da.choose_num_splits(b, HKV, ctx, num_sms)

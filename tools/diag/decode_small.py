@@ -39,10 +39,16 @@ def layer_pools(b: int, ctx: int, dev: torch.device) -> tuple[list, torch.Tensor
     cap, bf = b * ctx + 1, torch.bfloat16
     pools = [(torch.randn(cap, HKV, D, dtype=bf, device=dev), torch.randn(cap, HKV, D, dtype=bf, device=dev))
              for _ in range(LAYERS)]  # fmt: skip
+    return pools, *requests(b, ctx, dev)
+
+
+def requests(b: int, ctx: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """b requests of context ctx at scattered slots of a pool of b * ctx + 1: (the request
+    table [b, ctx], rows, lengths)."""
     table = torch.randperm(b * ctx, device=dev).view(b, ctx).to(torch.int32)
     rows = torch.arange(b, dtype=torch.int32, device=dev)
     lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
-    return pools, table, rows, lens
+    return table, rows, lens
 
 
 def layers(pools: list, call: tuple, cfg: dict) -> None:
