@@ -96,8 +96,13 @@ class LoopReader:
             self._recover = True
             raise
         except (OSError, hiredis.ProtocolError, hiredis.ReplyError) as e:  # TimeoutError is an OSError
-            log.warning("the event loop's polls of %s failed (%s: %s); its thread reads for %.0f s",
-                        self.reader.stream, type(e).__name__, e, RETRY_S)  # fmt: skip
+            log.warning(
+                "the event loop's polls of %s failed (%s: %s); its thread reads for %.0f s",
+                self.reader.stream,
+                type(e).__name__,
+                e,
+                RETRY_S,
+            )
             self.close()
             self._retry_at = time.monotonic() + RETRY_S
             self._recover = True

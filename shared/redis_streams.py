@@ -217,8 +217,9 @@ class StreamReader:
         if ack_ids:
             commands.append(("XACK", self.stream, self.group, *ack_ids))
         block = () if block_ms is None else ("BLOCK", block_ms)
-        commands.append(("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, *block,
-                         "STREAMS", self.stream, start))  # fmt: skip
+        commands.append(
+            ("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, *block, "STREAMS", self.stream, start)
+        )
         return commands
 
     def _spin_read(self, count: int, ack_ids: list[bytes], timeout_s: float | None) -> list[Entry] | None:
@@ -241,11 +242,13 @@ class StreamReader:
     def entries_of(self, resp: Any) -> list[Entry]:
         """The entries in XREADGROUP's raw answer as hiredis parses it (streams of entry ids
         and flat field lists), for reads made outside redis-py."""
-        return self._decode_entries([
-            (entry_id, None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True)))
-            for _stream, entries in resp or []
-            for entry_id, flat in entries
-        ])  # fmt: skip
+        return self._decode_entries(
+            [
+                (entry_id, None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True)))
+                for _stream, entries in resp or []
+                for entry_id, flat in entries
+            ]
+        )
 
     def ack(self, entries: Iterable[Entry]) -> None:
         ids = [e.entry_id for e in entries]

@@ -59,8 +59,11 @@ def main() -> None:
         for m in (int(b) for b in args.batches.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             row = {"projection": name, "batch": m}
-            forms = {f"{lib}/{layout}": (lib, lambda x=x, ws=ws: [x @ w.t() for w in ws])
-                     for lib in LIBRARIES for layout, ws in layouts.items()}  # fmt: skip
+            forms = {
+                f"{lib}/{layout}": (lib, lambda x=x, ws=ws: [x @ w.t() for w in ws])
+                for lib in LIBRARIES
+                for layout, ws in layouts.items()
+            }
             # the same product with the weight as the left operand: cuBLAS sees an [N, M] result, and at
             # M = 1 the result [N, 1] is the [1, N] row as laid out, so nothing is copied
             forms |= {f"{lib}/wx": (lib, lambda x=x, nk=nk: [w @ x.t() for w in nk]) for lib in LIBRARIES}
@@ -77,8 +80,11 @@ def main() -> None:
         del nk, layouts
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name(), "copy_GBps": bw, "torch": torch.__version__, "rows": rows}, f,
-                  indent=1)  # fmt: skip
+        json.dump(
+            {"gpu": torch.cuda.get_device_name(), "copy_GBps": bw, "torch": torch.__version__, "rows": rows},
+            f,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

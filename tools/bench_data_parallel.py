@@ -41,9 +41,23 @@ def main(argv: list[str] | None = None) -> dict:
         if args.device == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = str(i)
         part = os.path.join(work, f"group{i}.json")
-        cmd = [sys.executable, os.path.join(ROOT, "tools", "benchmark_engine.py"), "--parts", "offline",
-               "--device", args.device, "--requests", str(args.requests), "--shard", f"{i}/{args.groups}",
-               "--barrier", os.path.join(work, "barrier"), "--out", part, *args.engine_args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            os.path.join(ROOT, "tools", "benchmark_engine.py"),
+            "--parts",
+            "offline",
+            "--device",
+            args.device,
+            "--requests",
+            str(args.requests),
+            "--shard",
+            f"{i}/{args.groups}",
+            "--barrier",
+            os.path.join(work, "barrier"),
+            "--out",
+            part,
+            *args.engine_args,
+        ]
         log = open(os.path.join(work, f"group{i}.log"), "w")  # noqa: SIM115 (closed when the process is waited for)
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log, part))
     deadline = time.monotonic() + args.timeout_s

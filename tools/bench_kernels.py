@@ -208,9 +208,17 @@ def bench_decode(s: Shapes, dev, timer: Timer, num_sms: int, copy_gbs: float) ->
         nbytes = decode_bytes(s, ctx, int8)
         name = f"ctx{ctx}_{'scattered' if scattered else 'contiguous'}{'_int8' if int8 else ''}"
         gbs, graph_gbs = nbytes / ms / 1e6, nbytes / graph_ms / 1e6
-        out[name] = {"batch": s.decode_batch, "context": ctx, "num_splits": splits, "bytes": nbytes, "ms": ms,
-                     "GB/s": gbs, "pct_of_copy": 100 * gbs / copy_gbs, "graph_ms": graph_ms,
-                     "graph_pct_of_copy": 100 * graph_gbs / copy_gbs}  # fmt: skip
+        out[name] = {
+            "batch": s.decode_batch,
+            "context": ctx,
+            "num_splits": splits,
+            "bytes": nbytes,
+            "ms": ms,
+            "GB/s": gbs,
+            "pct_of_copy": 100 * gbs / copy_gbs,
+            "graph_ms": graph_ms,
+            "graph_pct_of_copy": 100 * graph_gbs / copy_gbs,
+        }
     return out
 
 
@@ -270,8 +278,14 @@ def _bench_sdpa(s: Shapes, seq: int, dev, timer: Timer) -> dict:
     return {"backend": backend.name, "ms": ms, "TFLOP/s": _extend_flops(s, seq, 0) / ms / 1e9}
 
 
-def _sweep(name: str, configs: list[dict], make: Callable[[dict], Callable[[], torch.Tensor]], timer: Timer,
-           work: float, unit: str) -> dict:  # fmt: skip
+def _sweep(
+    name: str,
+    configs: list[dict],
+    make: Callable[[dict], Callable[[], torch.Tensor]],
+    timer: Timer,
+    work: float,
+    unit: str,
+) -> dict:
     """Time make(config)() for each config, checking its output against the default config's."""
     reference = make({})().clone()
     rows = []
@@ -285,8 +299,9 @@ def _sweep(name: str, configs: list[dict], make: Callable[[dict], Callable[[], t
             rows.append({**cfg, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"})
             continue
         ok = err < 2e-2 and not torch.isnan(got).any()
-        rows.append({**cfg, "ms": ms, unit: work / ms / 1e9 if unit == "TFLOP/s" else work / ms / 1e6,
-                     "max_err": err, "ok": ok})  # fmt: skip
+        rows.append(
+            {**cfg, "ms": ms, unit: work / ms / 1e9 if unit == "TFLOP/s" else work / ms / 1e6, "max_err": err, "ok": ok}
+        )
     good = [r for r in rows if r.get("ok")]
     best = max(good, key=lambda r: r[unit]) if good else None
     print(f"sweep {name}: best {best}", flush=True)
@@ -316,10 +331,16 @@ def sweep(s: Shapes, dev, timer: Timer, seq: int, num_sms: int) -> dict:
         return lambda: decode_attention(**dec, mid_o=mid_o, mid_lse=mid_lse, **cfg)
 
     return {
-        "extend": _sweep(f"extend seq {seq}", ext_cfgs, lambda c: lambda: extend_attention(**ext, **c), timer,
-                         _extend_flops(s, seq, 0), "TFLOP/s"),
+        "extend": _sweep(
+            f"extend seq {seq}",
+            ext_cfgs,
+            lambda c: lambda: extend_attention(**ext, **c),
+            timer,
+            _extend_flops(s, seq, 0),
+            "TFLOP/s",
+        ),
         "decode": _sweep(f"decode ctx {ctx}", dec_cfgs, make_decode, timer, decode_bytes(s, ctx, False), "GB/s"),
-    }  # fmt: skip
+    }
 
 
 def split_sweep(s: Shapes, dev, timer: Timer, copy_gbs: float, smoke: bool) -> dict:
@@ -342,15 +363,31 @@ def split_sweep(s: Shapes, dev, timer: Timer, copy_gbs: float, smoke: bool) -> d
                     continue
                 seen.add(used)
                 mid_o, mid_lse = decode_scratch(b, s.hq, s.head_dim, grid, dev)
-                ms = timer(lambda a=args, g=grid, t=tokens, mo=mid_o, ml=mid_lse: decode_attention(
-                    num_splits=g, split_tokens=t, mid_o=mo, mid_lse=ml, **a))  # fmt: skip
+                ms = timer(
+                    lambda a=args, g=grid, t=tokens, mo=mid_o, ml=mid_lse: decode_attention(
+                        num_splits=g, split_tokens=t, mid_o=mo, mid_lse=ml, **a
+                    )
+                )
                 gbs = nbytes / ms / 1e6
                 pct = 100 * gbs / copy_gbs
-                rows.append({"batch": b, "context": ctx, "grid_splits": grid, "used_splits": used,
-                             "split_tokens": tokens, "ms": ms, "GB/s": gbs, "pct_of_copy": pct})  # fmt: skip
+                rows.append(
+                    {
+                        "batch": b,
+                        "context": ctx,
+                        "grid_splits": grid,
+                        "used_splits": used,
+                        "split_tokens": tokens,
+                        "ms": ms,
+                        "GB/s": gbs,
+                        "pct_of_copy": pct,
+                    }
+                )
         best = max((r for r in rows if r["batch"] == b and r["context"] == ctx), key=lambda r: r["GB/s"])
-        print(f"split sweep batch {b} context {ctx}: best grid {best['grid_splits']} used {best['used_splits']} "
-              f"{best['pct_of_copy']:.1f}% of copy", flush=True)  # fmt: skip
+        print(
+            f"split sweep batch {b} context {ctx}: best grid {best['grid_splits']} used {best['used_splits']} "
+            f"{best['pct_of_copy']:.1f}% of copy",
+            flush=True,
+        )
     return {"results": rows}
 
 

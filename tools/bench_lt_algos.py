@@ -69,8 +69,11 @@ def time_projection(lt: CublasLt, x: torch.Tensor, ws: list[torch.Tensor], count
     if seeds and ok:
         near = {n.words: n for t in ok[:seeds] for n in lt.neighbours(x, ws[0], outs[0], t["a"])}
         near_timed, near_wrong = time_algos(list(near.values()))
-        row |= {"neighbours": len(near), "neighbours_wrong": near_wrong,
-                "neighbours_errors": sum("error" in t for t in near_timed)}  # fmt: skip
+        row |= {
+            "neighbours": len(near),
+            "neighbours_wrong": near_wrong,
+            "neighbours_errors": sum("error" in t for t in near_timed),
+        }
         ok = sorted(ok + [t for t in near_timed if "us" in t], key=lambda t: t["us"])
     if ok:
         row |= {"best_us": ok[0]["us"], "best": ok[0]["algo"]}
@@ -113,8 +116,11 @@ def main() -> None:
     summary = {"saves_ms_per_step_by_batch": {str(m): round(v, 4) for m, v in saved.items()}}
     print(json.dumps(summary), flush=True)
     with open(args.out, "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name(), "copy_GBps": bw, "torch": torch.__version__, "rows": rows}
-                  | summary, f, indent=1)  # fmt: skip
+        json.dump(
+            {"gpu": torch.cuda.get_device_name(), "copy_GBps": bw, "torch": torch.__version__, "rows": rows} | summary,
+            f,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

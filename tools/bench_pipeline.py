@@ -37,8 +37,16 @@ from tools import benchmark_engine, benchmark_serving, make_bench_model
 from tools.redis_server import RedisServer, free_port
 from tools.stack import Stack, StackOptions
 
-WORKER_ARGS = ["--device", "cuda", "--random-weights", "true", "--running-max-req-size", "2048",
-               "--batch-max-tokens", "16384"]  # fmt: skip
+WORKER_ARGS = [
+    "--device",
+    "cuda",
+    "--random-weights",
+    "true",
+    "--running-max-req-size",
+    "2048",
+    "--batch-max-tokens",
+    "16384",
+]
 ROUTER_ARGS = ["--running-max-req-size", "4096", "--max-waiting", "20000"]
 PARTS = ("lowload", "lowload-aiohttp", "side", "offline", "online")
 DEFAULT_PARTS = "lowload,side,offline,online"  # lowload-aiohttp on request: it makes a full job too long for one call
@@ -64,9 +72,12 @@ def paired_added(pipeline: dict, engine: dict) -> float | None:
 
 def worker_figures(metrics_url: str) -> dict[str, float]:
     """The worker's step counters from its /metrics (docs/metrics.md): steps, step seconds, tokens."""
-    wanted = {"lightstream_worker_steps_total": "steps", "lightstream_worker_step_seconds_sum": "step_seconds",
-              "lightstream_worker_prefill_tokens_total": "prefill_tokens",
-              "lightstream_worker_decode_tokens_total": "decode_tokens"}  # fmt: skip
+    wanted = {
+        "lightstream_worker_steps_total": "steps",
+        "lightstream_worker_step_seconds_sum": "step_seconds",
+        "lightstream_worker_prefill_tokens_total": "prefill_tokens",
+        "lightstream_worker_decode_tokens_total": "decode_tokens",
+    }
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text):
         for sample in family.samples:
@@ -101,8 +112,12 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"unknown parts {sorted(unknown)}: choose from {','.join(PARTS)}")
     os.makedirs(args.out_dir, exist_ok=True)
     os.makedirs(args.work_dir, exist_ok=True)
-    res: dict = {"date": time.strftime("%Y-%m-%d"), "worker_args": WORKER_ARGS, "router_args": ROUTER_ARGS,
-                 "fronts": args.fronts}  # fmt: skip
+    res: dict = {
+        "date": time.strftime("%Y-%m-%d"),
+        "worker_args": WORKER_ARGS,
+        "router_args": ROUTER_ARGS,
+        "fronts": args.fronts,
+    }
     path = os.path.join(args.out_dir, "pipeline.json")
 
     def save() -> None:
@@ -114,10 +129,17 @@ def main(argv: list[str] | None = None) -> dict:
     redis = RedisServer(binary=args.redis_server).start()
     metrics_port = free_port()
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    stack = Stack(StackOptions(model_dir=model_dir, redis_url=redis.url, port=free_port(),
-                               log_dir=os.path.join(args.work_dir, "logs"),
-                               worker_args=[*WORKER_ARGS, "--metrics-port", str(metrics_port)],
-                               router_args=ROUTER_ARGS, fronts=args.fronts))  # fmt: skip
+    stack = Stack(
+        StackOptions(
+            model_dir=model_dir,
+            redis_url=redis.url,
+            port=free_port(),
+            log_dir=os.path.join(args.work_dir, "logs"),
+            worker_args=[*WORKER_ARGS, "--metrics-port", str(metrics_port)],
+            router_args=ROUTER_ARGS,
+            fronts=args.fronts,
+        )
+    )
     try:
         t = time.perf_counter()
         stack.start()
@@ -127,13 +149,19 @@ def main(argv: list[str] | None = None) -> dict:
         d = args.work_dir
         serving(stack.url, os.path.join(d, "warmup.json"), requests=16)
         if "lowload" in parts:
-            res["low_load"] = serving(stack.url, os.path.join(d, "low_load.json"), requests=args.low_load,
-                                      max_concurrency=1, per_request=True)  # fmt: skip
+            res["low_load"] = serving(
+                stack.url, os.path.join(d, "low_load.json"), requests=args.low_load, max_concurrency=1, per_request=True
+            )
             save()
         if "lowload-aiohttp" in parts:  # the same through aiohttp, vLLM's client: what the client's own time adds
-            res["low_load_aiohttp"] = serving(stack.url, os.path.join(d, "low_load_aiohttp.json"),
-                                              requests=args.low_load, max_concurrency=1, client="aiohttp",
-                                              per_request=True)  # fmt: skip
+            res["low_load_aiohttp"] = serving(
+                stack.url,
+                os.path.join(d, "low_load_aiohttp.json"),
+                requests=args.low_load,
+                max_concurrency=1,
+                client="aiohttp",
+                per_request=True,
+            )
             save()
         if "side" in parts:
             res["side_by_side"] = serving(stack.url, os.path.join(d, "side_by_side.json"), requests=args.side_by_side)
@@ -145,8 +173,9 @@ def main(argv: list[str] | None = None) -> dict:
             save()
         if "online" in parts:
             plot = os.path.join(args.out_dir, "latency_vs_rate.png")
-            res["online"] = serving(stack.url, os.path.join(d, "online.json"), requests=args.online_requests,
-                                    rates=args.rates, plot=plot)  # fmt: skip
+            res["online"] = serving(
+                stack.url, os.path.join(d, "online.json"), requests=args.online_requests, rates=args.rates, plot=plot
+            )
             save()
     finally:
         stack.stop()
@@ -157,10 +186,21 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.skip_engine and len(engine_parts) > 1:
         side = args.side_by_side if "side" in parts else 0
         engine = benchmark_engine.main(
-            ["--out", os.path.join(args.out_dir, "engine_alone.json"), "--parts", ",".join(engine_parts),
-             "--requests", str(args.requests), "--low-load-requests", str(args.low_load),
-             "--side-by-side", str(side), "--running-max-req-size", "2048"]
-        )  # fmt: skip
+            [
+                "--out",
+                os.path.join(args.out_dir, "engine_alone.json"),
+                "--parts",
+                ",".join(engine_parts),
+                "--requests",
+                str(args.requests),
+                "--low-load-requests",
+                str(args.low_load),
+                "--side-by-side",
+                str(side),
+                "--running-max-req-size",
+                "2048",
+            ]
+        )
         res["engine_alone"] = {k: engine.get(k) for k in ("ceilings", "engine", "low_load", "side_by_side", "offline")}
         if "offline" in parts:
             res["pipeline_over_engine"] = res["offline"]["req_per_s"] / engine["offline"]["req_per_s"]
@@ -170,8 +210,12 @@ def main(argv: list[str] | None = None) -> dict:
                 res[f"{key}_ttft_added_ms"] = added
                 res[f"{key}_ttft_added_paired_ms"] = paired_added(res[key], engine["low_load"])
         save()
-    keys = ("pipeline_over_engine", "low_load_ttft_added_ms", "low_load_ttft_added_paired_ms",
-            "low_load_aiohttp_ttft_added_ms")  # fmt: skip
+    keys = (
+        "pipeline_over_engine",
+        "low_load_ttft_added_ms",
+        "low_load_ttft_added_paired_ms",
+        "low_load_aiohttp_ttft_added_ms",
+    )
     print(json.dumps({k: res.get(k) for k in keys}), flush=True)
     return res
 

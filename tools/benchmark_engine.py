@@ -316,8 +316,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cuda-graph-max-tokens", type=int, default=2048)
     ap.add_argument("--gemm-search", type=int, default=1, help="0: decode graphs use PyTorch's matmul libraries only")
     ap.add_argument("--fold-norms", type=int, default=1, help="0: norms kept apart from the weights (no decode_folded)")
-    ap.add_argument("--decode-inputs", type=int, default=1,
-                    help="0: decode-only batches built by the general path (not decode_inputs.py)")  # fmt: skip
+    ap.add_argument(
+        "--decode-inputs",
+        type=int,
+        default=1,
+        help="0: decode-only batches built by the general path (not decode_inputs.py)",
+    )
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--low-load-requests", type=int, default=20)
     ap.add_argument("--side-by-side", type=int, default=0, help="also run the first N requests alone (offline)")
@@ -350,10 +354,14 @@ def main(argv: list[str] | None = None) -> dict:
     engine, model_cfg, stop_group = make_engine(args)
     if not args.decode_inputs:
         engine.runner.staging = None
-    res["engine"] = {"build_s": time.perf_counter() - t, "kv_capacity_tokens": engine.kv.capacity,
-                     "shape": args.model_dir or args.shape, "gemm_search": bool(args.gemm_search),
-                     "fold_norms": engine.runner.model.w.folded,
-                     "decode_inputs": engine.runner.staging is not None}  # fmt: skip
+    res["engine"] = {
+        "build_s": time.perf_counter() - t,
+        "kv_capacity_tokens": engine.kv.capacity,
+        "shape": args.model_dir or args.shape,
+        "gemm_search": bool(args.gemm_search),
+        "fold_norms": engine.runner.model.w.folded,
+        "decode_inputs": engine.runner.staging is not None,
+    }
     if engine.device.type == "cuda":  # as the worker service does before it serves
         res["engine"]["warmup_s"] = warm_up(engine, model_cfg.vocab_size).seconds
     print("engine", json.dumps(res["engine"]), flush=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs behind docs/benchmarks.md, on the GPU machine (see README: Benchmarks).
 # Usage: bash tools/gpu_run.sh OUTDIR PART...
-#   PART: tests | kernels | blas | kernel-sweep | split-sweep | engine | engine-int8 | profile | step-gaps | offline | static | pipeline | peer | trace | hop
+#   PART: tests | kernels | blas | kernel-sweep | split-sweep | engine | engine-int8 | profile | offline | static | pipeline | peer | trace
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 # pipeline needs a redis-server binary with its libraries in .redis/ (copied from Debian's package)
 # Needs the wheels the GPU image lacks in .whl/, installed to /tmp/site. The image has torch, triton,
@@ -36,7 +36,6 @@ for part in "$@"; do
     kernel-sweep) timeout 420 python3 tools/bench_kernels.py --sweep --out "$out/kernels_sweep.json" > "$out/kernels_sweep.log" 2>&1; tail -30 "$out/kernels_sweep.log" ;;
     engine) timeout 230 python3 tools/benchmark_engine.py --out "$out/engine.json" 2>&1 | grep -v "it/s\]" | tail -20 ;;
     profile) timeout 200 python3 tools/profile_decode.py --out "$out/profile.json" 2>&1 | grep -v "it/s\]" | tail -45 ;;
-    step-gaps) timeout 150 python3 tools/diag/step_gaps.py --batch 1,64 --show 1 --out "$out/step_gaps.json" > "$out/step_gaps.log" 2>&1; grep '"batch"\|period\|graph_us' "$out/step_gaps.log" ;;
     offline) timeout 200 python3 tools/benchmark_engine.py --parts offline --running-max-req-size 2048 --out "$out/offline.json" 2>&1 | grep -v "it/s\]" | tail -4 ;;
     static) timeout 100 python3 tools/benchmark_engine.py --parts ceilings,static --out "$out/static.json" 2>&1 | grep -v "it/s\]" | tail -6 ;;
     pipeline) timeout 500 python3 tools/bench_pipeline.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" \
@@ -45,7 +44,6 @@ for part in "$@"; do
               tar czf "$out/logs.tgz" -C /tmp/lightstream-bench logs 2>/dev/null ;;
     trace) timeout 200 python3 tools/trace_lowload.py --device cuda --requests 12 --redis-server "$PWD/.redis/redis-server" \
              --out "$out/trace.json" 2>&1 | grep -v "it/s\]" | tail -2 ;;
-    hop) timeout 90 python3 tools/diag/stream_hop.py --redis-server "$PWD/.redis/redis-server" > "$out/hop.json" 2>&1; cat "$out/hop.json" ;;
     peer) timeout 280 python3 .peer/peer_hf.py --requests 300 --skip static_b1,static_b64 --out "$out/peer_hf.json" 2>&1 | tail -6 ;;
     engine-int8) timeout 300 python3 tools/benchmark_engine.py --kv-dtype int8 --parts static,offline --out "$out/engine_int8.json" 2>&1 | tail -8 ;;
     tp-tests) timeout 300 python3 -m pytest -m gpu tests/worker/test_tp_cuda.py -q -s -p no:cacheprovider -rA 2>&1 \

@@ -136,8 +136,14 @@ def host_profile(engine, cfg: ModelConfig, batch: int, length: int, reps: int = 
     ]
     for r in reqs:
         engine.kv.release(r)
-    return {"batch": batch, "length": length, "wall_ms": wall, "device_ms": device, "host_queue_ms": launch,
-            "top_host_functions_ms": top}  # fmt: skip
+    return {
+        "batch": batch,
+        "length": length,
+        "wall_ms": wall,
+        "device_ms": device,
+        "host_queue_ms": launch,
+        "top_host_functions_ms": top,
+    }
 
 
 def _time(fn, reps: int = 20) -> float:
@@ -173,10 +179,16 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda")
     weights = random_weights(cfg, torch.bfloat16, device)
     engine = build_engine(
-        WorkerConfig(model_dir="(random)", max_total_token_num=300_000, running_max_req_size=512,
-                     gemm_search=bool(args.gemm_search), fold_norms=bool(args.fold_norms)), weights=weights,
+        WorkerConfig(
+            model_dir="(random)",
+            max_total_token_num=300_000,
+            running_max_req_size=512,
+            gemm_search=bool(args.gemm_search),
+            fold_norms=bool(args.fold_norms),
+        ),
+        weights=weights,
         model_cfg=cfg,
-    )  # fmt: skip
+    )
     out = []
     for spec in filter(None, args.prefills.split(",")):
         b, n = (int(x) for x in spec.split("x"))

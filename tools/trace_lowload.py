@@ -89,8 +89,14 @@ def hops(events: list[tuple[float, list[str]]], sent: float, first: float) -> di
 
 
 def first_chunk(client: httpx.Client, url: str, model: str, prompt: list[int], max_tokens: int) -> tuple[float, float]:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     sent, first = time.time(), math.nan
     with client.stream("POST", url + "/v1/completions", json=body) as r:
         for line in r.iter_lines():
@@ -115,8 +121,15 @@ def main(argv: list[str] | None = None) -> dict:
         make_tiny_model.main(["--out", model_dir, "--max-positions", "2048"])
     worker_args = CUDA_WORKER_ARGS if args.device == "cuda" else []
     server = RedisServer(binary=args.redis_server).start()
-    stack = Stack(StackOptions(model_dir=model_dir, redis_url=server.url, port=free_port(),
-                               log_dir=os.path.join(args.work_dir, "logs"), worker_args=worker_args))  # fmt: skip
+    stack = Stack(
+        StackOptions(
+            model_dir=model_dir,
+            redis_url=server.url,
+            port=free_port(),
+            log_dir=os.path.join(args.work_dir, "logs"),
+            worker_args=worker_args,
+        )
+    )
     rows = []
     try:
         stack.start()

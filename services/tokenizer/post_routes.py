@@ -51,8 +51,9 @@ class PostRoutes:
         request = Request(scope, receive)
         try:
             if scope["method"] != "POST":
-                raise APIError(405, f"{scope['method']} is not allowed here: use POST", "method_not_allowed",
-                               {"Allow": "POST"})  # fmt: skip
+                raise APIError(
+                    405, f"{scope['method']} is not allowed here: use POST", "method_not_allowed", {"Allow": "POST"}
+                )
             body = None if route.body is None else route.body.model_validate_json(await request.body())
             response = await route.handle(request, body, arrival)
         except APIError as e:

@@ -55,15 +55,22 @@ def graph_ms(fn: Callable[[], object], reps: int = 10) -> float:
     return start.elapsed_time(end) / reps
 
 
-def choose(projections: dict[str, list[torch.Tensor]], batch: int, lt: CublasLt | None, layers: int = 8,
-           reps: int = 3, accumulate: frozenset[str] = frozenset()) -> dict[str, Choice]:  # fmt: skip
+def choose(
+    projections: dict[str, list[torch.Tensor]],
+    batch: int,
+    lt: CublasLt | None,
+    layers: int = 8,
+    reps: int = 3,
+    accumulate: frozenset[str] = frozenset(),
+) -> dict[str, Choice]:
     """For each projection (name -> its weight [N, K] in every layer), what runs the GEMMs of a
     [batch, K] input fastest over its first `layers` layers: a library, or (lt given) one of
     lt.candidates. PyTorch's default (cuBLAS) unless another is at least 3 % faster. The
     projections named in accumulate are timed adding into their output, as the step runs them
     (a GEMM with beta 1 may get another kernel from a library's heuristic than one with beta 0)."""
-    return {name: _fastest(weights[:layers], batch, lt, reps, name in accumulate)
-            for name, weights in projections.items()}  # fmt: skip
+    return {
+        name: _fastest(weights[:layers], batch, lt, reps, name in accumulate) for name, weights in projections.items()
+    }
 
 
 def _fastest(ws: list[torch.Tensor], batch: int, lt: CublasLt | None, reps: int, accumulate: bool) -> Choice:
@@ -76,15 +83,27 @@ def _fastest(ws: list[torch.Tensor], batch: int, lt: CublasLt | None, reps: int,
     return best if best_ms < MARGIN * timed[0][0] else "cublas"
 
 
-def time_choice(choice: Choice, lt: CublasLt | None, x: torch.Tensor, pairs: list[tuple[torch.Tensor, torch.Tensor]],
-                reps: int, accumulate: bool = False) -> float:  # fmt: skip
+def time_choice(
+    choice: Choice,
+    lt: CublasLt | None,
+    x: torch.Tensor,
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    reps: int,
+    accumulate: bool = False,
+) -> float:
     """Device ms of x @ w.t() into o (accumulate: added to o) for every (w, o) of pairs, by what
     choice names, replayed from a CUDA graph."""
     return graph_ms(lambda: [run(choice, lt, x, w, o, accumulate) for w, o in pairs], reps)
 
 
-def run(choice: Choice, lt: CublasLt | None, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None,
-        accumulate: bool = False) -> torch.Tensor:  # fmt: skip
+def run(
+    choice: Choice,
+    lt: CublasLt | None,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor | None,
+    accumulate: bool = False,
+) -> torch.Tensor:
     """x @ w.t() (into out when given; accumulate: added to out) by what choice names."""
     if isinstance(choice, Algo):
         assert lt is not None, "a cuBLASLt algorithm was chosen without a handle to run it"

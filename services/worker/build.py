@@ -102,8 +102,11 @@ def build_model_stack(
     quantized = cfg.kv_dtype == "int8"
     if cfg.fold_norms and device.type == "cuda" and tp.size == 1 and not quantized and not model_cfg.qkv_bias:
         fold_norms_(weights)
-        log.info("norms folded into the QKV and gate|up weights: decode steps of up to %d requests run no norm "
-                 "kernel in a layer", FOLDED_MAX_BATCH)  # fmt: skip
+        log.info(
+            "norms folded into the QKV and gate|up weights: decode steps of up to %d requests run no norm "
+            "kernel in a layer",
+            FOLDED_MAX_BATCH,
+        )
     layout = KVLayout(
         num_layers=model_cfg.num_layers,
         kv_heads=model_cfg.num_kv_heads // tp.size,
@@ -142,8 +145,16 @@ def build_model_stack(
     graphs = None
     if device.type == "cuda" and cfg.cuda_graph_max_bs > 0:
         max_bs = min(cfg.cuda_graph_max_bs, cfg.running_max_req_size)
-        graphs = DecodeGraphs(model, table.table, cache.dummy_slot, table.dummy_row, max_total_len,
-                              buckets_up_to(max_bs), device, gemm_search=cfg.gemm_search)  # fmt: skip
+        graphs = DecodeGraphs(
+            model,
+            table.table,
+            cache.dummy_slot,
+            table.dummy_row,
+            max_total_len,
+            buckets_up_to(max_bs),
+            device,
+            gemm_search=cfg.gemm_search,
+        )
     pieces = None
     # not yet under tensor parallelism: the pieces' collectives have not been run on two GPUs
     if device.type == "cuda" and cfg.cuda_graph_max_tokens > 0 and tp.size == 1:

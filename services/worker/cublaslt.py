@@ -58,8 +58,10 @@ class Algo:
 
     def describe(self) -> str:
         c = self.config
-        return f"#{self.rank} id{c['id']} tile{c['tile']} splitk{c['splitk']} red{c['reduction']} " \
-               f"stages{c['stages']} cluster{c['cluster']} swz{c['swizzle']} custom{c['custom']}"  # fmt: skip
+        return (
+            f"#{self.rank} id{c['id']} tile{c['tile']} splitk{c['splitk']} red{c['reduction']} "
+            f"stages{c['stages']} cluster{c['cluster']} swz{c['swizzle']} custom{c['custom']}"
+        )
 
 
 def column_major_shape(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> tuple[int, int, int, int, int, int]:
@@ -165,12 +167,15 @@ class CublasLt:
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
         try:
             ws = ctypes.c_uint64(WORKSPACE_BYTES)
-            _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws), 8),
-                   "cublasLtMatmulPreferenceSetAttribute")  # fmt: skip
+            _check(
+                lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws), 8),
+                "cublasLtMatmulPreferenceSetAttribute",
+            )
             results = (_Heuristic * count)()
             found = ctypes.c_int(0)
-            status = lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, a, b, d, d, pref, count, results,
-                                                        ctypes.byref(found))  # fmt: skip
+            status = lib.cublasLtMatmulAlgoGetHeuristic(
+                self.handle, desc, a, b, d, d, pref, count, results, ctypes.byref(found)
+            )
             _check(status, "cublasLtMatmulAlgoGetHeuristic")
         finally:
             lib.cublasLtMatmulPreferenceDestroy(pref)
@@ -208,8 +213,9 @@ class CublasLt:
                 found.setdefault(a.words, a)
         return list(found.values())
 
-    def variant(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, seed: Algo,
-                change: dict[str, int]) -> Algo | None:  # fmt: skip
+    def variant(
+        self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, seed: Algo, change: dict[str, int]
+    ) -> Algo | None:
         """seed with some settings changed (names as in Algo.config), if cuBLASLt accepts it for
         out = x @ w.t() within our workspace; rank -1."""
         shape = column_major_shape(x, w, out)
@@ -263,8 +269,9 @@ class CublasLt:
             )
         return config
 
-    def matmul(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, algo: Algo,
-               accumulate: bool = False) -> torch.Tensor:  # fmt: skip
+    def matmul(
+        self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, algo: Algo, accumulate: bool = False
+    ) -> torch.Tensor:
         """out = x @ w.t() with this algorithm (accumulate: out += x @ w.t()), on the current
         stream (capturable in a CUDA graph)."""
         if x.dtype != w.dtype or out.dtype != x.dtype:
@@ -275,9 +282,25 @@ class CublasLt:
         desc, a, b, d = self._plan(x.dtype, shape)
         raw = self._raw(algo.words)
         stream = torch.cuda.current_stream(x.device).cuda_stream
-        _check(self.lib.cublasLtMatmul(self.handle, desc, ctypes.byref(self._one), w.data_ptr(), a, x.data_ptr(), b,
-                                       ctypes.byref(self._one if accumulate else self._zero), out.data_ptr(), d,
-                                       out.data_ptr(), d,
-                                       ctypes.byref(raw), self.workspace.data_ptr(), WORKSPACE_BYTES,
-                                       stream), "cublasLtMatmul")  # fmt: skip
+        _check(
+            self.lib.cublasLtMatmul(
+                self.handle,
+                desc,
+                ctypes.byref(self._one),
+                w.data_ptr(),
+                a,
+                x.data_ptr(),
+                b,
+                ctypes.byref(self._one if accumulate else self._zero),
+                out.data_ptr(),
+                d,
+                out.data_ptr(),
+                d,
+                ctypes.byref(raw),
+                self.workspace.data_ptr(),
+                WORKSPACE_BYTES,
+                stream,
+            ),
+            "cublasLtMatmul",
+        )
         return out

@@ -117,9 +117,15 @@ class DecodeGraphs:
                 self.model.blas = None
         torch.cuda.synchronize(device)
         kinds = [c if c in LIBRARIES else "algorithm" for choice in self.blas.values() for c in choice.values()]
-        log.info("captured %d decode graphs (batch %d..%d) in %.1fs; projections on cuBLAS %d, cuBLASLt %d, "
-                 "a cuBLASLt algorithm called directly %d", len(self.graphs), self.buckets[0], self.buckets[-1],
-                 time.perf_counter() - t0, *(kinds.count(k) for k in (*LIBRARIES, "algorithm")))  # fmt: skip
+        log.info(
+            "captured %d decode graphs (batch %d..%d) in %.1fs; projections on cuBLAS %d, cuBLASLt %d, "
+            "a cuBLASLt algorithm called directly %d",
+            len(self.graphs),
+            self.buckets[0],
+            self.buckets[-1],
+            time.perf_counter() - t0,
+            *(kinds.count(k) for k in (*LIBRARIES, "algorithm")),
+        )
 
     def _capture(
         self, bs: int, pool: tuple[int, int], stream: torch.cuda.Stream, device: torch.device

@@ -88,9 +88,19 @@ class DecodeInputs:
         views = self.views(buf)
         self._fill(pack[:3], prev, slots, req_table, views, self.dummy_slot, self.dummy_row)
         host = HostIndex(positions, [], [], rows, lens, list(range(n)))
-        return ForwardBatch.decodes(views.input_ids[:n], views.positions[:n], views.out_slots[:n], req_table,
-                                    views.rows[:n], views.seq_lens[:n], longest, pack[3], host=host, staged=buf,
-                                    sample_rows=pack[2])  # fmt: skip
+        return ForwardBatch.decodes(
+            views.input_ids[:n],
+            views.positions[:n],
+            views.out_slots[:n],
+            req_table,
+            views.rows[:n],
+            views.seq_lens[:n],
+            longest,
+            pack[3],
+            host=host,
+            staged=buf,
+            sample_rows=pack[2],
+        )
 
     def load(self, batch: ForwardBatch) -> bool:
         """Copy a batch built here into the graphs' inputs; False when it was built otherwise."""

@@ -97,9 +97,14 @@ class PiecewiseGraphs:
         """Run piece i of bucket m over the static buffers; its output replaces carry[m][i]."""
         carry = self.carry[m]
         out = self.model.piece(
-            i, self.o[:m] if i else None, carry[i - 1] if i else None, self.input_ids[:m], self.positions[:m],
-            self.out_slots[:m], qkv_out=self.qkv[:m] if i < self.num_layers else None,
-        )  # fmt: skip
+            i,
+            self.o[:m] if i else None,
+            carry[i - 1] if i else None,
+            self.input_ids[:m],
+            self.positions[:m],
+            self.out_slots[:m],
+            qkv_out=self.qkv[:m] if i < self.num_layers else None,
+        )
         if i < len(carry):
             carry[i] = out
         else:
@@ -135,6 +140,11 @@ class PiecewiseGraphs:
                 torch.cuda.current_stream(device).wait_stream(stream)
                 self.graphs[m] = graphs
         torch.cuda.synchronize(device)
-        log.info("captured the pieces of steps of %d..%d tokens (%d buckets, %d graphs each) in %.1fs",
-                 self.buckets[0], self.buckets[-1], len(self.buckets), self.num_layers + 1,
-                 time.perf_counter() - t0)  # fmt: skip
+        log.info(
+            "captured the pieces of steps of %d..%d tokens (%d buckets, %d graphs each) in %.1fs",
+            self.buckets[0],
+            self.buckets[-1],
+            len(self.buckets),
+            self.num_layers + 1,
+            time.perf_counter() - t0,
+        )

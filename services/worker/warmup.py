@@ -87,6 +87,11 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmupReport:
     if engine.kv.free_tokens != free_before:
         raise RuntimeError(f"warm-up left {free_before - engine.kv.free_tokens} KV slots held")
     report.seconds = time.perf_counter() - t0
-    log.info("warm-up: %d prompts in %d steps (%d mixed), %.1fs", report.prompts, report.steps,
-             report.mixed_steps, report.seconds)  # fmt: skip
+    log.info(
+        "warm-up: %d prompts in %d steps (%d mixed), %.1fs",
+        report.prompts,
+        report.steps,
+        report.mixed_steps,
+        report.seconds,
+    )
     return report

@@ -17,20 +17,45 @@ REQUESTS = 12
 
 def _tool(name: str, *args: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, os.path.join(ROOT, "tools", name), *args], check=True, timeout=300, env=env,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", name), *args],
+        check=True,
+        timeout=300,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def _engine(model: str, out: str, *extra: str) -> dict:
-    _tool("benchmark_engine.py", "--out", out, "--model-dir", model, "--device", "cpu", "--requests", str(REQUESTS),
-          *extra)  # fmt: skip
+    _tool(
+        "benchmark_engine.py",
+        "--out",
+        out,
+        "--model-dir",
+        model,
+        "--device",
+        "cpu",
+        "--requests",
+        str(REQUESTS),
+        *extra,
+    )
     with open(out) as f:
         return json.load(f)
 
 
 def test_one_rank_and_a_tp2_group_run_the_same_workload(long_context_model: str, tmp_path) -> None:
-    one = _engine(long_context_model, str(tmp_path / "tp1.json"), "--parts", "offline,lowload,static",
-                  "--static", "2x64", "--static-steps", "4", "--low-load-requests", "2")  # fmt: skip
+    one = _engine(
+        long_context_model,
+        str(tmp_path / "tp1.json"),
+        "--parts",
+        "offline,lowload,static",
+        "--static",
+        "2x64",
+        "--static-steps",
+        "4",
+        "--low-load-requests",
+        "2",
+    )
     two = _engine(long_context_model, str(tmp_path / "tp2.json"), "--parts", "offline", "--tp", "2")
     off = one["offline"]
     assert off["requests"] == REQUESTS and off["req_per_s"] > 0
@@ -45,8 +70,20 @@ def test_one_rank_and_a_tp2_group_run_the_same_workload(long_context_model: str,
 
 def test_two_data_parallel_groups_share_the_workload_and_start_together(long_context_model: str, tmp_path) -> None:
     out = tmp_path / "dp.json"
-    _tool("bench_data_parallel.py", "--groups", "2", "--device", "cpu", "--requests", str(REQUESTS), "--out",
-          str(out), "--", "--model-dir", long_context_model)  # fmt: skip
+    _tool(
+        "bench_data_parallel.py",
+        "--groups",
+        "2",
+        "--device",
+        "cpu",
+        "--requests",
+        str(REQUESTS),
+        "--out",
+        str(out),
+        "--",
+        "--model-dir",
+        long_context_model,
+    )
     res = json.loads(out.read_text())
     assert res["requests"] == REQUESTS
     assert [g["requests"] for g in res["per_group"]] == [REQUESTS // 2] * 2

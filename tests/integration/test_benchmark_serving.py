@@ -20,19 +20,55 @@ def test_benchmark_serving_on_the_tiny_model(long_context_model: str, redis_serv
         out = tmp_path / "bench.json"
         png = tmp_path / "latency.png"
         results = benchmark_serving.main(
-            ["--url", stack.url, "--out", str(out), "--requests", "6", "--vocab", "1000", "--rates", "inf,20",
-             "--plot", str(png), "--quiet"]
-        )  # fmt: skip
+            [
+                "--url",
+                stack.url,
+                "--out",
+                str(out),
+                "--requests",
+                "6",
+                "--vocab",
+                "1000",
+                "--rates",
+                "inf,20",
+                "--plot",
+                str(png),
+                "--quiet",
+            ]
+        )
         # one at a time: each request on the connection the last one left
         one_by_one = benchmark_serving.main(
-            ["--url", stack.url, "--out", str(tmp_path / "one.json"), "--requests", "6", "--vocab", "1000",
-             "--max-concurrency", "1", "--per-request", "--quiet"]
-        )  # fmt: skip
+            [
+                "--url",
+                stack.url,
+                "--out",
+                str(tmp_path / "one.json"),
+                "--requests",
+                "6",
+                "--vocab",
+                "1000",
+                "--max-concurrency",
+                "1",
+                "--per-request",
+                "--quiet",
+            ]
+        )
         # through aiohttp, as vLLM's client
         through_aiohttp = benchmark_serving.main(
-            ["--url", stack.url, "--out", str(tmp_path / "aiohttp.json"), "--requests", "6", "--vocab", "1000",
-             "--client", "aiohttp", "--quiet"]
-        )  # fmt: skip
+            [
+                "--url",
+                stack.url,
+                "--out",
+                str(tmp_path / "aiohttp.json"),
+                "--requests",
+                "6",
+                "--vocab",
+                "1000",
+                "--client",
+                "aiohttp",
+                "--quiet",
+            ]
+        )
     finally:
         stack.stop()
     assert len(results) == 2 and len(one_by_one) == 1 and len(through_aiohttp) == 1

@@ -21,16 +21,24 @@ from tests.integration.conftest import start_stack
 from tools.redis_server import RedisServer
 from tools.stack import Stack
 
-PROMPTS = ["Hello", "The quick brown fox jumps over the lazy dog.", "你好，世界！", "def f(x): return x +",
-           "Once upon a time there was a small town by the sea. " * 3]  # fmt: skip
+PROMPTS = [
+    "Hello",
+    "The quick brown fox jumps over the lazy dog.",
+    "你好，世界！",
+    "def f(x): return x +",
+    "Once upon a time there was a small town by the sea. " * 3,
+]
 TP2 = ["--tp", "2"]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
-def tp_stack(request: pytest.FixtureRequest, tiny_models: dict[str, str], redis_server: RedisServer,
-             tmp_path_factory: pytest.TempPathFactory):  # fmt: skip
-    s = start_stack(tiny_models[request.param], redis_server, str(tmp_path_factory.mktemp("tp-logs")),
-                    worker_args=TP2)  # fmt: skip
+def tp_stack(
+    request: pytest.FixtureRequest,
+    tiny_models: dict[str, str],
+    redis_server: RedisServer,
+    tmp_path_factory: pytest.TempPathFactory,
+):
+    s = start_stack(tiny_models[request.param], redis_server, str(tmp_path_factory.mktemp("tp-logs")), worker_args=TP2)
     s.model_dir = tiny_models[request.param]  # type: ignore[attr-defined]
     yield s
     s.stop()
@@ -41,8 +49,10 @@ def test_tp2_greedy_equals_hf(tp_stack: Stack) -> None:
 
     async def run() -> list[dict]:
         async with httpx.AsyncClient(base_url=tp_stack.url, timeout=120) as client:
-            bodies = [{"inputs": p, "parameters": {"max_new_tokens": 6 + 5 * i, "return_details": True}}
-                      for i, p in enumerate(PROMPTS)]  # fmt: skip
+            bodies = [
+                {"inputs": p, "parameters": {"max_new_tokens": 6 + 5 * i, "return_details": True}}
+                for i, p in enumerate(PROMPTS)
+            ]
             resps = await asyncio.gather(*(client.post("/generate", json=b) for b in bodies))
             return [r.json() for r in resps]
 

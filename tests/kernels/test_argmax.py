@@ -9,8 +9,9 @@ from services.worker.kernels.argmax import argmax_rows, num_splits
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("rows", "cols", "sms"), [(1, 1, 4), (1, 5000, 4), (3, 2049, 4), (7, 300, 132),
-                                                   (2, 70_000, 132), (40, 4100, 4)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("rows", "cols", "sms"), [(1, 1, 4), (1, 5000, 4), (3, 2049, 4), (7, 300, 132), (2, 70_000, 132), (40, 4100, 4)]
+)
 def test_argmax_rows_is_torchs(rows: int, cols: int, sms: int, dtype: torch.dtype, device: torch.device) -> None:
     x = (torch.randn(rows, cols, device=device) * 4).to(dtype)
     got = argmax_rows(x, num_sms=sms)

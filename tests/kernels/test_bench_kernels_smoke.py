@@ -14,8 +14,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_bench_kernels_smoke_reports_every_part(tmp_path) -> None:
     out = tmp_path / "kernels.json"
-    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bench_kernels.py"), "--cpu-smoke", "--split-sweep",
-                    "--out", str(out)], check=True, timeout=300, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "tools", "bench_kernels.py"),
+            "--cpu-smoke",
+            "--split-sweep",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        timeout=300,
+        stdout=subprocess.DEVNULL,
+    )
     report = json.loads(out.read_text())
     assert {"ceilings", "elementwise", "decode", "extend", "split_sweep"} <= set(report)
     rows = report["split_sweep"]["results"]

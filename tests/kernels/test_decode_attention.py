@@ -19,9 +19,23 @@ from services.worker.models.rope import cos_sin_table
 from services.worker.ops import RowNorm, TorchOps, scale_rows
 
 
-def _check(lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, quantized: bool, num_splits: int,
-           device: torch.device, pooled, reference, tol, fused: bool = False, rotary: bool = False,
-           norm: bool = False, **config: int) -> None:  # fmt: skip
+def _check(
+    lens: list[int],
+    hq: int,
+    hkv: int,
+    d: int,
+    dtype: torch.dtype,
+    quantized: bool,
+    num_splits: int,
+    device: torch.device,
+    pooled,
+    reference,
+    tol,
+    fused: bool = False,
+    rotary: bool = False,
+    norm: bool = False,
+    **config: int,
+) -> None:
     """norm (with rotary): the new tokens come with a RowNorm, whose factor scales q, k and v."""
     req = pooled(lens, hkv, d, dtype, quantized, device)
     bsz = len(lens)
@@ -45,9 +59,24 @@ def _check(lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, quant
     # fused: the last split of each (request, KV head) combines them, counting here (left zero)
     counts = torch.zeros(bsz * hkv + 3, dtype=torch.int32, device=device) if fused else None
     for _ in range(2 if fused else 1):  # the second launch finds the counts as the first left them
-        decode_attention(q, req.k_pool, req.v_pool, req.req_table, req.rows, seq_lens, scale, num_splits, out=out,
-                         k_scale=req.k_scale, v_scale=req.v_scale, mid_o=mid_o, mid_lse=mid_lse, counts=counts,
-                         new=new, **config)  # fmt: skip
+        decode_attention(
+            q,
+            req.k_pool,
+            req.v_pool,
+            req.req_table,
+            req.rows,
+            seq_lens,
+            scale,
+            num_splits,
+            out=out,
+            k_scale=req.k_scale,
+            v_scale=req.v_scale,
+            mid_o=mid_o,
+            mid_lse=mid_lse,
+            counts=counts,
+            new=new,
+            **config,
+        )
         for b, n in enumerate(lens):
             if n == 0:  # an empty request (a padded graph row): zeros
                 assert torch.equal(out[b], torch.zeros_like(out[b]))
@@ -104,16 +133,18 @@ LENS = [1, 17, 70, 33, 5]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 2, 32), (4, 1, 16), (2, 2, 24), (2, 1, 64), (2, 1, 128)])
 @pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, False), (3, True)])
-def test_decode_small(hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int, fused: bool, device, pooled,
-                      reference, tol) -> None:  # fmt: skip
+def test_decode_small(
+    hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int, fused: bool, device, pooled, reference, tol
+) -> None:
     _check(LENS, hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 2, 32), (2, 1, 16), (3, 1, 64), (2, 1, 128)])
 @pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, False), (3, True), (8, True)])
-def test_decode_rotates_and_stores_the_new_tokens(hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int,
-                                                  fused: bool, device, pooled, reference, tol) -> None:  # fmt: skip
+def test_decode_rotates_and_stores_the_new_tokens(
+    hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int, fused: bool, device, pooled, reference, tol
+) -> None:
     # the new token alone in its split (17 = one 16-token tile + 1), at the start of a context
     # (1), and an empty request whose slot must stay untouched
     _check([1, 17, 70, 0, 33], hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused, True)
@@ -122,20 +153,36 @@ def test_decode_rotates_and_stores_the_new_tokens(hq: int, hkv: int, d: int, dty
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 2, 32), (2, 1, 64)])
 @pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, False), (3, True)])
-def test_decode_applies_a_folded_norm_to_the_new_tokens(hq: int, hkv: int, d: int, dtype: torch.dtype,
-                                                        num_splits: int, fused: bool, device, pooled, reference,
-                                                        tol) -> None:  # fmt: skip
-    _check([1, 17, 70, 0, 33], hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused, True,
-           norm=True)  # fmt: skip
+def test_decode_applies_a_folded_norm_to_the_new_tokens(
+    hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int, fused: bool, device, pooled, reference, tol
+) -> None:
+    _check(
+        [1, 17, 70, 0, 33], hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused, True, norm=True
+    )
 
 
 @pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, True)])
-def test_decode_folded_norm_wider_than_one_load(num_splits: int, fused: bool, device, pooled, reference, tol,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_decode_folded_norm_wider_than_one_load(
+    num_splits: int, fused: bool, device, pooled, reference, tol, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A residual row wider than NORM_BLOCK (40 against 16) is read in several tiles, summed alike."""
     monkeypatch.setattr(decode_attention_module, "NORM_BLOCK", 16)
-    _check([1, 17, 70, 0, 33], 4, 2, 32, torch.float32, False, num_splits, device, pooled, reference, tol, fused,
-           True, norm=True)  # fmt: skip
+    _check(
+        [1, 17, 70, 0, 33],
+        4,
+        2,
+        32,
+        torch.float32,
+        False,
+        num_splits,
+        device,
+        pooled,
+        reference,
+        tol,
+        fused,
+        True,
+        norm=True,
+    )
 
 
 def test_decode_rejects_a_norm_of_other_rows(device, pooled) -> None:
@@ -145,8 +192,17 @@ def test_decode_rejects_a_norm_of_other_rows(device, pooled) -> None:
     slots = req.req_table[req.rows.long(), 0]
     new = NewTokens(qkv[:, 2:3], qkv[:, 3:], cos_sin, slots, RowNorm(torch.randn(3, 8, device=device), 1e-5))
     with pytest.raises(ValueError, match=r"new\.norm\.src must be"):
-        decode_attention(qkv[:, :2], req.k_pool, req.v_pool, req.req_table, req.rows,
-                         torch.tensor([3, 5], dtype=torch.int32, device=device), 0.25, 1, new=new)  # fmt: skip
+        decode_attention(
+            qkv[:, :2],
+            req.k_pool,
+            req.v_pool,
+            req.req_table,
+            req.rows,
+            torch.tensor([3, 5], dtype=torch.int32, device=device),
+            0.25,
+            1,
+            new=new,
+        )
 
 
 def test_decode_new_tokens_need_a_float_pool(device, pooled) -> None:
@@ -156,8 +212,19 @@ def test_decode_new_tokens_need_a_float_pool(device, pooled) -> None:
     cos_sin = cos_sin_table(16, 10000.0, {}, 8, device)
     new = NewTokens(qkv[:, 4:6], qkv[:, 6:], cos_sin, req.req_table[req.rows.long(), 0])
     with pytest.raises(ValueError, match="float pool"):
-        decode_attention(qkv[:, :4], req.k_pool, req.v_pool, req.req_table, req.rows, seq_lens, 0.25, 1,
-                         k_scale=req.k_scale, v_scale=req.v_scale, new=new)  # fmt: skip
+        decode_attention(
+            qkv[:, :4],
+            req.k_pool,
+            req.v_pool,
+            req.req_table,
+            req.rows,
+            seq_lens,
+            0.25,
+            1,
+            k_scale=req.k_scale,
+            v_scale=req.v_scale,
+            new=new,
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -182,12 +249,14 @@ def test_decode_fused_combine_of_more_splits_than_one_load(rotary: bool, device,
 @pytest.mark.parametrize("split_tokens", [20, 40, 1000])
 @pytest.mark.parametrize("quantized", [False, True])
 @pytest.mark.parametrize("fused", [False, True])
-def test_decode_short_contexts_use_fewer_splits(split_tokens: int, quantized: bool, fused: bool, device, pooled,
-                                                reference, tol) -> None:  # fmt: skip
+def test_decode_short_contexts_use_fewer_splits(
+    split_tokens: int, quantized: bool, fused: bool, device, pooled, reference, tol
+) -> None:
     # a grid of 4 splits; each request uses as many as keep split_tokens a split (the 1-token
     # request one, the 70-token one 2 or 4 or 1), and the reduce combines just those
-    _check(LENS, 4, 2, 32, torch.float32, quantized, 4, device, pooled, reference, tol, fused,
-           split_tokens=split_tokens)  # fmt: skip
+    _check(
+        LENS, 4, 2, 32, torch.float32, quantized, 4, device, pooled, reference, tol, fused, split_tokens=split_tokens
+    )
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -229,8 +298,21 @@ def test_decode_llama3_8b(quantized: bool, pooled, reference, tol) -> None:
     # combined by the reduce kernel and by each group's last split
     few = [1, 100, 300, 1000, 2047, 4000]
     for fused in (False, True):
-        _check(few, 32, 8, 128, torch.bfloat16, quantized, 32, torch.device("cuda"), pooled, reference, tol, fused,
-               split_tokens=SPLIT_TOKENS)  # fmt: skip
+        _check(
+            few,
+            32,
+            8,
+            128,
+            torch.bfloat16,
+            quantized,
+            32,
+            torch.device("cuda"),
+            pooled,
+            reference,
+            tol,
+            fused,
+            split_tokens=SPLIT_TOKENS,
+        )
 
 
 @pytest.mark.gpu
@@ -274,9 +356,9 @@ class _Keys:
     ("graph_splits", "mixed_splits", "fused"), [(1, 1, False), (8, 3, True), (17, 12, False), (32, 9, False)]
 )
 @pytest.mark.parametrize("norm", [False, True])
-def test_steps_with_prompt_tokens_reuse_the_decode_graphs_kernels(hq: int, hkv: int, d: int, graph_splits: int,
-                                                                  mixed_splits: int, fused: bool, norm: bool,
-                                                                  monkeypatch) -> None:  # fmt: skip
+def test_steps_with_prompt_tokens_reuse_the_decode_graphs_kernels(
+    hq: int, hkv: int, d: int, graph_splits: int, mixed_splits: int, fused: bool, norm: bool, monkeypatch
+) -> None:
     """A decode graph's call (new tokens rotated and stored in the kernel, with the folded norm
     or without) and an eager one in a step with prompt tokens (its decodes' q at an offset in
     the step's tokens, no new tokens, a split count of its own) key the same compiled kernels:
@@ -302,8 +384,22 @@ def test_steps_with_prompt_tokens_reuse_the_decode_graphs_kernels(hq: int, hkv: 
         scratch = decode_scratch(bd, hq, d, splits, torch.device("cpu"))
         row_norm = RowNorm(torch.zeros(bd, 4096, dtype=torch.bfloat16), 1e-5) if norm else None
         new = NewTokens(k, v, cos_sin, torch.zeros(bd, dtype=torch.int32), row_norm) if rotary else None
-        decode_attention(q, pool, pool, table, rows, lens, d**-0.5, splits, out=out, split_tokens=SPLIT_TOKENS,
-                         mid_o=scratch[0], mid_lse=scratch[1], counts=counts, new=new)  # fmt: skip
+        decode_attention(
+            q,
+            pool,
+            pool,
+            table,
+            rows,
+            lens,
+            d**-0.5,
+            splits,
+            out=out,
+            split_tokens=SPLIT_TOKENS,
+            mid_o=scratch[0],
+            mid_lse=scratch[1],
+            counts=counts,
+            new=new,
+        )
 
     call(bd, 0, graph_splits, rotary=True)  # a decode graph: the step is its decodes
     call(e + bd, e, mixed_splits, rotary=False)  # after e prompt tokens, rotated and stored before

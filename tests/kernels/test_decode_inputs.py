@@ -37,8 +37,9 @@ def _case(n: int, prev_len: int, device: torch.device) -> tuple[torch.Tensor, to
     return pack, prev, slots
 
 
-@pytest.mark.parametrize(("n", "width", "prev_len"), [(1, 1, 0), (1, 1, 1), (3, 8, 5), (8, 8, 8), (5, 700, 9),
-                                                      (600, 1100, 600), (0, 4, 0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("n", "width", "prev_len"), [(1, 1, 0), (1, 1, 1), (3, 8, 5), (8, 8, 8), (5, 700, 9), (600, 1100, 600), (0, 4, 0)]
+)
 def test_decode_inputs_is_the_reference(n: int, width: int, prev_len: int, device: torch.device) -> None:
     pack, prev, slots = _case(n, prev_len, device)
     got, want = _outputs(width, device), _outputs(width, device)

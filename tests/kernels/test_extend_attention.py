@@ -8,8 +8,20 @@ import torch
 from services.worker.kernels.extend_attention import extend_attention
 
 
-def _check(ext_lens: list[int], prefix_lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype,
-           quantized: bool, device: torch.device, pooled, reference, tol, **config: int) -> None:  # fmt: skip
+def _check(
+    ext_lens: list[int],
+    prefix_lens: list[int],
+    hq: int,
+    hkv: int,
+    d: int,
+    dtype: torch.dtype,
+    quantized: bool,
+    device: torch.device,
+    pooled,
+    reference,
+    tol,
+    **config: int,
+) -> None:
     req = pooled([max(p, 1) for p in prefix_lens], hkv, d, dtype, quantized, device)
     e = sum(ext_lens)
     # q, k_new, v_new are strided views into one packed qkv tensor, as the model makes them
@@ -19,9 +31,24 @@ def _check(ext_lens: list[int], prefix_lens: list[int], hq: int, hkv: int, d: in
     as_int32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)
     out = torch.full((e, hq, d), float("nan"), dtype=dtype, device=device)
     scale = d**-0.5
-    extend_attention(q, k_new, v_new, req.k_pool, req.v_pool, req.req_table, req.rows, starts, as_int32(ext_lens),
-                     as_int32(prefix_lens), max(ext_lens), scale, out=out, k_scale=req.k_scale, v_scale=req.v_scale,
-                     **config)  # fmt: skip
+    extend_attention(
+        q,
+        k_new,
+        v_new,
+        req.k_pool,
+        req.v_pool,
+        req.req_table,
+        req.rows,
+        starts,
+        as_int32(ext_lens),
+        as_int32(prefix_lens),
+        max(ext_lens),
+        scale,
+        out=out,
+        k_scale=req.k_scale,
+        v_scale=req.v_scale,
+        **config,
+    )
     for i, (n, p) in enumerate(zip(ext_lens, prefix_lens, strict=True)):
         s = int(starts[i])
         keys = torch.cat([req.keys[i][:p], k_new[s : s + n]])
@@ -48,8 +75,9 @@ def test_extend_small_int8_prefix(dtype: torch.dtype, device, pooled, reference,
 
 @pytest.mark.parametrize(("block_m", "block_n"), [(16, 16), (64, 32)])
 def test_extend_block_overrides(block_m: int, block_n: int, device, pooled, reference, tol) -> None:
-    _check(EXT, PREFIX, 2, 2, 16, torch.float32, False, device, pooled, reference, tol, BLOCK_M=block_m,
-           BLOCK_N=block_n)  # fmt: skip
+    _check(
+        EXT, PREFIX, 2, 2, 16, torch.float32, False, device, pooled, reference, tol, BLOCK_M=block_m, BLOCK_N=block_n
+    )
 
 
 def test_extend_rejects_bad_blocks(device) -> None:
@@ -70,5 +98,16 @@ def test_extend_llama3_8b(prefix: int, quantized: bool, pooled, reference, tol) 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_extend_mixed_segments_gpu(pooled, reference, tol) -> None:
-    _check([700, 1, 129, 64], [0, 300, 5, 1000], 32, 8, 128, torch.bfloat16, False, torch.device("cuda"), pooled,
-           reference, tol)  # fmt: skip
+    _check(
+        [700, 1, 129, 64],
+        [0, 300, 5, 1000],
+        32,
+        8,
+        128,
+        torch.bfloat16,
+        False,
+        torch.device("cuda"),
+        pooled,
+        reference,
+        tol,
+    )

@@ -53,8 +53,16 @@ def test_rotary_store_rejects_an_int8_pool(device: torch.device) -> None:
     q, k, v = (torch.randn(t, h, d, device=device) for _ in range(3))
     pool = torch.zeros(8, h, d, dtype=torch.int8, device=device)
     with pytest.raises(ValueError, match="float dtype"):
-        rotary_store_(q, k, v, torch.arange(t, device=device), cos_sin, pool, pool.clone(),
-                      torch.arange(t, dtype=torch.int32, device=device))  # fmt: skip
+        rotary_store_(
+            q,
+            k,
+            v,
+            torch.arange(t, device=device),
+            cos_sin,
+            pool,
+            pool.clone(),
+            torch.arange(t, dtype=torch.int32, device=device),
+        )
 
 
 @pytest.mark.gpu

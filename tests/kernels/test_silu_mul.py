@@ -30,8 +30,9 @@ def test_silu_mul_small(t: int, inter: int, dtype: torch.dtype, device: torch.de
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("t", "inter", "hidden"), [(1, 16, 24), (4, 200, 1500), (3, 2500, 2048)])
-def test_silu_mul_with_a_folded_norm(t: int, inter: int, hidden: int, dtype: torch.dtype, device: torch.device,
-                                     tol) -> None:  # fmt: skip
+def test_silu_mul_with_a_folded_norm(
+    t: int, inter: int, hidden: int, dtype: torch.dtype, device: torch.device, tol
+) -> None:
     _check(t, inter, dtype, device, tol, hidden)
 
 

@@ -33,14 +33,18 @@ def _random_cache(layout: KVLayout, capacity: int, device: torch.device) -> KVCa
 
 def _copy_cache(src: KVCache) -> KVCache:
     dst = KVCache(src.layout, src.capacity, src.k[0].device)
-    for a, b in zip(dst.k + dst.v + (dst.k_scale or []) + (dst.v_scale or []),
-                    src.k + src.v + (src.k_scale or []) + (src.v_scale or []), strict=True):  # fmt: skip
+    for a, b in zip(
+        dst.k + dst.v + (dst.k_scale or []) + (dst.v_scale or []),
+        src.k + src.v + (src.k_scale or []) + (src.v_scale or []),
+        strict=True,
+    ):
         a.copy_(b)
     return dst
 
 
-def _mixed_batch(extends: list[tuple[int, int]], decode_lens: list[int], capacity: int, device: torch.device
-                 ) -> ForwardBatch:  # fmt: skip
+def _mixed_batch(
+    extends: list[tuple[int, int]], decode_lens: list[int], capacity: int, device: torch.device
+) -> ForwardBatch:
     """extends: (prefix_len, new tokens) per segment; decode_lens: context including the new token."""
     num_reqs = len(extends) + len(decode_lens)
     max_context = max([p + n for p, n in extends] + decode_lens) + 3
@@ -49,8 +53,9 @@ def _mixed_batch(extends: list[tuple[int, int]], decode_lens: list[int], capacit
     free = torch.randperm(capacity, device=device).to(torch.int32)
     used = 0
     out_slots = []
-    for row, total, new in zip(rows, [p + n for p, n in extends] + decode_lens,
-                               [n for _, n in extends] + [1] * len(decode_lens), strict=True):  # fmt: skip
+    for row, total, new in zip(
+        rows, [p + n for p, n in extends] + decode_lens, [n for _, n in extends] + [1] * len(decode_lens), strict=True
+    ):
         table[row, :total] = free[used : used + total]
         used += total
         out_slots.append(table[row, total - new : total])
@@ -78,8 +83,18 @@ def _mixed_batch(extends: list[tuple[int, int]], decode_lens: list[int], capacit
     )
 
 
-def _check(extends: list[tuple[int, int]], decode_lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype,
-           quantized: bool, device: torch.device, tol, reference) -> None:  # fmt: skip
+def _check(
+    extends: list[tuple[int, int]],
+    decode_lens: list[int],
+    hq: int,
+    hkv: int,
+    d: int,
+    dtype: torch.dtype,
+    quantized: bool,
+    device: torch.device,
+    tol,
+    reference,
+) -> None:
     layout = KVLayout(num_layers=2, kv_heads=hkv, head_dim=d, dtype=dtype, quantized=quantized)
     capacity = sum(p + n for p, n in extends) + sum(decode_lens) + 11
     torch_cache = _random_cache(layout, capacity, device)
@@ -142,8 +157,9 @@ def test_mixed_batch_llama3_8b(quantized: bool, tol, reference) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("quantized", [False, True])
 @pytest.mark.parametrize("folded", [False, True])
-def test_decode_attend_rotates_stores_and_attends(dtype: torch.dtype, quantized: bool, folded: bool, device,
-                                                  tol) -> None:  # fmt: skip
+def test_decode_attend_rotates_stores_and_attends(
+    dtype: torch.dtype, quantized: bool, folded: bool, device, tol
+) -> None:
     """A decode-only step's q, k and v as projected: the Triton backend's kernel rotates, stores
     and attends at once (an int8 pool: rotary_store, then attend), as the base class's two steps
     do on the torch backend. folded: the layer's norm folded into the QKV weights, its factor
@@ -164,8 +180,9 @@ def test_decode_attend_rotates_stores_and_attends(dtype: torch.dtype, quantized:
     def views(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return x[:, :hq], x[:, hq : hq + hkv], x[:, hq + hkv :]
 
-    ref = TorchAttention(torch_cache, hq, d).decode_attend(LAYER, *views(ref_qkv), batch, cos_sin, TorchOps().rotary_,
-                                                          norm=norm)  # fmt: skip
+    ref = TorchAttention(torch_cache, hq, d).decode_attend(
+        LAYER, *views(ref_qkv), batch, cos_sin, TorchOps().rotary_, norm=norm
+    )
     out = TritonAttention(triton_cache, hq, d, max_decode_batch=len(DECODES)).decode_attend(
         LAYER, *views(qkv), batch, cos_sin, TritonOps().rotary_, norm=norm
     )

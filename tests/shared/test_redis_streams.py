@@ -213,8 +213,9 @@ def test_a_claim_whose_answer_is_lost_still_hands_the_entries_over(cutter, redis
     dead = StreamReader(direct, "claimcut", "g", "dead", claim_idle_ms=200)
     writer.send_many([("claimcut", AbortReq(f"claim-{k}", "")) for k in range(3)])
     assert len(dead.read(block_ms=100)) == 3  # read, never acknowledged
-    heir = StreamReader(RedisLink(cutter.url, max_backoff_s=0.1), "claimcut", "g", "heir", claim_idle_ms=200,
-                        claim_every_s=0.0)  # fmt: skip
+    heir = StreamReader(
+        RedisLink(cutter.url, max_backoff_s=0.1), "claimcut", "g", "heir", claim_idle_ms=200, claim_every_s=0.0
+    )
     time.sleep(0.3)  # the dead one's lease has expired
     cutter.cut_next_answer_with(b"claim-0")
     got = [e.msg.rid for e in heir.read(block_ms=50)]

@@ -48,8 +48,9 @@ def test_choose_names_a_library_or_an_algorithm_per_projection_and_it_computes_t
     g = torch.Generator(device="cuda").manual_seed(batch)
     weights = [torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16, generator=g) * 512**-0.5 for _ in range(4)]
     down = [torch.randn(512, 1536, device="cuda", dtype=torch.bfloat16, generator=g) * 1536**-0.5 for _ in range(4)]
-    choice = choose({"a": weights, "b": weights[:1], "down": down}, batch, lt, layers=4, reps=2,
-                    accumulate=frozenset({"down"}))  # fmt: skip
+    choice = choose(
+        {"a": weights, "b": weights[:1], "down": down}, batch, lt, layers=4, reps=2, accumulate=frozenset({"down"})
+    )
     assert set(choice) == {"a", "b", "down"}
     for name, ws in (("a", weights), ("down", down)):
         c = choice[name]
@@ -70,8 +71,9 @@ def test_without_a_cublaslt_handle_only_libraries_are_chosen() -> None:
 
 
 def test_every_captured_bucket_records_its_choice(tiny_models: dict[str, str]) -> None:
-    cfg = WorkerConfig(model_dir=tiny_models["llama"], device="cuda", dtype="bfloat16", cuda_graph_max_bs=8,
-                       max_total_token_num=4096)  # fmt: skip
+    cfg = WorkerConfig(
+        model_dir=tiny_models["llama"], device="cuda", dtype="bfloat16", cuda_graph_max_bs=8, max_total_token_num=4096
+    )
     graphs = build_engine(cfg).runner.graphs
     assert graphs is not None and sorted(graphs.blas) == graphs.buckets
     assert graphs.lt is not None and graphs.model.lt is graphs.lt  # the graphs' algorithms run on its workspace

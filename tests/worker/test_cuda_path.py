@@ -43,14 +43,29 @@ def test_tiny_fp32_greedy_equals_cpu_and_hf(
     fold: the norms folded into the weights (llama; qwen2's QKV bias keeps them apart)."""
     model_dir = tiny_models[arch]
     tok = hf_reference.tokenizer(model_dir)
-    texts = ["Hello world", "The quick brown fox jumps over the lazy dog. " * 5, "你好，世界！", "def f(x): return",
-             "Once upon a time", "a", "Emoji: 😀 🚀", "Question: What is the capital of France? Answer:"]  # fmt: skip
+    texts = [
+        "Hello world",
+        "The quick brown fox jumps over the lazy dog. " * 5,
+        "你好，世界！",
+        "def f(x): return",
+        "Once upon a time",
+        "a",
+        "Emoji: 😀 🚀",
+        "Question: What is the capital of France? Answer:",
+    ]
     reqs = [request(str(i), tok(t)["input_ids"], max_new_tokens=8 + 6 * i) for i, t in enumerate(texts)]
     # a small pool: a test that took 90 % of the GPU would leave the next one none (the caching
     # allocator keeps what a finished engine freed)
-    cuda_cfg = WorkerConfig(model_dir=model_dir, device="cuda", dtype="float32", cuda_graph_max_bs=graphs,
-                            cuda_graph_max_tokens=pieces, max_total_token_num=65536,
-                            batch_max_tokens=budget, fold_norms=fold)  # fmt: skip
+    cuda_cfg = WorkerConfig(
+        model_dir=model_dir,
+        device="cuda",
+        dtype="float32",
+        cuda_graph_max_bs=graphs,
+        cuda_graph_max_tokens=pieces,
+        max_total_token_num=65536,
+        batch_max_tokens=budget,
+        fold_norms=fold,
+    )
     engine = build_engine(cuda_cfg)
     assert engine.runner.model.w.folded == (fold and arch == "llama")
     cuda = run(engine, reqs)
@@ -77,8 +92,14 @@ def hf_logits(model_1b: str, sequences: list[list[int]]) -> list[torch.Tensor]:
 
 def _engine(model_dir: str, kv: str = "auto"):
     """bf16; the norms folded into the weights, as by default (a float KV pool)."""
-    cfg = WorkerConfig(model_dir=model_dir, device="cuda", dtype="bfloat16", kv_dtype=kv, max_total_token_num=8192,
-                       running_max_req_size=16)  # fmt: skip
+    cfg = WorkerConfig(
+        model_dir=model_dir,
+        device="cuda",
+        dtype="bfloat16",
+        kv_dtype=kv,
+        max_total_token_num=8192,
+        running_max_req_size=16,
+    )
     engine = build_engine(cfg)
     assert engine.runner.model.w.folded == (kv != "int8")
     return engine
@@ -117,9 +138,17 @@ def test_1b_int8_kv_agrees_with_bf16_kv(model_1b: str, sequences) -> None:
 
 def test_int8_kv_holds_at_least_1_9_times_the_tokens(model_1b: str) -> None:
     def capacity(kv: str) -> int:
-        engine = build_engine(WorkerConfig(model_dir=model_1b, device="cuda", kv_dtype=kv, mem_fraction=0.5,
-                                           running_max_req_size=16, cuda_graph_max_bs=0,
-                                           cuda_graph_max_tokens=0))  # fmt: skip
+        engine = build_engine(
+            WorkerConfig(
+                model_dir=model_1b,
+                device="cuda",
+                kv_dtype=kv,
+                mem_fraction=0.5,
+                running_max_req_size=16,
+                cuda_graph_max_bs=0,
+                cuda_graph_max_tokens=0,
+            )
+        )
         n = engine.kv.capacity
         del engine
         torch.cuda.empty_cache()

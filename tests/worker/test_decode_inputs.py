@@ -85,11 +85,20 @@ def test_batches_too_large_or_with_prompt_tokens_take_the_general_path() -> None
 def test_the_engine_gives_the_same_tokens_with_staged_batches(tiny_llama: str) -> None:
     tok = hf_reference.tokenizer(tiny_llama)
     prompts = ["The children ran along the beach", "Once upon a time", "A B C D", "Rain fell on the hills"]
-    reqs = [request(f"g{i}", tok(p)["input_ids"], max_new_tokens=8 + 4 * i, ignore_eos=True)
-            for i, p in enumerate(prompts)]  # fmt: skip
-    reqs += [request("s", tok("The sea")["input_ids"], max_new_tokens=15, do_sample=True, seed=3, ignore_eos=True),
-             request("p", tok("One two")["input_ids"], max_new_tokens=10, repetition_penalty=1.3,
-                     frequency_penalty=0.5, ignore_eos=True)]  # fmt: skip
+    reqs = [
+        request(f"g{i}", tok(p)["input_ids"], max_new_tokens=8 + 4 * i, ignore_eos=True) for i, p in enumerate(prompts)
+    ]
+    reqs += [
+        request("s", tok("The sea")["input_ids"], max_new_tokens=15, do_sample=True, seed=3, ignore_eos=True),
+        request(
+            "p",
+            tok("One two")["input_ids"],
+            max_new_tokens=10,
+            repetition_penalty=1.3,
+            frequency_penalty=0.5,
+            ignore_eos=True,
+        ),
+    ]
     cfg = WorkerConfig(model_dir=tiny_llama)
     plain = run(build_engine(cfg), reqs)
     engine = build_engine(cfg)

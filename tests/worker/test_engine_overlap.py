@@ -20,8 +20,10 @@ def test_seeded_requests_do_not_depend_on_their_company(tiny_qwen: str) -> None:
         "ignore_eos": True,
     }
     alone = run(build_engine(WorkerConfig(model_dir=tiny_qwen)), [request("x", ids, **params)])["x"].tokens
-    crowd = [request(f"o{i}", tok("noise " * (i + 1))["input_ids"], max_new_tokens=30, do_sample=True, seed=i)
-             for i in range(5)]  # fmt: skip
+    crowd = [
+        request(f"o{i}", tok("noise " * (i + 1))["input_ids"], max_new_tokens=30, do_sample=True, seed=i)
+        for i in range(5)
+    ]
     together = run(build_engine(WorkerConfig(model_dir=tiny_qwen)), [*crowd, request("x", ids, **params)])
     assert together["x"].tokens == alone
     other_seed = run(build_engine(WorkerConfig(model_dir=tiny_qwen)), [request("x", ids, **{**params, "seed": 12})])

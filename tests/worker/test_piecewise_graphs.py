@@ -52,8 +52,13 @@ def test_mixed_and_chunked_steps_through_the_pieces_match_hugging_face(tiny_llam
     others; those steps go through the pieces, in buckets of 8 and 24 tokens. Slots a larger step
     left in the padding would overwrite other requests' KV: the outputs would differ."""
     tok = hf_reference.tokenizer(tiny_llama)
-    texts = ["Hello world", "The quick brown fox jumps over the lazy dog. " * 3, "a", "Once upon a time",
-             "def f(x): return x * x  # a function"]  # fmt: skip
+    texts = [
+        "Hello world",
+        "The quick brown fox jumps over the lazy dog. " * 3,
+        "a",
+        "Once upon a time",
+        "def f(x): return x * x  # a function",
+    ]
     reqs = [request(str(i), tok(t)["input_ids"], max_new_tokens=6 + 5 * i) for i, t in enumerate(texts)]
     engine, used = _with_pieces(tiny_llama, batch_max_tokens=16)
     out = run(engine, reqs)

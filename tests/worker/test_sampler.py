@@ -61,8 +61,12 @@ def test_seeded_draw_does_not_depend_on_the_batch() -> None:
     alone = Bench()
     first = alone.tokens(logits[2:3], [alone.req("x", do_sample=True, seed=7)])
     mixed = Bench()
-    reqs = [mixed.req("a", do_sample=True, seed=1), mixed.req("b"), mixed.req("x", do_sample=True, seed=7),
-            mixed.req("c", do_sample=True)]  # fmt: skip
+    reqs = [
+        mixed.req("a", do_sample=True, seed=1),
+        mixed.req("b"),
+        mixed.req("x", do_sample=True, seed=7),
+        mixed.req("c", do_sample=True),
+    ]
     together = mixed.tokens(logits, reqs)
     assert together[2] == first[0]
     assert together[1] == int(logits[1].argmax())
@@ -164,8 +168,12 @@ def test_low_precision_logits_give_what_their_float32_copy_gives() -> None:
     def run(x: torch.Tensor) -> SampleResult:
         b = Bench()
         seen = [int(wide[2].argmax())]  # penalised: request p's prompt holds its row's best token
-        reqs = [b.req("g"), b.req("s", do_sample=True, seed=5, temperature=0.7, top_k=10),
-                b.req("p", tokens=seen, repetition_penalty=1.3), b.req("l", logprobs=True)]  # fmt: skip
+        reqs = [
+            b.req("g"),
+            b.req("s", do_sample=True, seed=5, temperature=0.7, top_k=10),
+            b.req("p", tokens=seen, repetition_penalty=1.3),
+            b.req("l", logprobs=True),
+        ]
         return b.sample(x, reqs)
 
     greedy = Bench()

@@ -36,8 +36,9 @@ NEW_TOKENS = 32
 
 
 def _cfg(model_dir: str, tp: int) -> WorkerConfig:
-    return WorkerConfig(model_dir=model_dir, device="cuda", dtype="bfloat16", max_total_token_num=16384,
-                        running_max_req_size=16, tp=tp)  # fmt: skip
+    return WorkerConfig(
+        model_dir=model_dir, device="cuda", dtype="bfloat16", max_total_token_num=16384, running_max_req_size=16, tp=tp
+    )
 
 
 def _with_engine(model_dir: str, tp: int, use: Callable[[Engine], object]) -> object:

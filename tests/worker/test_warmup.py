@@ -37,8 +37,9 @@ def test_warm_up_runs_every_shape_and_leaves_the_engine_as_it_was(tiny_llama: st
 def test_with_piecewise_graphs_it_also_runs_the_eager_steps_past_them(tiny_llama: str) -> None:
     engine = _engine(tiny_llama)
     model = engine.runner.model
-    engine.runner.pieces = PiecewiseGraphs(model, model.attn.cache.dummy_slot, [8, 24], torch.device("cpu"),
-                                           capture=False)  # fmt: skip
+    engine.runner.pieces = PiecewiseGraphs(
+        model, model.attn.cache.dummy_slot, [8, 24], torch.device("cpu"), capture=False
+    )
     eager: list[int] = []
     forward = model.forward
 
@@ -73,8 +74,9 @@ def test_after_the_warm_up_mixed_steps_compile_no_decode_attention(tiny_llama: s
     """A prompt arriving while long requests decode: the step's decode attention (eager, its
     tokens rotated and stored before it) splits each context, and must run kernels that
     capturing the decode graphs (which rotate and store inside the kernel) already compiled."""
-    cfg = WorkerConfig(model_dir=tiny_llama, device="cuda", dtype="bfloat16", cuda_graph_max_bs=8,
-                       max_total_token_num=8192)  # fmt: skip
+    cfg = WorkerConfig(
+        model_dir=tiny_llama, device="cuda", dtype="bfloat16", cuda_graph_max_bs=8, max_total_token_num=8192
+    )
     engine = build_engine(cfg)
     vocab = engine.runner.model.cfg.vocab_size
     warm_up(engine, vocab)
@@ -82,8 +84,9 @@ def test_after_the_warm_up_mixed_steps_compile_no_decode_attention(tiny_llama: s
     before = [set(launcher.compiled) for launcher in launchers]
     mixed = 0
     for length in (300, 900):  # the first decodes alone in a few splits, then beside the second
-        engine.add(request(f"long-{length}", [(7 * i) % vocab for i in range(length)], max_new_tokens=12,
-                           ignore_eos=True))  # fmt: skip
+        engine.add(
+            request(f"long-{length}", [(7 * i) % vocab for i in range(length)], max_new_tokens=12, ignore_eos=True)
+        )
         for _ in range(3):
             engine.step()
         engine.add(request(f"late-{length}", [3, 5, 8, 13], max_new_tokens=2, ignore_eos=True))

@@ -100,10 +100,22 @@ class TritonAttention(AttentionBackend):
         if batch.num_extends > 0:
             k_scale, v_scale = self._scales(layer)
             extend_attention(
-                q[:e], k[:e], v[:e], self.cache.k[layer], self.cache.v[layer], batch.req_table, batch.extend_rows,
-                batch.extend_starts, batch.extend_lens, batch.extend_prefix_lens, batch.extend_max_len, self.scale,
-                out=out[:e], k_scale=k_scale, v_scale=v_scale,
-            )  # fmt: skip
+                q[:e],
+                k[:e],
+                v[:e],
+                self.cache.k[layer],
+                self.cache.v[layer],
+                batch.req_table,
+                batch.extend_rows,
+                batch.extend_starts,
+                batch.extend_lens,
+                batch.extend_prefix_lens,
+                batch.extend_max_len,
+                self.scale,
+                out=out[:e],
+                k_scale=k_scale,
+                v_scale=v_scale,
+            )
         if batch.num_decodes > 0:
             self._decode(layer, q[e : e + batch.num_decodes], batch, out[e : e + batch.num_decodes])
         return out
@@ -148,10 +160,23 @@ class TritonAttention(AttentionBackend):
         mid_o = self._mid_o[: bd * hq * splits * d].view(bd, hq, splits, d)
         mid_lse = self._mid_lse[: bd * hq * splits].view(bd, hq, splits)
         decode_attention(
-            q, cache.k[layer], cache.v[layer], batch.req_table, batch.decode_rows, batch.decode_seq_lens, self.scale,
-            splits, out=out, split_tokens=SPLIT_TOKENS, k_scale=k_scale, v_scale=v_scale, mid_o=mid_o,
-            mid_lse=mid_lse, counts=self._counts if splits <= FUSE_MAX_SPLITS else None, new=new,
-        )  # fmt: skip
+            q,
+            cache.k[layer],
+            cache.v[layer],
+            batch.req_table,
+            batch.decode_rows,
+            batch.decode_seq_lens,
+            self.scale,
+            splits,
+            out=out,
+            split_tokens=SPLIT_TOKENS,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            mid_o=mid_o,
+            mid_lse=mid_lse,
+            counts=self._counts if splits <= FUSE_MAX_SPLITS else None,
+            new=new,
+        )
 
     def _scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """An int8 pool's (k, v) scales of the layer; (None, None) for a float pool."""

@@ -30,8 +30,18 @@ _NO_INDEX = 2**31 - 1
 
 
 @triton.jit(do_not_specialize=["x_row_stride", "n_cols", "chunk"])
-def _argmax_split_kernel(x_ptr, val_ptr, idx_ptr, x_row_stride, n_cols, chunk, splits, NO_INDEX: tl.constexpr,
-                         BLOCK: tl.constexpr, WRITE_VAL: tl.constexpr):  # fmt: skip
+def _argmax_split_kernel(
+    x_ptr,
+    val_ptr,
+    idx_ptr,
+    x_row_stride,
+    n_cols,
+    chunk,
+    splits,
+    NO_INDEX: tl.constexpr,
+    BLOCK: tl.constexpr,
+    WRITE_VAL: tl.constexpr,
+):
     """WRITE_VAL false (one split a row): only the index is written, at idx_ptr[row]."""
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -99,12 +109,14 @@ def argmax_rows(x: torch.Tensor, num_sms: int = 132) -> torch.Tensor:
     chunk = cdiv(cdiv(cols, splits), block) * block
     splits = cdiv(cols, chunk)  # none empty
     if splits == 1:
-        _split_launch[(rows, 1)](x, out, out, x.stride(0), cols, chunk, 1, NO_INDEX=_NO_INDEX, BLOCK=block,
-                                 WRITE_VAL=False, num_warps=WARPS)  # fmt: skip
+        _split_launch[(rows, 1)](
+            x, out, out, x.stride(0), cols, chunk, 1, NO_INDEX=_NO_INDEX, BLOCK=block, WRITE_VAL=False, num_warps=WARPS
+        )
         return out
     vals = torch.empty(rows, splits, dtype=torch.float32, device=x.device)
     idx = torch.empty(rows, splits, dtype=torch.int32, device=x.device)
-    _split_launch[(rows, splits)](x, vals, idx, x.stride(0), cols, chunk, splits, NO_INDEX=_NO_INDEX, BLOCK=block,
-                                  WRITE_VAL=True, num_warps=WARPS)  # fmt: skip
+    _split_launch[(rows, splits)](
+        x, vals, idx, x.stride(0), cols, chunk, splits, NO_INDEX=_NO_INDEX, BLOCK=block, WRITE_VAL=True, num_warps=WARPS
+    )
     _combine_launch[(rows,)](vals, idx, out, splits, NO_INDEX=_NO_INDEX, BLOCK_S=next_pow2(splits), num_warps=1)
     return out

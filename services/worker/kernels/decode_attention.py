@@ -76,20 +76,89 @@ def _split_len(seq_len, num_splits, split_tokens, BLOCK_N: tl.constexpr):
 # strides (without new tokens the kernel gets stand-ins: q for k and v, the scratch for
 # cos_sin); the scales' strides (the scratch stands in for a float pool's); the norm's row stride
 # and width (without one, q stands in for its rows and the width is 0).
-@triton.jit(do_not_specialize=["num_splits", "split_tokens", "rotary", "kn_b_stride", "kn_h_stride", "vn_b_stride",
-                               "vn_h_stride", "cs_row_stride", "o_b_stride", "o_h_stride", "o_s_stride",
-                               "lse_b_stride", "lse_h_stride", "ks_slot_stride", "ks_h_stride", "vs_slot_stride",
-                               "vs_h_stride", "nrm_b_stride", "hidden"])  # fmt: skip
-def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
-                         cnt_ptr, out_ptr, kn_ptr, vn_ptr, slot_ptr, cs_ptr, nrm_ptr, nrm_b_stride, hidden, nrm_eps,
-                         q_b_stride, q_h_stride,
-                         k_slot_stride, k_h_stride, v_slot_stride, v_h_stride, ks_slot_stride, ks_h_stride,
-                         vs_slot_stride, vs_h_stride, table_stride, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
-                         lse_h_stride, out_b_stride, out_h_stride, kn_b_stride, kn_h_stride, vn_b_stride,
-                         vn_h_stride, cs_row_stride, qk_scale, num_splits, split_tokens, rotary, GROUP: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_S: tl.constexpr, NORM_BLOCK: tl.constexpr, QUANT: tl.constexpr, IEEE: tl.constexpr,
-                         DIRECT: tl.constexpr, FUSED: tl.constexpr):  # fmt: skip
+@triton.jit(
+    do_not_specialize=[
+        "num_splits",
+        "split_tokens",
+        "rotary",
+        "kn_b_stride",
+        "kn_h_stride",
+        "vn_b_stride",
+        "vn_h_stride",
+        "cs_row_stride",
+        "o_b_stride",
+        "o_h_stride",
+        "o_s_stride",
+        "lse_b_stride",
+        "lse_h_stride",
+        "ks_slot_stride",
+        "ks_h_stride",
+        "vs_slot_stride",
+        "vs_h_stride",
+        "nrm_b_stride",
+        "hidden",
+    ]
+)
+def _decode_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    table_ptr,
+    rows_ptr,
+    lens_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    cnt_ptr,
+    out_ptr,
+    kn_ptr,
+    vn_ptr,
+    slot_ptr,
+    cs_ptr,
+    nrm_ptr,
+    nrm_b_stride,
+    hidden,
+    nrm_eps,
+    q_b_stride,
+    q_h_stride,
+    k_slot_stride,
+    k_h_stride,
+    v_slot_stride,
+    v_h_stride,
+    ks_slot_stride,
+    ks_h_stride,
+    vs_slot_stride,
+    vs_h_stride,
+    table_stride,
+    o_b_stride,
+    o_h_stride,
+    o_s_stride,
+    lse_b_stride,
+    lse_h_stride,
+    out_b_stride,
+    out_h_stride,
+    kn_b_stride,
+    kn_h_stride,
+    vn_b_stride,
+    vn_h_stride,
+    cs_row_stride,
+    qk_scale,
+    num_splits,
+    split_tokens,
+    rotary,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
+    QUANT: tl.constexpr,
+    IEEE: tl.constexpr,
+    DIRECT: tl.constexpr,
+    FUSED: tl.constexpr,
+):
     """DIRECT (one split): mid_o_ptr and its b/h strides are the output's; no log-sum-exp.
     FUSED (several splits): the last split of a (request, KV head) to finish combines them
     into out_ptr, counting in cnt_ptr [B, Hkv] (zero before, left zero after).
@@ -115,9 +184,24 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
             if FUSED:  # noqa: SIM102
                 if seq_len == 0 and split == 0:  # an empty request: the combine of no splits, zeros
                     for g in tl.static_range(GROUP):
-                        _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh * GROUP + g, 0, o_b_stride, o_h_stride,
-                                      o_s_stride, lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, HEAD_DIM,
-                                      BLOCK_S, BLOCK_D)  # fmt: skip
+                        _combine_head(
+                            mid_o_ptr,
+                            mid_lse_ptr,
+                            out_ptr,
+                            b,
+                            kvh * GROUP + g,
+                            0,
+                            o_b_stride,
+                            o_h_stride,
+                            o_s_stride,
+                            lse_b_stride,
+                            lse_h_stride,
+                            out_b_stride,
+                            out_h_stride,
+                            HEAD_DIM,
+                            BLOCK_S,
+                            BLOCK_D,
+                        )
             return
     end = tl.minimum(begin + split_len, seq_len)
 
@@ -149,8 +233,26 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
         k_new = rotate_loaded(k_x, k_xp, cos, sin, first, scale)  # [BLOCK_D]
         v_new = (v_x.to(tl.float32) * scale).to(v_x.dtype)
         last = (end == seq_len) & (seq_len > 0)
-        acc, m_i, l_i = _fold_new_token(acc, m_i, l_i, q, last, k_new, v_new, k_ptr, v_ptr, slot, kvh, k_slot_stride,
-                                        k_h_stride, v_slot_stride, v_h_stride, qk_scale, offs_d, half)  # fmt: skip
+        acc, m_i, l_i = _fold_new_token(
+            acc,
+            m_i,
+            l_i,
+            q,
+            last,
+            k_new,
+            v_new,
+            k_ptr,
+            v_ptr,
+            slot,
+            kvh,
+            k_slot_stride,
+            k_h_stride,
+            v_slot_stride,
+            v_h_stride,
+            qk_scale,
+            offs_d,
+            half,
+        )
         pool_end = tl.minimum(end, seq_len - 1)  # the new token is in already
     else:
         q = tl.load(q_rows + offs_d[None, :], mask=qmask, other=0.0)  # [BLOCK_G, BLOCK_D]
@@ -189,14 +291,47 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, rows_pt
             if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == used - 1:
                 tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # ready for the next launch
                 for g in tl.static_range(GROUP):
-                    _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh * GROUP + g, used, o_b_stride, o_h_stride,
-                                  o_s_stride, lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, HEAD_DIM,
-                                  BLOCK_S, BLOCK_D)  # fmt: skip
+                    _combine_head(
+                        mid_o_ptr,
+                        mid_lse_ptr,
+                        out_ptr,
+                        b,
+                        kvh * GROUP + g,
+                        used,
+                        o_b_stride,
+                        o_h_stride,
+                        o_s_stride,
+                        lse_b_stride,
+                        lse_h_stride,
+                        out_b_stride,
+                        out_h_stride,
+                        HEAD_DIM,
+                        BLOCK_S,
+                        BLOCK_D,
+                    )
 
 
 @triton.jit
-def _fold_new_token(acc, m_i, l_i, q, last, k, v, kp_ptr, vp_ptr, slot, kvh, kp_slot_stride, kp_h_stride,
-                    vp_slot_stride, vp_h_stride, qk_scale, offs_d, HALF: tl.constexpr):  # fmt: skip
+def _fold_new_token(
+    acc,
+    m_i,
+    l_i,
+    q,
+    last,
+    k,
+    v,
+    kp_ptr,
+    vp_ptr,
+    slot,
+    kvh,
+    kp_slot_stride,
+    kp_h_stride,
+    vp_slot_stride,
+    vp_h_stride,
+    qk_scale,
+    offs_d,
+    HALF: tl.constexpr,
+):
     """The request's new token (k rotated, k and v scaled by the folded norm's factor, [BLOCK_D]),
     for its last split (last; other splits get their state back as it was): k and v stored in
     the pool at slot, and the token folded into the running softmax as online_softmax_step folds
@@ -215,9 +350,24 @@ def _fold_new_token(acc, m_i, l_i, q, last, k, v, kp_ptr, vp_ptr, slot, kvh, kp_
 
 
 @triton.jit
-def _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, h, used, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
-                  lse_h_stride, out_b_stride, out_h_stride, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                  BLOCK_D: tl.constexpr):  # fmt: skip
+def _combine_head(
+    mid_o_ptr,
+    mid_lse_ptr,
+    out_ptr,
+    b,
+    h,
+    used,
+    o_b_stride,
+    o_h_stride,
+    o_s_stride,
+    lse_b_stride,
+    lse_h_stride,
+    out_b_stride,
+    out_h_stride,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """out[b, h] = the first ``used`` splits' partial outputs weighed by their log-sum-exps
     (base 2), loaded BLOCK_S splits at a time (through L2: the last split reads what the
     others wrote); zeros when used is 0 (an empty request)."""
@@ -234,8 +384,12 @@ def _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, h, used, o_b_stride, o_h_s
         splits = first + offs_s
         valid = splits < used
         lse = tl.load(lse_row + splits, mask=valid, other=float("-inf"), cache_modifier=".cg")
-        o = tl.load(o_rows + splits[:, None] * o_s_stride + offs_d[None, :], mask=valid[:, None] & dmask[None, :],
-                    other=0.0, cache_modifier=".cg")  # fmt: skip
+        o = tl.load(
+            o_rows + splits[:, None] * o_s_stride + offs_d[None, :],
+            mask=valid[:, None] & dmask[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
         m_new = tl.maximum(m, tl.max(lse, axis=0))
         alpha = tl.exp2(m - m_new)
         w = tl.exp2(lse - m_new)  # 0 where not valid
@@ -251,21 +405,60 @@ _decode_split_launch = launcher(_decode_split_kernel)
 
 # the scratch's strides follow the split count: not specialised on either (see above); it loads
 # all MAX_SPLITS splits' places at once (the unused masked), so one compiled kernel serves all counts
-@triton.jit(do_not_specialize=["num_splits", "split_tokens", "o_b_stride", "o_h_stride", "o_s_stride", "lse_b_stride",
-                               "lse_h_stride"])  # fmt: skip
-def _decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, lens_ptr, out_ptr, o_b_stride, o_h_stride, o_s_stride,
-                          lse_b_stride, lse_h_stride, out_b_stride, out_h_stride, num_splits, split_tokens,
-                          HEAD_DIM: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_N: tl.constexpr):  # fmt: skip
+@triton.jit(
+    do_not_specialize=[
+        "num_splits",
+        "split_tokens",
+        "o_b_stride",
+        "o_h_stride",
+        "o_s_stride",
+        "lse_b_stride",
+        "lse_h_stride",
+    ]
+)
+def _decode_reduce_kernel(
+    mid_o_ptr,
+    mid_lse_ptr,
+    lens_ptr,
+    out_ptr,
+    o_b_stride,
+    o_h_stride,
+    o_s_stride,
+    lse_b_stride,
+    lse_h_stride,
+    out_b_stride,
+    out_h_stride,
+    num_splits,
+    split_tokens,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(lens_ptr + b)
     split_len = _split_len(seq_len, num_splits, split_tokens, BLOCK_N)
     # the splits stage 1 ran, recomputed (none for an empty request, whose split_len is 0)
     used = tl.where(seq_len > 0, tl.minimum(num_splits, tl.cdiv(seq_len, tl.maximum(split_len, 1))), 0)
-    _combine_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, h, used, o_b_stride, o_h_stride, o_s_stride, lse_b_stride,
-                  lse_h_stride, out_b_stride, out_h_stride, HEAD_DIM, BLOCK_S, BLOCK_D)  # fmt: skip
+    _combine_head(
+        mid_o_ptr,
+        mid_lse_ptr,
+        out_ptr,
+        b,
+        h,
+        used,
+        o_b_stride,
+        o_h_stride,
+        o_s_stride,
+        lse_b_stride,
+        lse_h_stride,
+        out_b_stride,
+        out_h_stride,
+        HEAD_DIM,
+        BLOCK_S,
+        BLOCK_D,
+    )
 
 
 _decode_reduce_launch = launcher(_decode_reduce_kernel)
@@ -416,21 +609,85 @@ def decode_attention(
     # without a norm, q stands in for its rows (not read: the width is 0)
     nrm, hidden, eps = (norm.src, norm.src.shape[1], norm.eps) if norm is not None else (q, 0, 0.0)
     _decode_split_launch[(bsz, hkv, num_splits)](
-        q, k_pool, v_pool, ks, vs, req_table, rows, seq_lens, o, mid_lse, cnt, out, kn, vn, slots, cs,
-        nrm, nrm.stride(0), hidden, eps,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), req_table.stride(0),
-        *o_strides, mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), kn.stride(0), kn.stride(1),
-        vn.stride(0), vn.stride(1), cs.stride(0), scale * LOG2E, num_splits, split_tokens, int(new is not None),
-        GROUP=group, HEAD_DIM=d, BLOCK_G=max(16, next_pow2(group)), BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_S=COMBINE_SPLITS, NORM_BLOCK=NORM_BLOCK, QUANT=quant, IEEE=q.dtype == torch.float32, DIRECT=direct,
-        FUSED=fused, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )  # fmt: skip
+        q,
+        k_pool,
+        v_pool,
+        ks,
+        vs,
+        req_table,
+        rows,
+        seq_lens,
+        o,
+        mid_lse,
+        cnt,
+        out,
+        kn,
+        vn,
+        slots,
+        cs,
+        nrm,
+        nrm.stride(0),
+        hidden,
+        eps,
+        q.stride(0),
+        q.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        ks.stride(0),
+        ks.stride(1),
+        vs.stride(0),
+        vs.stride(1),
+        req_table.stride(0),
+        *o_strides,
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        kn.stride(0),
+        kn.stride(1),
+        vn.stride(0),
+        vn.stride(1),
+        cs.stride(0),
+        scale * LOG2E,
+        num_splits,
+        split_tokens,
+        int(new is not None),
+        GROUP=group,
+        HEAD_DIM=d,
+        BLOCK_G=max(16, next_pow2(group)),
+        BLOCK_D=block_d,
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_S=COMBINE_SPLITS,
+        NORM_BLOCK=NORM_BLOCK,
+        QUANT=quant,
+        IEEE=q.dtype == torch.float32,
+        DIRECT=direct,
+        FUSED=fused,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
     if direct or fused:
         return out
     _decode_reduce_launch[(bsz, hq)](
-        mid_o, mid_lse, seq_lens, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
-        mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), num_splits, split_tokens, HEAD_DIM=d,
-        BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], num_warps=4,
-    )  # fmt: skip
+        mid_o,
+        mid_lse,
+        seq_lens,
+        out,
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        num_splits,
+        split_tokens,
+        HEAD_DIM=d,
+        BLOCK_S=MAX_SPLITS,
+        BLOCK_D=block_d,
+        BLOCK_N=cfg["BLOCK_N"],
+        num_warps=4,
+    )
     return out

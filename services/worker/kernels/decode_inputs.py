@@ -26,14 +26,34 @@ from services.worker.kernels.launch import cdiv, launcher
 
 BLOCK = 512
 # what the kernel writes, in order
-OUTPUTS = {"input_ids": torch.int64, "positions": torch.int64, "out_slots": torch.int32, "rows": torch.int32,
-           "seq_lens": torch.int32}  # fmt: skip
+OUTPUTS = {
+    "input_ids": torch.int64,
+    "positions": torch.int64,
+    "out_slots": torch.int32,
+    "rows": torch.int32,
+    "seq_lens": torch.int32,
+}
 
 
 @triton.jit(do_not_specialize=["n", "width", "table_stride", "dummy_slot", "dummy_row"])
-def _decode_inputs_kernel(pack_ptr, prev_ptr, slots_ptr, table_ptr, ids_ptr, pos_ptr, out_slots_ptr, rows_ptr,
-                          lens_ptr, n, width, table_stride, dummy_slot, dummy_row, HAS_PREV: tl.constexpr,
-                          BLOCK: tl.constexpr):  # fmt: skip
+def _decode_inputs_kernel(
+    pack_ptr,
+    prev_ptr,
+    slots_ptr,
+    table_ptr,
+    ids_ptr,
+    pos_ptr,
+    out_slots_ptr,
+    rows_ptr,
+    lens_ptr,
+    n,
+    width,
+    table_stride,
+    dummy_slot,
+    dummy_row,
+    HAS_PREV: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lane = offs < width
     real = offs < n
@@ -69,8 +89,10 @@ def _check(
     if prev is not None and (prev.dim() != 1 or prev.dtype != torch.int64 or not prev.is_contiguous()):
         raise ValueError(f"decode_inputs: prev must be a contiguous 1-d int64, got {tuple(prev.shape)} {prev.dtype}")
     if table.dim() != 2 or table.dtype != torch.int32 or table.stride(1) != 1 or table.device != pack.device:
-        raise ValueError(f"decode_inputs: table must be a 2-d int32 with a contiguous last dim on {pack.device}, "
-                         f"got {tuple(table.shape)} {table.dtype} on {table.device}")  # fmt: skip
+        raise ValueError(
+            f"decode_inputs: table must be a 2-d int32 with a contiguous last dim on {pack.device}, "
+            f"got {tuple(table.shape)} {table.dtype} on {table.device}"
+        )
     width = out[0].shape[0]
     if width < n:
         raise ValueError(f"decode_inputs: {n} requests do not fit outputs of width {width}")
@@ -78,8 +100,10 @@ def _check(
         raise ValueError(f"decode_inputs: out must be {len(OUTPUTS)} tensors ({', '.join(OUTPUTS)}), got {len(out)}")
     for (name, dtype), t in zip(OUTPUTS.items(), out, strict=True):
         if t.shape != (width,) or t.dtype != dtype or not t.is_contiguous() or t.device != pack.device:
-            raise ValueError(f"decode_inputs: {name} must be a contiguous [{width}] {dtype} on {pack.device}, "
-                             f"got {tuple(t.shape)} {t.dtype} on {t.device}")  # fmt: skip
+            raise ValueError(
+                f"decode_inputs: {name} must be a contiguous [{width}] {dtype} on {pack.device}, "
+                f"got {tuple(t.shape)} {t.dtype} on {t.device}"
+            )
 
 
 def decode_inputs(
@@ -101,9 +125,21 @@ def decode_inputs(
     if width == 0:
         return
     has_prev = prev is not None and prev.numel() > 0
-    _launch[(cdiv(width, BLOCK),)](pack, prev if has_prev else pack, slots, table, *out, pack.shape[1], width,
-                                   table.stride(0), dummy_slot, dummy_row, HAS_PREV=has_prev, BLOCK=BLOCK,
-                                   num_warps=4)  # fmt: skip
+    _launch[(cdiv(width, BLOCK),)](
+        pack,
+        prev if has_prev else pack,
+        slots,
+        table,
+        *out,
+        pack.shape[1],
+        width,
+        table.stride(0),
+        dummy_slot,
+        dummy_row,
+        HAS_PREV=has_prev,
+        BLOCK=BLOCK,
+        num_warps=4,
+    )
 
 
 def decode_inputs_reference(
@@ -124,7 +160,12 @@ def decode_inputs_reference(
         tok = torch.where(pending, prev[torch.where(pending, -1 - tok, 0)], tok)
     table[row, pos] = slots
     ids, positions, out_slots, rows, seq_lens = out
-    for t, pad, real in ((ids, 0, tok), (positions, 0, pos), (out_slots, dummy_slot, slots), (rows, dummy_row, row),
-                         (seq_lens, 1, pos + 1)):  # fmt: skip
+    for t, pad, real in (
+        (ids, 0, tok),
+        (positions, 0, pos),
+        (out_slots, dummy_slot, slots),
+        (rows, dummy_row, row),
+        (seq_lens, 1, pos + 1),
+    ):
         t.fill_(pad)
         t[:n] = real.to(t.dtype)

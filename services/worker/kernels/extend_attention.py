@@ -33,8 +33,9 @@ def dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_scale, DTYPE: tl.constexpr, QUANT: tl.constexpr,
-                        IEEE: tl.constexpr):  # fmt: skip
+def online_softmax_step(
+    acc, m_i, l_i, qk, qk_scale, v, v_scale, DTYPE: tl.constexpr, QUANT: tl.constexpr, IEEE: tl.constexpr
+):
     """Fold one tile into the running softmax. qk: [M, N] raw scores (-inf where masked), scaled
     here by qk_scale = scale * log2(e) inside one FMA; v: [N, D]; v_scale: [N] per-token scales
     of an int8 v (QUANT), else unused. m_i and l_i are in the log2 domain."""
@@ -71,13 +72,48 @@ def _load(ptrs, row_mask, col_mask, MASK_ROWS: tl.constexpr, MASK_COLS: tl.const
 # num_m_blocks changes with every batch: specialising on it (1, a multiple of 16, other) made
 # a fresh worker compile again, 1.5 s, for the first batch whose block count divided by 16
 @triton.jit(do_not_specialize=["num_m_blocks"])
-def _extend_kernel(q_ptr, kn_ptr, vn_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, table_ptr, rows_ptr, starts_ptr,
-                   lens_ptr, prefix_ptr, out_ptr, q_t_stride, q_h_stride, kn_t_stride, kn_h_stride, vn_t_stride,
-                   vn_h_stride, kp_slot_stride, kp_h_stride, vp_slot_stride, vp_h_stride, ks_slot_stride,
-                   ks_h_stride, vs_slot_stride, vs_h_stride, table_stride, out_t_stride, out_h_stride, qk_scale,
-                   num_m_blocks, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, QUANT: tl.constexpr,
-                   IEEE: tl.constexpr):  # fmt: skip
+def _extend_kernel(
+    q_ptr,
+    kn_ptr,
+    vn_ptr,
+    kp_ptr,
+    vp_ptr,
+    ks_ptr,
+    vs_ptr,
+    table_ptr,
+    rows_ptr,
+    starts_ptr,
+    lens_ptr,
+    prefix_ptr,
+    out_ptr,
+    q_t_stride,
+    q_h_stride,
+    kn_t_stride,
+    kn_h_stride,
+    vn_t_stride,
+    vn_h_stride,
+    kp_slot_stride,
+    kp_h_stride,
+    vp_slot_stride,
+    vp_h_stride,
+    ks_slot_stride,
+    ks_h_stride,
+    vs_slot_stride,
+    vs_h_stride,
+    table_stride,
+    out_t_stride,
+    out_h_stride,
+    qk_scale,
+    num_m_blocks,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAD_D: tl.constexpr,
+    QUANT: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     m_block = num_m_blocks - 1 - tl.program_id(0)
     h = tl.program_id(1)
     seg = tl.program_id(2)
@@ -258,11 +294,47 @@ def extend_attention(
     num_m_blocks = cdiv(max_extend_len, block_m)
     block_d = max(16, next_pow2(d))
     _extend_launch[(num_m_blocks, hq, be)](
-        q, k_new, v_new, k_pool, v_pool, ks, vs, req_table, rows, starts, extend_lens, prefix_lens, out,
-        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), ks.stride(0), ks.stride(1),
-        vs.stride(0), vs.stride(1), req_table.stride(0), out.stride(0), out.stride(1), scale * LOG2E, num_m_blocks,
-        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, PAD_D=block_d != d, QUANT=quant,
-        IEEE=q.dtype == torch.float32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )  # fmt: skip
+        q,
+        k_new,
+        v_new,
+        k_pool,
+        v_pool,
+        ks,
+        vs,
+        req_table,
+        rows,
+        starts,
+        extend_lens,
+        prefix_lens,
+        out,
+        q.stride(0),
+        q.stride(1),
+        k_new.stride(0),
+        k_new.stride(1),
+        v_new.stride(0),
+        v_new.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        ks.stride(0),
+        ks.stride(1),
+        vs.stride(0),
+        vs.stride(1),
+        req_table.stride(0),
+        out.stride(0),
+        out.stride(1),
+        scale * LOG2E,
+        num_m_blocks,
+        GROUP=hq // hkv,
+        HEAD_DIM=d,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        PAD_D=block_d != d,
+        QUANT=quant,
+        IEEE=q.dtype == torch.float32,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
     return out

@@ -17,9 +17,23 @@ from services.worker.kernels.launch import launcher, next_pow2
 
 
 @triton.jit
-def _quantize_store(x_ptr, row_stride, head_stride, pool_ptr, pool_slot_stride, pool_head_stride, scale_ptr,
-                    scale_slot_stride, scale_head_stride, token, slot, num_heads, HEAD_DIM: tl.constexpr,
-                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+def _quantize_store(
+    x_ptr,
+    row_stride,
+    head_stride,
+    pool_ptr,
+    pool_slot_stride,
+    pool_head_stride,
+    scale_ptr,
+    scale_slot_stride,
+    scale_head_stride,
+    token,
+    slot,
+    num_heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     hmask = offs_h < num_heads
@@ -40,16 +54,67 @@ def _quantize_store(x_ptr, row_stride, head_stride, pool_ptr, pool_slot_stride, 
 
 
 @triton.jit
-def _store_kv_int8_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, ks_ptr, vs_ptr, slots_ptr, k_row_stride, k_head_stride,
-                          v_row_stride, v_head_stride, kp_slot_stride, kp_head_stride, vp_slot_stride, vp_head_stride,
-                          ks_slot_stride, ks_head_stride, vs_slot_stride, vs_head_stride, num_heads,
-                          HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+def _store_kv_int8_kernel(
+    k_ptr,
+    v_ptr,
+    kp_ptr,
+    vp_ptr,
+    ks_ptr,
+    vs_ptr,
+    slots_ptr,
+    k_row_stride,
+    k_head_stride,
+    v_row_stride,
+    v_head_stride,
+    kp_slot_stride,
+    kp_head_stride,
+    vp_slot_stride,
+    vp_head_stride,
+    ks_slot_stride,
+    ks_head_stride,
+    vs_slot_stride,
+    vs_head_stride,
+    num_heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + token).to(tl.int64)
-    _quantize_store(k_ptr, k_row_stride, k_head_stride, kp_ptr, kp_slot_stride, kp_head_stride, ks_ptr,
-                    ks_slot_stride, ks_head_stride, token, slot, num_heads, HEAD_DIM, BLOCK_H, BLOCK_D)  # fmt: skip
-    _quantize_store(v_ptr, v_row_stride, v_head_stride, vp_ptr, vp_slot_stride, vp_head_stride, vs_ptr,
-                    vs_slot_stride, vs_head_stride, token, slot, num_heads, HEAD_DIM, BLOCK_H, BLOCK_D)  # fmt: skip
+    _quantize_store(
+        k_ptr,
+        k_row_stride,
+        k_head_stride,
+        kp_ptr,
+        kp_slot_stride,
+        kp_head_stride,
+        ks_ptr,
+        ks_slot_stride,
+        ks_head_stride,
+        token,
+        slot,
+        num_heads,
+        HEAD_DIM,
+        BLOCK_H,
+        BLOCK_D,
+    )
+    _quantize_store(
+        v_ptr,
+        v_row_stride,
+        v_head_stride,
+        vp_ptr,
+        vp_slot_stride,
+        vp_head_stride,
+        vs_ptr,
+        vs_slot_stride,
+        vs_head_stride,
+        token,
+        slot,
+        num_heads,
+        HEAD_DIM,
+        BLOCK_H,
+        BLOCK_D,
+    )
 
 
 _store_kv_int8_launch = launcher(_store_kv_int8_kernel)

@@ -122,8 +122,12 @@ class Launcher:
         self.slow.append((seconds, key))
         named = dict(key[2]) if key is not None else {}
         consts = {n: v[1] for n, v in named.items() if isinstance(v, tuple) and v[:1] == ("c",)}
-        log.info("%s: a new specialisation took %.0f ms to compile or load (%s)", self.fn.fn.__name__, 1000 * seconds,
-                 ", ".join(f"{n}={v}" for n, v in consts.items()) or "no constexprs by name")  # fmt: skip
+        log.info(
+            "%s: a new specialisation took %.0f ms to compile or load (%s)",
+            self.fn.fn.__name__,
+            1000 * seconds,
+            ", ".join(f"{n}={v}" for n, v in consts.items()) or "no constexprs by name",
+        )
 
     @staticmethod
     def values(plan: list[tuple[int, Any]], args: tuple, kwargs: dict) -> list:
@@ -147,9 +151,17 @@ class Launcher:
         g2 = grid[2] if len(grid) > 2 else 1
         stream = torch._C._cuda_getCurrentRawStream(device)  # the capture stream while a CUDA graph records
         kernel.run(
-            grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None,
+            grid[0],
+            g1,
+            g2,
+            stream,
+            kernel.function,
+            kernel.packed_metadata,
+            None,
+            None,
+            None,
             *self.values(plan, args, kwargs),
-        )  # fmt: skip
+        )
 
 
 def cdiv(a: int, b: int) -> int:

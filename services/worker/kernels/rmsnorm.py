@@ -50,8 +50,10 @@ def check_row_norm(where: str, name: str, norm: RowNorm | None, rows: int, dtype
         return
     src = norm.src
     if src.dim() != 2 or src.shape[0] != rows or src.stride(-1) != 1 or src.dtype != dtype:
-        raise ValueError(f"{where}: {name} must be [{rows}, H] {dtype} with a contiguous last dim, "
-                         f"got {tuple(src.shape)} {src.dtype}")  # fmt: skip
+        raise ValueError(
+            f"{where}: {name} must be [{rows}, H] {dtype} with a contiguous last dim, "
+            f"got {tuple(src.shape)} {src.dtype}"
+        )
 
 
 def row_launch_params(hidden: int) -> tuple[int, int]:

@@ -17,8 +17,18 @@ from services.worker.kernels.launch import launcher, next_pow2
 
 
 @triton.jit
-def rotate_heads(x_ptr, row_stride, head_stride, token, num_heads, cos, sin, HALF: tl.constexpr,
-                  BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+def rotate_heads(
+    x_ptr,
+    row_stride,
+    head_stride,
+    token,
+    num_heads,
+    cos,
+    sin,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     """Rotate all heads of one token of x in place; cos, sin: [BLOCK_HALF] float32. Returns the
     rotated halves [BLOCK_H, BLOCK_HALF] in x's dtype (for a caller that also stores them)."""
     offs_h = tl.arange(0, BLOCK_H)

@@ -21,11 +21,34 @@ from services.worker.kernels.rotary import check_rotary_args, rotate_heads
 
 
 @triton.jit
-def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, kp_ptr, vp_ptr, pos_ptr, slots_ptr, cs_ptr,
-                         q_row_stride, q_head_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
-                         kp_slot_stride, kp_head_stride, vp_slot_stride, vp_head_stride, cs_row_stride,
-                         num_q_heads, num_kv_heads, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+def _rotary_store_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    kp_ptr,
+    vp_ptr,
+    pos_ptr,
+    slots_ptr,
+    cs_ptr,
+    q_row_stride,
+    q_head_stride,
+    k_row_stride,
+    k_head_stride,
+    v_row_stride,
+    v_head_stride,
+    kp_slot_stride,
+    kp_head_stride,
+    vp_slot_stride,
+    vp_head_stride,
+    cs_row_stride,
+    num_q_heads,
+    num_kv_heads,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + token).to(tl.int64)
     slot = tl.load(slots_ptr + token).to(tl.int64)
@@ -33,8 +56,7 @@ def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, kp_ptr, vp_ptr, pos_ptr, slots_ptr
     cos = tl.load(cs_ptr + pos * cs_row_stride + offs_half, mask=offs_half < HALF, other=0.0)  # [BLOCK_HALF] float32
     sin = tl.load(cs_ptr + pos * cs_row_stride + HALF + offs_half, mask=offs_half < HALF, other=0.0)
     rotate_heads(q_ptr, q_row_stride, q_head_stride, token, num_q_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HQ)
-    r1, r2 = rotate_heads(k_ptr, k_row_stride, k_head_stride, token, num_kv_heads, cos, sin, HALF, BLOCK_HALF,
-                           BLOCK_HK)  # fmt: skip
+    r1, r2 = rotate_heads(k_ptr, k_row_stride, k_head_stride, token, num_kv_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HK)
     offs_h = tl.arange(0, BLOCK_HK)
     hmask = (offs_h < num_kv_heads)[:, None]
     kp = kp_ptr + slot * kp_slot_stride + offs_h[:, None] * kp_head_stride + offs_half[None, :]
@@ -72,9 +94,31 @@ def rotary_store_(
         return
     half, hkv = d // 2, k.shape[1]
     _rotary_store_launch[(t,)](
-        q, k, v, k_pool, v_pool, positions, slots, cos_sin,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), cos_sin.stride(0),
-        hq, hkv, HALF=half, BLOCK_HALF=next_pow2(half), BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hkv),
-        BLOCK_D=next_pow2(d), num_warps=4,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        k_pool,
+        v_pool,
+        positions,
+        slots,
+        cos_sin,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        cos_sin.stride(0),
+        hq,
+        hkv,
+        HALF=half,
+        BLOCK_HALF=next_pow2(half),
+        BLOCK_HQ=next_pow2(hq),
+        BLOCK_HK=next_pow2(hkv),
+        BLOCK_D=next_pow2(d),
+        num_warps=4,
+    )

@@ -23,8 +23,20 @@ NORM_BLOCK = 8192
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, res_ptr, x_row_stride, out_row_stride, res_row_stride, inter, hidden, eps,
-                     BLOCK: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr):  # fmt: skip
+def _silu_mul_kernel(
+    x_ptr,
+    out_ptr,
+    res_ptr,
+    x_row_stride,
+    out_row_stride,
+    res_row_stride,
+    inter,
+    hidden,
+    eps,
+    BLOCK: tl.constexpr,
+    NORM: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
@@ -58,6 +70,19 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, norm: RowNo
     grid = (t, cdiv(inter, block))
     res, hidden, eps = (norm.src, norm.src.shape[1], norm.eps) if norm is not None else (gate_up, 0, 0.0)
     norm_block = min(NORM_BLOCK, next_pow2(max(hidden, 1)))
-    _silu_mul_launch[grid](gate_up, out, res, gate_up.stride(0), out.stride(0), res.stride(0), inter, hidden, eps,
-                           BLOCK=block, NORM=norm is not None, NORM_BLOCK=norm_block, num_warps=4)  # fmt: skip
+    _silu_mul_launch[grid](
+        gate_up,
+        out,
+        res,
+        gate_up.stride(0),
+        out.stride(0),
+        res.stride(0),
+        inter,
+        hidden,
+        eps,
+        BLOCK=block,
+        NORM=norm is not None,
+        NORM_BLOCK=norm_block,
+        num_warps=4,
+    )
     return out

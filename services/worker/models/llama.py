@@ -111,8 +111,9 @@ class LlamaModel:
         residual): o and down when the step runs decode_folded."""
         return frozenset({"o", "down"}) if self.runs_folded(decode_batch) else frozenset()
 
-    def _proj(self, name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
-              accumulate: bool = False) -> torch.Tensor:  # fmt: skip
+    def _proj(
+        self, name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, accumulate: bool = False
+    ) -> torch.Tensor:
         if self.blas is None:  # eager steps: nothing to look up on the hot path
             return matmul(x, w, out, accumulate)
         return run(self.blas[name], self.lt, x, w, out, accumulate)
@@ -186,8 +187,9 @@ class LlamaModel:
             self._proj("down", a, layer.down, residual, accumulate=True)
         return self._lm_head(self.ops.rmsnorm(residual, self.w.final_norm, eps))  # every row sampled, in order
 
-    def _qkv(self, layer: LayerWeights, x: torch.Tensor,
-             out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    def _qkv(
+        self, layer: LayerWeights, x: torch.Tensor, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The QKV projection of x [T, H] (into out [T, (Hq + 2 Hkv) D] when given) -> q [T, Hq, D],
         k and v [T, Hkv, D], views of it."""
         t = x.shape[0]

@@ -20,8 +20,10 @@ def random_weights(
     from the same seed on every rank; each rank draws its shards from a seed of its own."""
     tp = tp or TensorParallel()
     if cfg.num_kv_heads % tp.size or cfg.num_heads % tp.size or cfg.intermediate_size % tp.size:
-        raise ValueError(f"{cfg.num_heads} heads, {cfg.num_kv_heads} KV heads and {cfg.intermediate_size} "
-                         f"MLP columns must all split over {tp.size} ranks")  # fmt: skip
+        raise ValueError(
+            f"{cfg.num_heads} heads, {cfg.num_kv_heads} KV heads and {cfg.intermediate_size} "
+            f"MLP columns must all split over {tp.size} ranks"
+        )
     whole = torch.Generator(device=device).manual_seed(seed)
     own = whole if tp.size == 1 else torch.Generator(device=device).manual_seed(seed + 1000 * (tp.rank + 1))
     h, d, n = cfg.hidden_size, cfg.head_dim, tp.size

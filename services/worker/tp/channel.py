@@ -46,10 +46,26 @@ class StepChannel:
         if b.host is None:
             raise ValueError("StepChannel.send: the batch has no host index (build it with build_batch)")
         h = b.host
-        header = [_BATCH, b.num_tokens, b.num_extend_tokens, b.num_extends, b.num_decodes,
-                  len(h.sample_index), b.extend_max_len, b.decode_max_len]  # fmt: skip
-        lists = [h.positions, h.extend_rows, h.extend_starts, b.extend_lens_host, b.extend_prefix_lens_host,
-                 h.decode_rows, h.decode_seq_lens, h.sample_index]  # fmt: skip
+        header = [
+            _BATCH,
+            b.num_tokens,
+            b.num_extend_tokens,
+            b.num_extends,
+            b.num_decodes,
+            len(h.sample_index),
+            b.extend_max_len,
+            b.decode_max_len,
+        ]
+        lists = [
+            h.positions,
+            h.extend_rows,
+            h.extend_starts,
+            b.extend_lens_host,
+            b.extend_prefix_lens_host,
+            h.decode_rows,
+            h.decode_seq_lens,
+            h.sample_index,
+        ]
         msg = array("q", header)
         for values in lists:
             msg.extend(values)
