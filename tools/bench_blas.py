@@ -1,4 +1,4 @@
-"""cuBLAS against cuBLASLt on a decode step's projections (what services/worker/blas_choice.py
+"""cuBLAS against cuBLASLt on a decode step's projections (what services/worker/runtime/blas_choice.py
 chooses between), at the Llama-3-8B shape, per batch size. GPU only.
 
     python tools/bench_blas.py --out FILE.json [--batches 1,8,32,64,128,256,512] [--layers 32]
@@ -22,7 +22,7 @@ if __package__ in (None, ""):
 
 import torch
 
-from services.worker.blas_choice import LIBRARIES, graph_ms, prefer
+from services.worker.runtime.blas_choice import LIBRARIES, graph_ms, prefer
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}  # [N, K]
 

@@ -117,7 +117,7 @@ def bench_elementwise(s: Shapes, dev, timer: Timer) -> dict:
     from services.worker.kernels.rmsnorm import rmsnorm
     from services.worker.kernels.rotary import rotary_
     from services.worker.kernels.silu_mul import silu_mul
-    from services.worker.models.rope import cos_sin_table
+    from services.worker.models.layers.rope import cos_sin_table
 
     t, h, dt, e = s.tokens, s.hidden, s.torch_dtype, 2  # e: bytes per element
     x = torch.randn(t, h, dtype=dt, device=dev)

@@ -24,8 +24,8 @@ if __package__ in (None, ""):
 
 import torch
 
-from services.worker.blas_choice import LIBRARIES, time_choice
-from services.worker.cublaslt import Algo, CublasLt
+from services.worker.runtime.blas_choice import LIBRARIES, time_choice
+from services.worker.runtime.cublaslt import Algo, CublasLt
 from tools.bench_blas import SHAPES, copy_gbps
 
 PROJECTIONS = SHAPES | {"lm_head": (128256, 4096)}

@@ -38,9 +38,10 @@ import torch
 
 from services.worker.build import build_engine
 from services.worker.engine import Engine
-from services.worker.models.random_weights import SHAPES, random_weights
+from services.worker.models.random_weights import SHAPES
+from services.worker.models.registry import random_weights
+from services.worker.runtime.warmup import warm_up
 from services.worker.tp.group import leave_group, start_group
-from services.worker.warmup import warm_up
 from shared.config import WorkerConfig
 from shared.messages import GenerateReq, SamplingParams
 from shared.model_config import ModelConfig
@@ -320,7 +321,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--decode-inputs",
         type=int,
         default=1,
-        help="0: decode-only batches built by the general path (not decode_inputs.py)",
+        help="0: decode-only batches built by the general path (not runtime/graph_inputs.py)",
     )
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--low-load-requests", type=int, default=20)
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> dict:
         "kv_capacity_tokens": engine.kv.capacity,
         "shape": args.model_dir or args.shape,
         "gemm_search": bool(args.gemm_search),
-        "fold_norms": engine.runner.model.w.folded,
+        "fold_norms": engine.runner.step.folded,
         "decode_inputs": engine.runner.staging is not None,
     }
     if engine.device.type == "cuda":  # as the worker service does before it serves

@@ -7,9 +7,9 @@ import os
 
 from services.worker.build import build_engine
 from services.worker.metrics import WorkerCollector, WorkerMetrics
+from services.worker.runtime.warmup import warm_up
 from services.worker.service import WorkerService
 from services.worker.tp.group import RankWatchdog, start_group
-from services.worker.warmup import warm_up
 from shared.busy_poll import BusyPoll
 from shared.cli import parse_config
 from shared.config import WorkerConfig

@@ -5,12 +5,12 @@ not yet copied to the host): its input id is then taken on the device from that 
 sampled tokens, so building the next step never waits for the previous one.
 
 A decode-only batch for the decode graphs is built in their input layout instead
-(decode_inputs.py): one copy and one kernel, where the general path takes about a dozen.
+(runtime/graph_inputs.py): one copy and one kernel, where the general path takes about a dozen.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,7 +21,7 @@ from services.worker.request import Req
 from services.worker.scheduler import PLACEHOLDER, StepPlan
 
 if TYPE_CHECKING:
-    from services.worker.decode_inputs import DecodeInputs
+    from services.worker.runtime.graph_inputs import DecodeInputs
 
 
 @dataclass
@@ -32,6 +32,23 @@ class PreviousTokens:
     index: dict[int, int]  # id(request) -> its row in tokens
 
 
+@dataclass
+class _Packed:
+    """The step's token lists as the host lays them out, before they go to the device."""
+
+    ids: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    ext_rows: list[int] = field(default_factory=list)
+    ext_starts: list[int] = field(default_factory=list)
+    ext_lens: list[int] = field(default_factory=list)
+    ext_prefix: list[int] = field(default_factory=list)
+    dec_rows: list[int] = field(default_factory=list)
+    dec_lens: list[int] = field(default_factory=list)
+    sample_index: list[int] = field(default_factory=list)
+    from_prev: list[tuple[int, int]] = field(default_factory=list)  # (packed position, row in prev.tokens)
+    num_extend: int = 0
+
+
 def build_batch(
     plan: StepPlan,
     req_table: torch.Tensor,
@@ -40,37 +57,12 @@ def build_batch(
     staging: DecodeInputs | None = None,
 ) -> ForwardBatch:
     """staging: the decode graphs' input layout; a decode-only batch that fits it is built there
-    (one copy and one kernel, decode_inputs.py). Either way the decodes' new slots
+    (one copy and one kernel, graph_inputs.py). Either way the decodes' new slots
     (plan.decode_slots, which the scheduler does not record) are written into req_table at
     (row, position)."""
     if staging is not None and not plan.extends and plan.decode_slots is not None and staging.fits(len(plan.decodes)):
         return _staged(plan, req_table, staging, prev)
-    ids: list[int] = []
-    pos: list[int] = []
-    ext_rows, ext_starts, ext_lens, ext_prefix = [], [], [], []
-    sample_index: list[int] = []
-    for req, n in plan.extends:
-        start = len(ids)
-        ids.extend(req.tokens[req.kv_len : req.kv_len + n])
-        pos.extend(range(req.kv_len, req.kv_len + n))
-        ext_rows.append(req.row)
-        ext_starts.append(start)
-        ext_lens.append(n)
-        ext_prefix.append(req.kv_len)
-        if req.kv_len + n == len(req.tokens):
-            sample_index.append(start + n - 1)
-    num_extend = len(ids)
-    dec_rows, dec_lens = [], []
-    from_prev: list[tuple[int, int]] = []  # (packed position, row in prev.tokens)
-    for req in plan.decodes:
-        sample_index.append(len(ids))
-        j = _in_flight(req, prev)
-        if j is not None:
-            from_prev.append((len(ids), j))
-        ids.append(req.tokens[-1] if j is None else 0)
-        pos.append(req.kv_len)
-        dec_rows.append(req.row)
-        dec_lens.append(req.kv_len + 1)
+    k = _pack(plan, prev)
     slots = list(plan.extend_slots)
     if plan.decode_slots is not None:
         slots.append(plan.decode_slots)
@@ -81,34 +73,60 @@ def build_batch(
     def i64(values: list[int]) -> torch.Tensor:
         return to_device(values, torch.int64, device)
 
-    input_ids = i64(ids)
-    if from_prev:
+    input_ids = i64(k.ids)
+    if k.from_prev:
         assert prev is not None
-        where = to_device(from_prev, torch.int64, device)
+        where = to_device(k.from_prev, torch.int64, device)
         input_ids[where[:, 0]] = prev.tokens[where[:, 1]]
-    positions = i64(pos)
-    decode_rows = i32(dec_rows)
+    positions = i64(k.pos)
+    decode_rows = i32(k.dec_rows)
     if plan.decode_slots is not None:  # the decodes' new slots, which the scheduler leaves to the batch
-        req_table[decode_rows.long(), positions[num_extend:]] = plan.decode_slots
+        req_table[decode_rows.long(), positions[k.num_extend :]] = plan.decode_slots
     return ForwardBatch(
         input_ids=input_ids,
         positions=positions,
         out_slots=torch.cat(slots) if slots else i32([]),
         req_table=req_table,
-        num_extend_tokens=num_extend,
-        extend_rows=i32(ext_rows),
-        extend_starts=i32(ext_starts),
-        extend_lens=i32(ext_lens),
-        extend_prefix_lens=i32(ext_prefix),
-        extend_max_len=max(ext_lens, default=0),
-        extend_lens_host=ext_lens,
-        extend_prefix_lens_host=ext_prefix,
+        num_extend_tokens=k.num_extend,
+        extend_rows=i32(k.ext_rows),
+        extend_starts=i32(k.ext_starts),
+        extend_lens=i32(k.ext_lens),
+        extend_prefix_lens=i32(k.ext_prefix),
+        extend_max_len=max(k.ext_lens, default=0),
+        extend_lens_host=k.ext_lens,
+        extend_prefix_lens_host=k.ext_prefix,
         decode_rows=decode_rows,
-        decode_seq_lens=i32(dec_lens),
-        decode_max_len=max(dec_lens, default=0),
-        sample_index=i64(sample_index),
-        host=HostIndex(pos, ext_rows, ext_starts, dec_rows, dec_lens, sample_index),
+        decode_seq_lens=i32(k.dec_lens),
+        decode_max_len=max(k.dec_lens, default=0),
+        sample_index=i64(k.sample_index),
+        host=HostIndex(k.pos, k.ext_rows, k.ext_starts, k.dec_rows, k.dec_lens, k.sample_index),
     )
+
+
+def _pack(plan: StepPlan, prev: PreviousTokens | None) -> _Packed:
+    """The extend segments first, then one token per decoding request."""
+    k = _Packed()
+    for req, n in plan.extends:
+        start = len(k.ids)
+        k.ids.extend(req.tokens[req.kv_len : req.kv_len + n])
+        k.pos.extend(range(req.kv_len, req.kv_len + n))
+        k.ext_rows.append(req.row)
+        k.ext_starts.append(start)
+        k.ext_lens.append(n)
+        k.ext_prefix.append(req.kv_len)
+        if req.kv_len + n == len(req.tokens):
+            k.sample_index.append(start + n - 1)
+    k.num_extend = len(k.ids)
+    for req in plan.decodes:
+        k.sample_index.append(len(k.ids))
+        j = _in_flight(req, prev)
+        if j is not None:
+            k.from_prev.append((len(k.ids), j))
+        k.ids.append(req.tokens[-1] if j is None else 0)
+        k.pos.append(req.kv_len)
+        k.dec_rows.append(req.row)
+        k.dec_lens.append(req.kv_len + 1)
+    return k
 
 
 def _in_flight(req: Req, prev: PreviousTokens | None) -> int | None:

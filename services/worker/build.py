@@ -1,4 +1,5 @@
-"""Build an Engine from the worker's config: device, dtype, weights, KV pool, backends."""
+"""Build an Engine from the worker's config: device, dtype, the model of its family (models/), its KV
+pool (memory/), the runtime around it (runtime/), the scheduler and the sampler."""
 
 from __future__ import annotations
 
@@ -8,26 +9,24 @@ from functools import partial
 
 import torch
 
-from services.worker.attention.torch_backend import TorchAttention
-from services.worker.cuda_graphs import DecodeGraphs, buckets_up_to
 from services.worker.engine import Engine
-from services.worker.kv_cache import KVCache, KVLayout
-from services.worker.kv_manager import KVManager
-from services.worker.model_runner import ModelRunner
-from services.worker.models.fold import fold_norms_
-from services.worker.models.llama import FOLDED_MAX_BATCH, LlamaModel, ModelWeights
-from services.worker.models.loader import load_weights
-from services.worker.models.random_weights import random_weights
-from services.worker.models.rope import cos_sin_table
-from services.worker.ops import TorchOps
-from services.worker.parallel import TensorParallel
-from services.worker.piecewise_graphs import PiecewiseGraphs, token_buckets_up_to
-from services.worker.req_table import ReqTable
+from services.worker.memory.kv_cache import KVCache, KVLayout
+from services.worker.memory.kv_manager import KVManager
+from services.worker.memory.req_table import ReqTable
+from services.worker.memory.token_allocator import TokenAllocator
+from services.worker.models.attention.torch_backend import TorchAttention
+from services.worker.models.interface import CausalLM
+from services.worker.models.layers.ops import TorchOps
+from services.worker.models.layers.rope import cos_sin_table
+from services.worker.models.registry import family_of, load_weights
+from services.worker.models.weights import ModelWeights
+from services.worker.runtime.assemble import make_runner
+from services.worker.runtime.model_runner import ModelRunner
 from services.worker.sampler import Sampler, torch_argmax
 from services.worker.sampling_state import SamplingState
 from services.worker.scheduler import Scheduler, SchedulerLimits
-from services.worker.token_allocator import TokenAllocator
 from services.worker.tp.channel import StepChannel
+from services.worker.tp.parallel import TensorParallel
 from shared.config import WorkerConfig
 from shared.model_config import ModelConfig
 
@@ -75,7 +74,7 @@ class ModelStack:
     of the KV heads), the request-to-token table and the runner (with CUDA graphs)."""
 
     model_cfg: ModelConfig
-    model: LlamaModel
+    model: CausalLM
     cache: KVCache
     table: ReqTable
     runner: ModelRunner
@@ -91,32 +90,50 @@ def build_model_stack(
     channel: StepChannel | None = None,
 ) -> ModelStack:
     model_cfg = model_cfg or ModelConfig.from_dir(cfg.model_dir)
+    family = family_of(model_cfg)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, model_cfg, device)
     if weights is None and cfg.random_weights:
         log.warning("random weights (benchmark mode): outputs are meaningless")
-        weights = random_weights(model_cfg, dtype, device, seed=0, tp=tp)
+        weights = family.random(model_cfg, dtype, device, 0, tp)
     if weights is None:
         weights = load_weights(cfg.model_dir, model_cfg, dtype, device, tp)
     max_total_len = min(cfg.max_req_total_len or model_cfg.context_length, model_cfg.context_length)
-    quantized = cfg.kv_dtype == "int8"
-    if cfg.fold_norms and device.type == "cuda" and tp.size == 1 and not quantized and not model_cfg.qkv_bias:
-        fold_norms_(weights)
-        log.info(
-            "norms folded into the QKV and gate|up weights: decode steps of up to %d requests run no norm "
-            "kernel in a layer",
-            FOLDED_MAX_BATCH,
-        )
+    cache = _kv_pool(cfg, model_cfg, tp, dtype, device, max_total_len)
+    table = ReqTable(cfg.running_max_req_size, max_total_len, device, dummy_slot=cache.dummy_slot)
+    cos_sin = cos_sin_table(model_cfg.head_dim, model_cfg.rope_theta, model_cfg.rope_scaling, max_total_len, device)
+    heads = model_cfg.num_heads // tp.size
+    if device.type == "cuda":
+        # imported here: the kernels compile for the device they first see
+        from services.worker.kernels.triton_ops import TritonOps
+        from services.worker.models.attention.triton_backend import TritonAttention
+
+        attn = TritonAttention(cache, heads, model_cfg.head_dim, max_decode_batch=cfg.running_max_req_size)
+        model = family.model(model_cfg, weights, TritonOps(), attn, cos_sin, tp)
+    else:
+        attn = TorchAttention(cache, heads, model_cfg.head_dim)
+        model = family.model(model_cfg, weights, TorchOps(), attn, cos_sin, tp)
+    runner = make_runner(cfg, model, table, cache.dummy_slot, max_total_len, device, tp.size, channel)
+    return ModelStack(model_cfg, model, cache, table, runner, max_total_len, device)
+
+
+def _kv_pool(
+    cfg: WorkerConfig,
+    model_cfg: ModelConfig,
+    tp: TensorParallel,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_total_len: int,
+) -> KVCache:
     layout = KVLayout(
         num_layers=model_cfg.num_layers,
         kv_heads=model_cfg.num_kv_heads // tp.size,
         head_dim=model_cfg.head_dim,
         dtype=dtype,
-        quantized=quantized,
+        quantized=cfg.kv_dtype == "int8",
     )
     # every rank holds the same token slots (its share of the heads of each): the smallest pool wins
     capacity = tp.agree_min(kv_capacity(cfg, layout, device), device)
-    cache = KVCache(layout, capacity, device)
     log.info(
         "KV pool: %d tokens (%.2f GiB, %s), device %s, weights %s, max request length %d, rank %d of %d",
         capacity,
@@ -128,39 +145,7 @@ def build_model_stack(
         tp.rank,
         tp.size,
     )
-    table = ReqTable(cfg.running_max_req_size, max_total_len, device, dummy_slot=cache.dummy_slot)
-    cos_sin = cos_sin_table(model_cfg.head_dim, model_cfg.rope_theta, model_cfg.rope_scaling, max_total_len, device)
-    heads = model_cfg.num_heads // tp.size
-    if device.type == "cuda":
-        # imported here: the kernels compile for the device they first see
-        from services.worker.attention.triton_backend import TritonAttention
-        from services.worker.kernels.triton_ops import TritonOps
-
-        attn = TritonAttention(cache, heads, model_cfg.head_dim, max_decode_batch=cfg.running_max_req_size)
-        model = LlamaModel(model_cfg, weights, TritonOps(), attn, cos_sin, tp)
-    else:
-        model = LlamaModel(
-            model_cfg, weights, TorchOps(), TorchAttention(cache, heads, model_cfg.head_dim), cos_sin, tp
-        )
-    graphs = None
-    if device.type == "cuda" and cfg.cuda_graph_max_bs > 0:
-        max_bs = min(cfg.cuda_graph_max_bs, cfg.running_max_req_size)
-        graphs = DecodeGraphs(
-            model,
-            table.table,
-            cache.dummy_slot,
-            table.dummy_row,
-            max_total_len,
-            buckets_up_to(max_bs),
-            device,
-            gemm_search=cfg.gemm_search,
-        )
-    pieces = None
-    # not yet under tensor parallelism: the pieces' collectives have not been run on two GPUs
-    if device.type == "cuda" and cfg.cuda_graph_max_tokens > 0 and tp.size == 1:
-        pieces = PiecewiseGraphs(model, cache.dummy_slot, token_buckets_up_to(cfg.cuda_graph_max_tokens), device)
-    runner = ModelRunner(model, graphs, channel, pieces)
-    return ModelStack(model_cfg, model, cache, table, runner, max_total_len, device)
+    return KVCache(layout, capacity, device)
 
 
 def build_engine(
@@ -186,7 +171,7 @@ def build_engine(
 
 def _argmax(device: torch.device):
     """The sampler's argmax: on CUDA the kernel that splits each row over the SMs (PyTorch's
-    reduces a row in one block: 27.5 µs for one row of 128k logits on an H200, r105)."""
+    reduces a row in one block: 27.5 µs for one row of 128k logits on an H200)."""
     if device.type != "cuda":
         return torch_argmax
     from services.worker.kernels.argmax import argmax_rows  # imported here, as the other kernels

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.batch_builder import PreviousTokens, build_batch
-from services.worker.kv_manager import KVManager
-from services.worker.model_runner import ModelRunner
+from services.worker.memory.kv_manager import KVManager
 from services.worker.request import Req
+from services.worker.runtime.model_runner import ModelRunner
 from services.worker.sampler import Sampler, SampleResult
 from services.worker.scheduler import Scheduler
 from shared.messages import ERR_FAILED, FINISH_ABORT, FINISH_ERROR, GenerateReq, RunningTable, TokenItem

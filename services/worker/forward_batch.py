@@ -50,7 +50,7 @@ class ForwardBatch:
 
     sample_index: torch.Tensor  # [S] int64, packed positions whose logits are sampled
     host: HostIndex | None = None  # set by build_batch on rank 0
-    # a decode-only batch built for the decode graphs (decode_inputs.py): the buffer its inputs
+    # a decode-only batch built for the decode graphs (runtime/graph_inputs.py): the buffer its inputs
     # are views of, laid out as the graphs' own, and its requests' table rows as int64
     staged: torch.Tensor | None = None
     sample_rows: torch.Tensor | None = None

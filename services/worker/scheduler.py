@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.worker.kv_manager import KVManager
+from services.worker.memory.kv_manager import KVManager
 from services.worker.request import Req
 from shared.messages import ERR_DEADLINE, ERR_TOO_LARGE, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from services.worker.kv_cache import quantize_int8
+from services.worker.memory.kv_cache import quantize_int8
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"

@@ -15,8 +15,8 @@ from services.worker.kernels.decode_attention import (
     decode_scratch,
 )
 from services.worker.kernels.launch import Launcher
-from services.worker.models.rope import cos_sin_table
-from services.worker.ops import RowNorm, TorchOps, scale_rows
+from services.worker.models.layers.ops import RowNorm, TorchOps, scale_rows
+from services.worker.models.layers.rope import cos_sin_table
 
 
 def _check(

@@ -7,7 +7,7 @@ import torch
 
 from services.worker.kernels.kv_store import store_kv
 from services.worker.kernels.kv_store_int8 import store_kv_int8
-from services.worker.kv_cache import quantize_int8
+from services.worker.memory.kv_cache import quantize_int8
 
 
 def _kv_views(t: int, hkv: int, d: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

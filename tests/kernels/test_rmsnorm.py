@@ -7,7 +7,7 @@ import torch
 
 from services.worker.kernels.add_rmsnorm import add_rmsnorm_
 from services.worker.kernels.rmsnorm import rmsnorm
-from services.worker.ops import TorchOps
+from services.worker.models.layers.ops import TorchOps
 
 EPS = 1e-5
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from services.worker.kernels.rotary import rotary_
-from services.worker.models.rope import cos_sin_table
-from services.worker.ops import TorchOps
+from services.worker.models.layers.ops import TorchOps
+from services.worker.models.layers.rope import cos_sin_table
 
 
 def _check(t: int, hq: int, hkv: int, d: int, dtype: torch.dtype, device: torch.device, tol) -> None:

@@ -7,7 +7,7 @@ import torch
 
 from services.worker.kernels import silu_mul as silu_mul_module
 from services.worker.kernels.silu_mul import silu_mul
-from services.worker.ops import RowNorm, TorchOps
+from services.worker.models.layers.ops import RowNorm, TorchOps
 
 
 def _check(t: int, inter: int, dtype: torch.dtype, device: torch.device, tol, hidden: int = 0) -> None:

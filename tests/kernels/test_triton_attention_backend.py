@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.attention.torch_backend import TorchAttention
-from services.worker.attention.triton_backend import TritonAttention
 from services.worker.forward_batch import ForwardBatch
 from services.worker.kernels.triton_ops import TritonOps
-from services.worker.kv_cache import KVCache, KVLayout
-from services.worker.models.rope import cos_sin_table
-from services.worker.ops import RowNorm, TorchOps
+from services.worker.memory.kv_cache import KVCache, KVLayout
+from services.worker.models.attention.torch_backend import TorchAttention
+from services.worker.models.attention.triton_backend import TritonAttention
+from services.worker.models.layers.ops import RowNorm, TorchOps
+from services.worker.models.layers.rope import cos_sin_table
 
 LAYER = 1
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from services.worker.kernels.triton_ops import TritonOps
-from services.worker.models.rope import cos_sin_table
-from services.worker.ops import TorchOps
+from services.worker.models.layers.ops import TorchOps
+from services.worker.models.layers.rope import cos_sin_table
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

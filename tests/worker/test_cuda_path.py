@@ -67,7 +67,7 @@ def test_tiny_fp32_greedy_equals_cpu_and_hf(
         fold_norms=fold,
     )
     engine = build_engine(cuda_cfg)
-    assert engine.runner.model.w.folded == (fold and arch == "llama")
+    assert engine.runner.step.folded == (fold and arch == "llama")
     cuda = run(engine, reqs)
     cpu = run(build_engine(WorkerConfig(model_dir=model_dir, device="cpu")), reqs)
     for r in reqs:
@@ -101,7 +101,7 @@ def _engine(model_dir: str, kv: str = "auto"):
         running_max_req_size=16,
     )
     engine = build_engine(cfg)
-    assert engine.runner.model.w.folded == (kv != "int8")
+    assert engine.runner.step.folded == (kv != "int8")
     return engine
 
 

@@ -41,7 +41,7 @@ from services.worker.kernels.kv_store import check_kv_store_args
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
 from services.worker.kernels.rmsnorm import check_row_norm, row_inv_rms
 from services.worker.kernels.rotary import check_rotary_args, load_cos_sin, load_halves, rotate_loaded
-from services.worker.ops import RowNorm
+from services.worker.models.layers.ops import RowNorm
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.launch import launcher, next_pow2
-from services.worker.ops import RowNorm
+from services.worker.models.layers.ops import RowNorm
 
 
 @triton.jit

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
 from services.worker.kernels.rmsnorm import check_row_norm, row_inv_rms
-from services.worker.ops import RowNorm
+from services.worker.models.layers.ops import RowNorm
 
 BLOCK = 1024
 # the widest residual row a folded norm's factor is computed from in one load (row_inv_rms):

@@ -8,11 +8,11 @@ from services.worker.kernels.add_rmsnorm import add_rmsnorm_
 from services.worker.kernels.rmsnorm import rmsnorm
 from services.worker.kernels.rotary import rotary_
 from services.worker.kernels.silu_mul import silu_mul
-from services.worker.ops import RowNorm
+from services.worker.models.layers.ops import RowNorm
 
 
 class TritonOps:
-    """One fused kernel per step; same arithmetic as ``services.worker.ops.TorchOps``."""
+    """One fused kernel per step; same arithmetic as ``services.worker.models.layers.ops.TorchOps``."""
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rmsnorm(x, weight, eps)

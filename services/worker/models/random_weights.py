@@ -1,4 +1,4 @@
-"""Random weights in LightStream's layout, made on the device: for benchmarks at real
+"""Random weights in the dense decoder layout (weights.py), made on the device: for benchmarks at real
 shapes where no checkpoint can be downloaded. Projections have a standard deviation of
 1/sqrt(fan_in) so activations stay of order one through every layer."""
 
@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.models.llama import LayerWeights, ModelWeights
-from services.worker.parallel import TensorParallel
+from services.worker.models.weights import LayerWeights, ModelWeights
+from services.worker.tp.parallel import TensorParallel
 from shared.model_config import ModelConfig
 
 
-def random_weights(
+def dense_random_weights(
     cfg: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0, tp: TensorParallel | None = None
 ) -> ModelWeights:
     """The whole model, or with tp of several ranks this rank's shard of one: the shapes
-    load_weights gives it (q, k, v, gate and up by output rows; o and down by input columns;
+    a checkpoint's loader gives it (q, k, v, gate and up by output rows; o and down by input columns;
     the vocabulary in equal padded parts). Weights every rank holds whole (the norms) come
     from the same seed on every rank; each rank draws its shards from a seed of its own."""
     tp = tp or TensorParallel()

@@ -27,8 +27,8 @@ from multiprocessing.connection import Connection
 import torch
 import torch.distributed as dist
 
-from services.worker.parallel import TensorParallel
 from services.worker.tp.channel import StepChannel
+from services.worker.tp.parallel import TensorParallel
 from shared.config import WorkerConfig
 
 log = logging.getLogger(__name__)

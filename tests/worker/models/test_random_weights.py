@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.models.loader import load_weights
-from services.worker.models.random_weights import random_weights
-from services.worker.parallel import TensorParallel
+from services.worker.models.registry import load_weights, random_weights
+from services.worker.tp.parallel import TensorParallel
 from shared.model_config import ModelConfig
 
 

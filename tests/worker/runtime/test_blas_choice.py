@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.blas_choice import LIBRARIES, choose, prefer, run
 from services.worker.build import build_engine
-from services.worker.cublaslt import Algo, CublasLt
+from services.worker.models.layers.projection import plain
+from services.worker.runtime.blas_choice import LIBRARIES, choose, prefer, run
+from services.worker.runtime.cublaslt import Algo, CublasLt
 from shared.config import WorkerConfig
 
 pytestmark = [
@@ -76,14 +77,14 @@ def test_every_captured_bucket_records_its_choice(tiny_models: dict[str, str]) -
     )
     graphs = build_engine(cfg).runner.graphs
     assert graphs is not None and sorted(graphs.blas) == graphs.buckets
-    assert graphs.lt is not None and graphs.model.lt is graphs.lt  # the graphs' algorithms run on its workspace
+    assert graphs.lt is not None  # the graphs' algorithms run on its workspace
     for bs, choice in graphs.blas.items():
         assert set(choice) == PROJECTIONS, (bs, choice)
         assert all(c in LIBRARIES or isinstance(c, Algo) for c in choice.values()), (bs, choice)
         assert graphs.bucket(bs) == bs and graphs.bucket(bs - 1 or 1) <= bs
         described = graphs.described_blas(bs)
         assert described.keys() == choice.keys() and all(isinstance(d, str) and d for d in described.values())
-    assert graphs.model.blas is None  # eager forwards use PyTorch's default again
+    assert graphs.model.project is plain  # eager forwards use PyTorch's default again
     del graphs
     torch.cuda.empty_cache()
 

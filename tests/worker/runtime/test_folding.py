@@ -1,4 +1,4 @@
-"""Norms folded into the weights (models/fold.py): the folded decode step on the CPU path
+"""Norms folded into the weights (runtime/folding.py): the folded decode step on the CPU path
 (TorchOps, the torch attention backend) gives Hugging Face's greedy output and the unfolded
 model's logits. The CUDA path's folded steps are checked in test_cuda_path.py."""
 
@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from services.worker.build import build_engine
-from services.worker.models.fold import fold_norms_
-from services.worker.models.llama import ModelWeights
-from services.worker.models.loader import load_weights
-from services.worker.parallel import TensorParallel
+from services.worker.models.layers.projection import matmul
+from services.worker.models.registry import load_weights
+from services.worker.models.weights import ModelWeights
+from services.worker.runtime import folding
+from services.worker.runtime.folding import fold_norms_
+from services.worker.tp.parallel import TensorParallel
 from shared.config import WorkerConfig
 from shared.model_config import ModelConfig
 from tests import hf_reference
@@ -24,18 +26,25 @@ def _weights(model_dir: str) -> tuple[ModelConfig, ModelWeights]:
     return cfg, load_weights(model_dir, cfg, torch.float32, torch.device("cpu"), TensorParallel())
 
 
+def _engine(model_dir: str):
+    return build_engine(WorkerConfig(model_dir=model_dir, device="cpu"))
+
+
 def _folded_engine(model_dir: str):
-    cfg, weights = _weights(model_dir)
-    fold_norms_(weights)
-    return build_engine(WorkerConfig(model_dir=model_dir, device="cpu"), weights=weights, model_cfg=cfg)
+    """The CPU engine with its model's norms folded and its steps choosing decode_folded (on the
+    CPU the runtime folds nothing of its own accord: wants_folding is for one CUDA rank)."""
+    engine = _engine(model_dir)
+    assert fold_norms_(engine.runner.model)
+    engine.runner.step.folded = True
+    return engine
 
 
 def test_fold_moves_the_norm_weights_into_the_products(tiny_llama: str) -> None:
     _, plain = _weights(tiny_llama)
-    _, folded = _weights(tiny_llama)
-    fold_norms_(folded)
-    fold_norms_(folded)  # a second fold changes nothing
-    assert folded.folded and not plain.folded
+    model = _engine(tiny_llama).runner.model
+    assert fold_norms_(model)
+    assert fold_norms_(model)  # a second fold changes nothing: the norms are ones
+    folded = model.w
     for p, f in zip(plain.layers, folded.layers, strict=True):
         torch.testing.assert_close(f.qkv, p.qkv * p.attn_norm[None, :])
         torch.testing.assert_close(f.gate_up, p.gate_up * p.mlp_norm[None, :])
@@ -45,11 +54,13 @@ def test_fold_moves_the_norm_weights_into_the_products(tiny_llama: str) -> None:
     assert torch.equal(folded.final_norm, plain.final_norm)
 
 
-def test_fold_refuses_a_qkv_bias(tiny_qwen: str) -> None:
-    _, weights = _weights(tiny_qwen)
-    with pytest.raises(ValueError, match="QKV bias"):
-        fold_norms_(weights)
-    assert not weights.folded
+def test_a_qkv_bias_is_not_folded(tiny_qwen: str) -> None:
+    """r * (x @ W.t()) + b is not (r x g) @ W.t() + b: a family with a QKV bias declares no pairs."""
+    _, plain = _weights(tiny_qwen)
+    model = _engine(tiny_qwen).runner.model
+    assert model.fold_pairs() == [] and not fold_norms_(model)
+    for p, f in zip(plain.layers, model.w.layers, strict=True):
+        assert torch.equal(f.qkv, p.qkv) and torch.equal(f.attn_norm, p.attn_norm)
 
 
 def test_folded_decode_greedy_matches_hf(tiny_llama: str) -> None:
@@ -61,7 +72,7 @@ def test_folded_decode_greedy_matches_hf(tiny_llama: str) -> None:
         reqs.append(request(str(i), ids, max_new_tokens=10 + 4 * i, ignore_eos=True))
         expected[str(i)] = hf_reference.greedy(tiny_llama, ids, 10 + 4 * i, eos=False)
     engine = _folded_engine(tiny_llama)
-    assert engine.runner.model.w.folded
+    assert engine.runner.step.folded
     got = run(engine, reqs)
     for rid, want in expected.items():
         assert got[rid].tokens == want, f"request {rid}"
@@ -74,12 +85,12 @@ def test_folded_decode_logits_equal_the_unfolded(tiny_llama: str, folded_max_bat
     and down added into the residual), and (a limit of 1) over the layers' unit norms."""
     import services.worker.models.llama as llama
 
-    monkeypatch.setattr(llama, "FOLDED_MAX_BATCH", folded_max_batch)
+    monkeypatch.setattr(folding, "FOLDED_MAX_BATCH", folded_max_batch)
     calls = []
     monkeypatch.setattr(llama.LlamaModel, "decode_folded", _counted(llama.LlamaModel.decode_folded, calls))
     tok = hf_reference.tokenizer(tiny_llama)
     seqs = [tok(t)["input_ids"] for t in ("Once upon a time there was a small town by the sea", "Hello world, again")]
-    plain = build_engine(WorkerConfig(model_dir=tiny_llama, device="cpu"))
+    plain = _engine(tiny_llama)
     want = decode_logits(plain, seqs, start=3)
     got = decode_logits(_folded_engine(tiny_llama), seqs, start=3)
     for g, w in zip(got, want, strict=True):
@@ -95,27 +106,23 @@ def _counted(fn, calls: list):
     return wrapped
 
 
-def test_accumulating_names_the_products_a_decode_step_adds_into_the_residual(tiny_llama: str, monkeypatch) -> None:
+def test_accumulating_names_the_products_a_decode_step_adds_into_the_residual(tiny_llama: str) -> None:
     """The decode graphs time o and down adding into their output (blas_choice.choose) because a
     folded step runs them so; accumulating() must say what the step really does."""
-    import services.worker.models.llama as llama
-
     seen: dict[str, set[bool]] = {}
-    proj = llama.LlamaModel._proj
 
-    def recorded(self, name, x, w, out=None, accumulate=False):
+    def recorded(name, x, w, out=None, accumulate=False):
         seen.setdefault(name, set()).add(accumulate)
-        return proj(self, name, x, w, out, accumulate)
+        return matmul(x, w, out, accumulate)
 
-    monkeypatch.setattr(llama.LlamaModel, "_proj", recorded)
     tok = hf_reference.tokenizer(tiny_llama)
     seqs = [tok(t)["input_ids"] for t in ("Once upon a time", "Hello world, again")]
-    for engine in (_folded_engine(tiny_llama), build_engine(WorkerConfig(model_dir=tiny_llama, device="cpu"))):
-        model = engine.runner.model
+    for engine in (_folded_engine(tiny_llama), _engine(tiny_llama)):
+        engine.runner.model.project = recorded
         seen.clear()
         decode_logits(engine, seqs, start=3)
-        assert {name for name, modes in seen.items() if True in modes} == model.accumulating(len(seqs))
-    assert model.accumulating(2) == frozenset()  # the plain model adds nothing into the residual in a product
-    folded = _folded_engine(tiny_llama).runner.model
-    assert folded.accumulating(llama.FOLDED_MAX_BATCH) == {"o", "down"}
-    assert folded.accumulating(llama.FOLDED_MAX_BATCH + 1) == frozenset()
+        assert {name for name, modes in seen.items() if True in modes} == engine.runner.step.accumulating(len(seqs))
+    assert engine.runner.step.accumulating(2) == frozenset()  # the plain model adds nothing into the residual
+    folded = _folded_engine(tiny_llama).runner.step
+    assert folded.accumulating(folding.FOLDED_MAX_BATCH) == {"o", "down"}
+    assert folded.accumulating(folding.FOLDED_MAX_BATCH + 1) == frozenset()

@@ -3,7 +3,7 @@
 The decode graphs read their five inputs (ids, positions, KV slots, table rows, lengths) from
 static tensors, which here are views of one byte buffer. A decode-only batch for the graphs
 is built into a fresh buffer of the same layout: one host-to-device copy of the host's lists
-and one kernel (kernels/decode_inputs.py), which also takes the tokens still in flight from the
+and one kernel (kernels/pack_decode_inputs.py), which also takes the tokens still in flight from the
 previous step's samples, writes the padding lanes, and records the new tokens' slots in the
 request table. The graphs then load it with one device copy of the whole buffer. The batch owns
 its buffer, so building another batch before it runs changes nothing of it.
@@ -20,7 +20,7 @@ from services.worker.host_copy import to_device
 
 
 class DecodeInputViews(NamedTuple):
-    """The five inputs, [width] each, in the order kernels/decode_inputs.py writes them."""
+    """The five inputs, [width] each, in the order kernels/pack_decode_inputs.py writes them."""
 
     input_ids: torch.Tensor  # int64
     positions: torch.Tensor  # int64
@@ -37,7 +37,7 @@ class DecodeInputs:
         self.dummy_row = dummy_row
         self.device = device
         # imported here, as the other kernels: they compile for the device they first see
-        from services.worker.kernels.decode_inputs import OUTPUTS, decode_inputs
+        from services.worker.kernels.pack_decode_inputs import OUTPUTS, decode_inputs
 
         self._fill = decode_inputs
         self._dtypes = tuple(OUTPUTS.values())

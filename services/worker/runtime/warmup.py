@@ -3,7 +3,7 @@
 Triton compiles a kernel again for each new specialisation of its integer arguments (equal
 to 1, divisible by 16, other), and cuBLAS settles its choice per new shape. On a fresh
 H200 worker a lone 16-token prompt took 1.93 s to its first token where its neighbours took
-about 25 ms (docs/benchmarks.md, r20): the first prompt whose token count was a multiple of
+about 25 ms: the first prompt whose token count was a multiple of
 16. A prompt longer than one query block of the prefill kernel (64 tokens) is another: the
 kernel's block count stops being 1 (1.56 s for the first 137-token prompt after the first
 version of this warm-up). The warm-up runs prompts of 1, 16, 17 and 129 tokens alone, then

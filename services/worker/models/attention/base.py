@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 
 from services.worker.forward_batch import ForwardBatch
-from services.worker.kv_cache import KVCache
-from services.worker.ops import RowNorm, scale_rows
+from services.worker.memory.kv_cache import KVCache
+from services.worker.models.layers.ops import RowNorm, scale_rows
 
 # the ops' rotary_(q, k, positions, cos_sin): rotates q and k in place
 Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]

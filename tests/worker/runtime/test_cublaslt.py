@@ -1,4 +1,4 @@
-"""cuBLASLt called directly (services/worker/cublaslt.py): the column-major mapping of x @ w.t() on
+"""cuBLASLt called directly (services/worker/runtime/cublaslt.py): the column-major mapping of x @ w.t() on
 any machine; on a GPU, every algorithm the heuristic offers computes PyTorch's product, eagerly
 and replayed from a CUDA graph."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.cublaslt import CublasLt, column_major_shape
+from services.worker.runtime.cublaslt import CublasLt, column_major_shape
 
 
 def gpu(test):

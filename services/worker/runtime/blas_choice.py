@@ -4,9 +4,9 @@ or one cuBLASLt algorithm called directly (cublaslt.py).
 PyTorch sends a bf16 matmul to cuBLAS unless told to prefer cuBLASLt, and each library runs
 the first algorithm its heuristic names. For a decode step's skinny GEMMs that is often not
 the fastest: on an H200 at the Llama-3-8B shape, cuBLASLt moved the down projection's weights
-13 % faster than cuBLAS at batch 64 (docs/benchmarks.md, r15), and the heuristic's own
-algorithms with K left unsplit ran the o and down projections 1-2.5 µs faster at batches 1-16
-(r95), its split's separate reduce costing more than the split gains. So each batch-size
+13 % faster than cuBLAS at batch 64, and the heuristic's own algorithms with K left unsplit
+ran the o and down projections 1-2.5 µs faster at batches 1-16, its split's separate reduce
+costing more than the split gains. So each batch-size
 bucket times the candidates on each projection's real weights (several layers', so the L2
 cache cannot hold them), each replayed from a CUDA graph as the step will be, before the
 bucket's graph is captured, and the capture runs each projection with the fastest. The graph
@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from services.worker.cublaslt import Algo, CublasLt
+from services.worker.models.layers.projection import Project, matmul
+from services.worker.runtime.cublaslt import Algo, CublasLt
 
 LIBRARIES = ("cublas", "cublaslt")
 Choice = str | Algo  # a library for PyTorch's matmul, or one cuBLASLt algorithm
@@ -112,13 +113,15 @@ def run(
         return matmul(x, w, out, accumulate)
 
 
-def matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
-    """x @ w.t() (w stored [N, K]) by PyTorch, into out when given; accumulate: out += x @ w.t(),
-    one GEMM with beta 1 (out's old value is read by the GEMM, not by a kernel of its own)."""
-    if accumulate:
-        assert out is not None, "accumulate needs out"
-        return out.addmm_(x, w.t())
-    return x @ w.t() if out is None else torch.mm(x, w.t(), out=out)
+def projector(choices: dict[str, Choice], lt: CublasLt | None) -> Project:
+    """A model's projection strategy that runs each projection by name with what choices says."""
+
+    def project(
+        name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, accumulate: bool = False
+    ) -> torch.Tensor:
+        return run(choices[name], lt, x, w, out, accumulate)
+
+    return project
 
 
 @contextlib.contextmanager

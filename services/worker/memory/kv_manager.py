@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.req_table import ReqTable
+from services.worker.memory.req_table import ReqTable
+from services.worker.memory.token_allocator import TokenAllocator
 from services.worker.request import Req
-from services.worker.token_allocator import TokenAllocator
 
 
 class KVManager:

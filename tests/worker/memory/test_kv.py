@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.kv_cache import KVCache, KVLayout, quantize_int8
-from services.worker.kv_manager import KVManager
-from services.worker.req_table import ReqTable
+from services.worker.memory.kv_cache import KVCache, KVLayout, quantize_int8
+from services.worker.memory.kv_manager import KVManager
+from services.worker.memory.req_table import ReqTable
+from services.worker.memory.token_allocator import TokenAllocator
 from services.worker.request import Req
-from services.worker.token_allocator import TokenAllocator
 from tests.worker.engine_driver import request
 
 

@@ -8,8 +8,8 @@ import torch
 
 from services.worker.build import build_engine
 from services.worker.kernels import decode_attention as decode_attention_kernels
-from services.worker.piecewise_graphs import PiecewiseGraphs
-from services.worker.warmup import ALONE, TOGETHER, warm_up
+from services.worker.runtime.piecewise_graphs import PiecewiseGraphs
+from services.worker.runtime.warmup import ALONE, TOGETHER, warm_up
 from shared.config import WorkerConfig
 from tests.worker.engine_driver import request, run
 

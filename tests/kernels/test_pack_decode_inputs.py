@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.kernels.decode_inputs import OUTPUTS, decode_inputs, decode_inputs_reference
+from services.worker.kernels.pack_decode_inputs import OUTPUTS, decode_inputs, decode_inputs_reference
 
 DUMMY_SLOT, DUMMY_ROW = 999, 77
 

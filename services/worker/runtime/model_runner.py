@@ -9,23 +9,24 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.cuda_graphs import DecodeGraphs
-from services.worker.decode_inputs import DecodeInputs
 from services.worker.forward_batch import ForwardBatch
-from services.worker.models.llama import LlamaModel
-from services.worker.piecewise_graphs import PiecewiseGraphs
+from services.worker.runtime.decode_graphs import DecodeGraphs
+from services.worker.runtime.folding import StepForward
+from services.worker.runtime.graph_inputs import DecodeInputs
+from services.worker.runtime.piecewise_graphs import PiecewiseGraphs
 from services.worker.tp.channel import StepChannel
 
 
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaModel,
+        step: StepForward,
         graphs: DecodeGraphs | None = None,
         channel: StepChannel | None = None,
         pieces: PiecewiseGraphs | None = None,
     ) -> None:
-        self.model = model
+        self.step = step  # the eager forward, around the model
+        self.model = step.model
         self.graphs = graphs
         self.channel = channel  # rank 0 of a tensor-parallel group: the other ranks run the same batch
         self.pieces = pieces
@@ -40,7 +41,7 @@ class ModelRunner:
             return self.graphs.replay(batch)
         # only steps with prompt tokens: a decode batch too large for the decode graphs keeps the
         # device busy far longer than its launch takes, and padding it to a bucket only adds work
-        # (1025-2048 requests: 58-62 ms a step padded, 55.5 eager; docs/benchmarks.md r34)
+        # (on an H200 at the 8B shape, 1025-2048 requests: 58-62 ms a step padded, 55.5 eager)
         if self.pieces is not None and batch.num_extends > 0 and self.pieces.fits(batch.num_tokens):
             return self.pieces.run(batch)
-        return self.model.forward(batch)
+        return self.step(batch)

@@ -4,7 +4,7 @@ Launching an eager step's kernels one by one costs the H200's host 10–20 ms fo
 prompt of a few hundred tokens (a cuBLAS call alone is about 40 µs of host time there), two
 to three times what the device needs. Attention is the only part of a forward whose launch
 depends on more than the token count (segments, prefixes, decode contexts, split counts).
-So the pieces between two attentions (``LlamaModel.piece``) are captured once per
+So the pieces between two attentions (the model's ``piece``) are captured once per
 token-count bucket over static buffers, and a step replays them in order with its own
 attention launched eagerly in between: 33 graph launches and two attention kernels a
 layer instead of a dozen launches a layer.
@@ -26,7 +26,8 @@ import time
 import torch
 
 from services.worker.forward_batch import ForwardBatch
-from services.worker.models.llama import Carry, LlamaModel
+from services.worker.models.interface import CausalLM
+from services.worker.models.weights import Carry
 
 log = logging.getLogger(__name__)
 
@@ -41,19 +42,19 @@ def token_buckets_up_to(max_tokens: int) -> list[int]:
 
 class PiecewiseGraphs:
     def __init__(
-        self, model: LlamaModel, dummy_slot: int, buckets: list[int], device: torch.device, capture: bool = True
+        self, model: CausalLM, dummy_slot: int, buckets: list[int], device: torch.device, capture: bool = True
     ) -> None:
         """capture=False runs the same pieces eagerly over the same buffers (the CPU tests)."""
         self.model = model
         self.dummy_slot = dummy_slot
         self.buckets = sorted(buckets)
-        self.num_layers = len(model.w.layers)
+        self.num_layers = model.num_layers
         n = self.buckets[-1]
-        dtype = model.w.embed.dtype
+        dtype = model.dtype
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
         self.out_slots = torch.full((n,), dummy_slot, dtype=torch.int32, device=device)
-        self.qkv = torch.zeros(n, model.q_size + 2 * model.kv_size, dtype=dtype, device=device)
+        self.qkv = torch.zeros(n, model.qkv_size, dtype=dtype, device=device)
         self.o = torch.zeros(n, model.q_heads, model.head_dim, dtype=dtype, device=device)
         # bucket -> each piece's output (its q, k and v view self.qkv)
         self.carry: dict[int, list[Carry]] = {b: [] for b in self.buckets}

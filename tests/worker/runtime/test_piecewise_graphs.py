@@ -1,4 +1,4 @@
-"""The piecewise runner (services/worker/piecewise_graphs.py) on the CPU: the same pieces,
+"""The piecewise runner (services/worker/runtime/piecewise_graphs.py) on the CPU: the same pieces,
 static buffers and padding a captured run replays, run eagerly, against the plain forward.
 The captured graphs themselves are checked on the GPU (test_cuda_path.py)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from services.worker.build import build_engine
-from services.worker.piecewise_graphs import PiecewiseGraphs, token_buckets_up_to
+from services.worker.runtime.piecewise_graphs import PiecewiseGraphs, token_buckets_up_to
 from shared.config import WorkerConfig
 from tests import hf_reference
 from tests.worker.engine_driver import request, run

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.attention.base import AttentionBackend, Rotary
 from services.worker.forward_batch import ForwardBatch
 from services.worker.kernels.decode_attention import (
     SPLIT_TOKENS,
@@ -32,11 +31,12 @@ from services.worker.kernels.extend_attention import extend_attention
 from services.worker.kernels.kv_store import store_kv
 from services.worker.kernels.kv_store_int8 import store_kv_int8
 from services.worker.kernels.rotary_store import rotary_store_
-from services.worker.kv_cache import KVCache
-from services.worker.ops import RowNorm
+from services.worker.memory.kv_cache import KVCache
+from services.worker.models.attention.base import AttentionBackend, Rotary
+from services.worker.models.layers.ops import RowNorm
 
 # up to this many splits a request, the last split to finish combines them; with more, the
-# reduce kernel does (r67, one job on an H200, 8B shape, context 1024: a decode step took 5.06 /
+# reduce kernel does (one job on an H200, 8B shape, context 1024: a decode step took 5.06 /
 # 5.31 ms with the last split combining at batch 8 / 16, 5 and 3 splits, against 5.08 / 5.39 with
 # the reduce; and 4.78 against 4.74 at batch 1, whose 16 splits one program then goes through
 # one by one)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from services.worker.attention.base import AttentionBackend
 from services.worker.forward_batch import ForwardBatch
-from services.worker.kv_cache import quantize_int8
+from services.worker.memory.kv_cache import quantize_int8
+from services.worker.models.attention.base import AttentionBackend
 
 
 class TorchAttention(AttentionBackend):

@@ -3,7 +3,7 @@
 A decode step of an 8B model is a few hundred small kernels; launched one by one they
 cost about as much host time as the step takes on the device. Each bucket's forward is
 captured once over static input buffers; a step copies its inputs into the buffers (one copy
-for a batch built in their layout, decode_inputs.py) and replays the smallest bucket that
+for a batch built in their layout, graph_inputs.py) and replays the smallest bucket that
 holds it. Rows past the real batch are padding: they read and write only the pool's scratch
 slot through the table's scratch row. Before a bucket is captured, what runs each projection
 (a BLAS library, or one cuBLASLt algorithm) is chosen by timing (blas_choice.py).
@@ -16,11 +16,12 @@ import time
 
 import torch
 
-from services.worker.blas_choice import LIBRARIES, Choice, choose, describe
-from services.worker.cublaslt import CublasLt
-from services.worker.decode_inputs import DecodeInputs
 from services.worker.forward_batch import ForwardBatch
-from services.worker.models.llama import LlamaModel
+from services.worker.models.layers.projection import plain
+from services.worker.runtime.blas_choice import LIBRARIES, Choice, choose, describe, projector
+from services.worker.runtime.cublaslt import CublasLt
+from services.worker.runtime.folding import StepForward
+from services.worker.runtime.graph_inputs import DecodeInputs
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def buckets_up_to(max_bs: int) -> list[int]:
 class DecodeGraphs:
     def __init__(
         self,
-        model: LlamaModel,
+        step: StepForward,
         req_table: torch.Tensor,
         dummy_slot: int,
         dummy_row: int,
@@ -44,7 +45,8 @@ class DecodeGraphs:
         device: torch.device,
         gemm_search: bool = True,
     ) -> None:
-        self.model = model
+        self.step = step  # the forward a step runs, around the model
+        self.model = step.model
         self.req_table = req_table
         self.dummy_slot = dummy_slot
         self.dummy_row = dummy_row
@@ -107,14 +109,15 @@ class DecodeGraphs:
         t0 = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device)
-        self.model.lt = self.lt = _cublaslt(device) if gemm_search else None  # kept while its graphs live
+        self.lt = _cublaslt(device) if gemm_search else None  # kept while its graphs live
         for bs in reversed(self.buckets):  # largest first: the smaller ones reuse its memory
-            adds = self.model.accumulating(bs)
-            self.blas[bs] = self.model.blas = choose(self.model.projections(), bs, self.lt, accumulate=adds)
+            adds = self.step.accumulating(bs)
+            self.blas[bs] = choose(self.model.projections(), bs, self.lt, accumulate=adds)
+            self.model.project = projector(self.blas[bs], self.lt)
             try:
                 self.graphs[bs] = self._capture(bs, pool, stream, device)
             finally:
-                self.model.blas = None
+                self.model.project = plain  # eager steps: nothing to look up on the hot path
         torch.cuda.synchronize(device)
         kinds = [c if c in LIBRARIES else "algorithm" for choice in self.blas.values() for c in choice.values()]
         log.info(
@@ -134,11 +137,11 @@ class DecodeGraphs:
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # compile kernels and settle allocations outside the graph
-                self.model.forward(batch)
+                self.step(batch)
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=stream):
-            self.logits[bs] = self.model.forward(batch)
+            self.logits[bs] = self.step(batch)
         return graph
 
 

@@ -1,0 +1,96 @@
+"""A Hugging Face model directory's safetensors, read lazily by tensor name, and the cuts that
+give a tensor-parallel rank its share: every family's loader (its file's ``load``) uses these."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from services.worker.tp.parallel import TensorParallel
+
+
+class WeightLoadError(RuntimeError):
+    pass
+
+
+def weight_files(model_dir: str) -> list[str]:
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            names = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(model_dir, n) for n in names]
+    single = os.path.join(model_dir, "model.safetensors")
+    if os.path.exists(single):
+        return [single]
+    found = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
+    if not found:
+        raise WeightLoadError(f"no .safetensors files in {model_dir}")
+    return [os.path.join(model_dir, f) for f in found]
+
+
+class Checkpoint:
+    """Tensor name -> tensor across all files of a checkpoint, read lazily; ``put`` moves a
+    tensor to the serving device and dtype."""
+
+    def __init__(self, model_dir: str, dtype: torch.dtype, device: torch.device | str, progress: bool = True) -> None:
+        self.handles = [safe_open(f, framework="pt", device="cpu") for f in weight_files(model_dir)]
+        self.where = {name: h for h in self.handles for name in h.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+        self.dtype = dtype
+        self.device = device
+        self.show_progress = progress
+
+    def get(self, name: str) -> torch.Tensor:
+        handle = self.where.get(name)
+        if handle is None:
+            raise WeightLoadError(f"tensor {name} missing from the checkpoint")
+        return handle.get_tensor(name)
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+    def put(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=self.device, dtype=self.dtype).contiguous()
+
+    def progress(self, num_layers: int) -> Iterable[int]:
+        """range(num_layers), with a progress bar on a terminal only (a log file or a container's
+        log keeps one line per event)."""
+        return tqdm(
+            range(num_layers), desc="loading weights", unit="layer", disable=None if self.show_progress else True
+        )
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This rank's share of a tensor: by rows (column-parallel products), by columns (row-parallel
+    products) or by vocabulary rows, padded to a multiple of the rank count."""
+
+    tp: TensorParallel
+
+    def rows(self, t: torch.Tensor) -> torch.Tensor:
+        return self._split(t, 0)
+
+    def cols(self, t: torch.Tensor) -> torch.Tensor:
+        return self._split(t, 1)
+
+    def _split(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        if self.tp.size == 1:
+            return t
+        if t.shape[dim] % self.tp.size:
+            raise WeightLoadError(f"dimension {t.shape[dim]} does not split over {self.tp.size} ranks")
+        return t.chunk(self.tp.size, dim=dim)[self.tp.rank]
+
+    def vocab(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """-> (this rank's rows, its first token id)."""
+        tp = self.tp
+        if tp.size == 1:
+            return t, 0
+        per_rank = -(-t.shape[0] // tp.size)
+        padded = torch.zeros(per_rank * tp.size, t.shape[1], dtype=t.dtype)
+        padded[: t.shape[0]] = t
+        return padded[tp.rank * per_rank : (tp.rank + 1) * per_rank], tp.rank * per_rank

@@ -1,0 +1,56 @@
+"""Model families by name: what builds each one's model, reads its checkpoint and makes random
+weights of its shapes. A new architecture is its own file (copy llama.py), one line here, and a
+test; the name config.json gives it is parsed in shared/model_config.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from services.worker.models import llama
+from services.worker.models.checkpoint import Checkpoint, Shard
+from services.worker.models.random_weights import dense_random_weights
+from services.worker.models.weights import ModelWeights
+from services.worker.tp.parallel import TensorParallel
+from shared.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Family:
+    model: type  # (cfg, weights, ops, attn, cos_sin, tp) -> a models.interface.CausalLM
+    load: Callable[[Checkpoint, ModelConfig, Shard], ModelWeights]
+    random: Callable[[ModelConfig, torch.dtype, torch.device, int, TensorParallel], ModelWeights]
+
+
+LLAMA = Family(model=llama.LlamaModel, load=llama.load, random=dense_random_weights)
+
+# ModelConfig.family -> its implementation
+FAMILIES: dict[str, Family] = {"llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA}
+
+
+def family_of(cfg: ModelConfig) -> Family:
+    try:
+        return FAMILIES[cfg.family]
+    except KeyError:
+        raise ValueError(f"no model code for family {cfg.family!r}; known: {sorted(FAMILIES)}") from None
+
+
+def load_weights(
+    model_dir: str,
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    tp: TensorParallel,
+    progress: bool = True,
+) -> ModelWeights:
+    """The checkpoint in model_dir, this rank's shard of it, on device in dtype."""
+    return family_of(cfg).load(Checkpoint(model_dir, dtype, device, progress), cfg, Shard(tp))
+
+
+def random_weights(
+    cfg: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0, tp: TensorParallel | None = None
+) -> ModelWeights:
+    """Random weights of the family's shapes (benchmarks at real shapes, where nothing can be downloaded)."""
+    return family_of(cfg).random(cfg, dtype, device, seed, tp or TensorParallel())

@@ -1,0 +1,43 @@
+"""A dense decoder's weights in LightStream's layout, and what one piece of a forward hands the next.
+
+q, k and v are one projection and gate and up another, so each is one matmul. Under tensor
+parallelism each rank holds its share: q, k, v, gate and up by output rows; o and down by
+input columns; the embedding and the output layer by vocabulary rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [(Hq + 2 * Hkv) * D, H], this rank's heads
+    qkv_bias: torch.Tensor | None  # [(Hq + 2 * Hkv) * D]
+    o: torch.Tensor  # [H, Hq * D]
+    mlp_norm: torch.Tensor  # [H]
+    gate_up: torch.Tensor  # [2 * I, H], this rank's share of the intermediate size
+    down: torch.Tensor  # [H, I]
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [V / tp, H]
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V / tp, H]; the embedding itself when tied
+    vocab_start: int = 0  # first token id of this rank's vocabulary shard
+
+
+@dataclass
+class Carry:
+    """What one piece of a forward hands the next."""
+
+    residual: torch.Tensor  # [T, H], the residual stream so far
+    h: torch.Tensor | None = None  # [T, H], the last piece's: the last MLP's output, not yet in the residual
+    q: torch.Tensor | None = None  # [T, Hq, D], the next layer's attention inputs (its K and V already stored)
+    k: torch.Tensor | None = None  # [T, Hkv, D]
+    v: torch.Tensor | None = None
