@@ -13,14 +13,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
 from services.tokenizer.errors import APIError, api_error_handler, validation_handler
-from services.tokenizer.fastchat_api import fastchat_post_routes, fastchat_router
-from services.tokenizer.fastchat_registration import start_registration
-from services.tokenizer.fastchat_worker import FastChatWorker
+from services.tokenizer.fastchat.registration import start_registration
+from services.tokenizer.fastchat.routes import fastchat_post_routes, fastchat_router
+from services.tokenizer.fastchat.worker import FastChatWorker
 from services.tokenizer.gates import Gates
 from services.tokenizer.generation import FrontContext
-from services.tokenizer.lightllm_api import lightllm_post_routes
+from services.tokenizer.lightllm.routes import lightllm_post_routes
 from services.tokenizer.metrics import CONTENT_TYPE, CountRequests
-from services.tokenizer.openai_api import openai_post_routes, openai_router
+from services.tokenizer.openai.routes import openai_post_routes, openai_router
 from services.tokenizer.post_routes import PostRoutes
 
 

@@ -33,7 +33,7 @@ def test_nothing_joins_after_an_end() -> None:
 
 
 def test_a_step_whose_token_ends_mid_character_still_gets_its_chunk() -> None:
-    from services.tokenizer.openai_completions import has_news
+    from services.tokenizer.openai.completions import has_news
 
     assert has_news("", _item("", [200]))  # bytes of a character not complete yet
     assert has_news("", _item("", [], "stop"))  # the end, with nothing new

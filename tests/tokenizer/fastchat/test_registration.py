@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from services.tokenizer.fastchat_registration import ControllerLink
+from services.tokenizer.fastchat.registration import ControllerLink
 
 
 class StubController:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from services.tokenizer.errors import APIError
-from services.tokenizer.params import GREEDY_TEMPERATURE, MAX_N, TokenId, check_stops, check_top_k
+from services.tokenizer.lightllm.params import GREEDY_TEMPERATURE, MAX_N, TokenId, check_stops, check_top_k
 from shared.messages import SamplingParams
 
 MAX_TOP_LOGPROBS = 20

@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.tokenizer import openai_responses as shape
 from services.tokenizer.errors import APIError, pipeline_status
+from services.tokenizer.openai import responses as shape
 from services.tokenizer.tokenization import Tokenization
 from shared.messages import ERR_OVERLOADED, ERR_TOO_LARGE, TextItem
 

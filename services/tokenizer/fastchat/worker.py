@@ -7,7 +7,7 @@ import asyncio
 import logging
 from typing import Any
 
-from services.tokenizer.fastchat_conv import conversation
+from services.tokenizer.fastchat.conversation import conversation
 from services.tokenizer.generation import FrontContext
 
 log = logging.getLogger(__name__)

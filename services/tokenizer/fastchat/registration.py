@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from services.tokenizer.fastchat_worker import FastChatWorker
+from services.tokenizer.fastchat.worker import FastChatWorker
 
 log = logging.getLogger(__name__)
 

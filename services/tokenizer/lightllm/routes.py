@@ -21,9 +21,9 @@ from services.tokenizer.generation import (
     seeds,
     submit_all,
 )
-from services.tokenizer.params import GenerateBody
+from services.tokenizer.lightllm.params import GenerateBody
+from services.tokenizer.lightllm.responses import generate_response, stream_events
 from services.tokenizer.post_routes import PostRoute
-from services.tokenizer.responses import generate_response, stream_events
 from services.tokenizer.streaming import EventStream
 from shared.messages import FINISH_ERROR
 

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from services.tokenizer.errors import describe_validation
 from services.tokenizer.generation import SEED_LIMIT, seeds
-from services.tokenizer.params import GenerateBody
+from services.tokenizer.lightllm.params import GenerateBody
 
 
 def _error(body: dict) -> str:

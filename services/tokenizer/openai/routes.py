@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse, Response
 
 from services.tokenizer.errors import APIError
 from services.tokenizer.generation import FrontContext
-from services.tokenizer.openai_chat import chat_completions
-from services.tokenizer.openai_completions import completions
-from services.tokenizer.openai_params import ChatCompletionRequest, CompletionRequest
+from services.tokenizer.openai.chat import chat_completions
+from services.tokenizer.openai.completions import completions
+from services.tokenizer.openai.params import ChatCompletionRequest, CompletionRequest
 from services.tokenizer.post_routes import PostRoute
 
 

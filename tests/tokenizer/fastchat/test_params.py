@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
-from services.tokenizer.fastchat_params import WorkerParams
-from services.tokenizer.fastchat_worker import Slots, _own_address
+from services.tokenizer.fastchat.params import WorkerParams
+from services.tokenizer.fastchat.worker import Slots, _own_address
 from shared.cli import parse_config
 from shared.config import ConfigError, TokenizerConfig
 

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.tokenizer.errors import APIError, describe_validation, validation_param
-from services.tokenizer.openai_params import ChatCompletionRequest, CompletionRequest
+from services.tokenizer.openai.params import ChatCompletionRequest, CompletionRequest
 
 CHAT = [{"role": "user", "content": "hi"}]
 

@@ -4,7 +4,7 @@
 Generation goes through generation.py and fanout.py as on every other route: stop strings
 are cut and their possible starts held back by the detokenizer, a caller that goes away
 aborts the generation, and the worker frees its KV at its next step. Each request holds
-one of the worker's concurrency slots (fastchat_worker.Slots) from before it is submitted
+one of the worker's concurrency slots (worker.Slots) from before it is submitted
 until its response ends, however it ends. The two that generate are served by
 post_routes.py, the rest by FastAPI.
 """
@@ -22,9 +22,9 @@ from pydantic import ValidationError
 from services.tokenizer.collected import best
 from services.tokenizer.errors import APIError, describe_validation, pipeline_status
 from services.tokenizer.fanout import collect_all, first_items, unless_disconnected
-from services.tokenizer.fastchat_chunks import Progress, encode, error_chunk, failed_chunk
-from services.tokenizer.fastchat_params import WorkerParams
-from services.tokenizer.fastchat_worker import FastChatWorker, Slot
+from services.tokenizer.fastchat.chunks import Progress, encode, error_chunk, failed_chunk
+from services.tokenizer.fastchat.params import WorkerParams
+from services.tokenizer.fastchat.worker import FastChatWorker, Slot
 from services.tokenizer.generation import Generation, Job, abandon, check_token_ids, seeds, submit_all
 from services.tokenizer.post_routes import PostRoute
 from services.tokenizer.streaming import EventStream
@@ -42,7 +42,7 @@ class WorkerStream(EventStream):
 
 def fastchat_post_routes(worker: FastChatWorker) -> dict[str, PostRoute]:
     """The two routes that generate (post_routes.py); they read their bodies themselves, as
-    FastChat's parameters are checked in two steps (fastchat_params.py)."""
+    FastChat's parameters are checked in two steps (params.py)."""
     ctx = worker.ctx
 
     async def start(request: Request, stream: bool, arrival: float) -> tuple[WorkerParams, Slot, list[Generation]]:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from fastchat.conversation import Conversation, SeparatorStyle
 
-from services.tokenizer.fastchat_conv import conversation
+from services.tokenizer.fastchat.conversation import conversation
 from services.tokenizer.tokenization import Tokenization
 
 # Qwen2's template: a default system message when none is given

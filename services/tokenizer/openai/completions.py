@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from services.tokenizer import openai_responses as shape
 from services.tokenizer.collected import best
 from services.tokenizer.errors import openai_error_body, pipeline_status
 from services.tokenizer.fanout import collect_all, first_items
@@ -23,7 +22,8 @@ from services.tokenizer.generation import (
     seeds,
     submit_all,
 )
-from services.tokenizer.openai_params import DEFAULT_COMPLETION_TOKENS, CompletionRequest
+from services.tokenizer.openai import responses as shape
+from services.tokenizer.openai.params import DEFAULT_COMPLETION_TOKENS, CompletionRequest
 from services.tokenizer.streaming import EventStream, sse
 from shared.messages import FINISH_ERROR, TextItem
 

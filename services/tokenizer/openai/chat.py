@@ -11,7 +11,6 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from services.tokenizer import openai_responses as shape
 from services.tokenizer.errors import APIError, openai_error_body, pipeline_status
 from services.tokenizer.fanout import collect_all, first_items
 from services.tokenizer.generation import (
@@ -23,7 +22,8 @@ from services.tokenizer.generation import (
     seeds,
     submit_all,
 )
-from services.tokenizer.openai_params import ChatCompletionRequest
+from services.tokenizer.openai import responses as shape
+from services.tokenizer.openai.params import ChatCompletionRequest
 from services.tokenizer.streaming import EventStream, sse
 from shared.messages import FINISH_ERROR
 
