@@ -233,12 +233,10 @@ def static_decode(engine: Engine, cfg: ModelConfig, batch: int, context: int, st
     }
 
 
-def offline(
-    engine: Engine, cfg: ModelConfig, n: int, workload: str, part: str = "", ready: Callable[[], None] | None = None
-) -> dict:
+def offline(engine: Engine, cfg: ModelConfig, n: int, part: str = "", ready: Callable[[], None] | None = None) -> dict:
     """The workload's first n requests all at once (with part "I/N" only that share of them);
     ready is called after the warm-up, just before the clock starts."""
-    pairs = sharegpt_shaped(n, workload)
+    pairs = sharegpt_shaped(n)
     prompts = random_prompts([i for i, _ in pairs], cfg.vocab_size, seed=1)
     if part:
         pairs, prompts = shard(pairs, part), shard(prompts, part)
@@ -277,9 +275,9 @@ def offline(
     }
 
 
-def low_load(engine: Engine, cfg: ModelConfig, n: int, workload: str) -> dict:
+def low_load(engine: Engine, cfg: ModelConfig, n: int) -> dict:
     """One request at a time: time to first token and per output token, as a client of the engine sees them."""
-    pairs = sharegpt_shaped(n, workload)
+    pairs = sharegpt_shaped(n)
     prompts = random_prompts([i for i, _ in pairs], cfg.vocab_size, seed=1)
     ttft, tpot = [], []
     for k, (ids, (_, out_len)) in enumerate(zip(prompts, pairs, strict=True)):
@@ -328,7 +326,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--side-by-side", type=int, default=0, help="also run the first N requests alone (offline)")
     ap.add_argument("--static", default="1x1024,64x1024,256x1024,64x2048")
     ap.add_argument("--static-steps", type=int, default=40)
-    ap.add_argument("--workload", default="", help="path to workload.py (default: .peer/ or ../shared/bench/)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (one process per GPU)")
     ap.add_argument("--shard", default="", help="I/N: only the I-th of N interleaved parts of the offline workload")
     ap.add_argument("--barrier", default="", help="directory where the --shard processes meet before the timed run")
@@ -376,11 +373,11 @@ def main(argv: list[str] | None = None) -> dict:
             print("static", json.dumps(row), flush=True)
             save()
     if "lowload" in parts:
-        res["low_load"] = low_load(engine, model_cfg, args.low_load_requests, args.workload)
+        res["low_load"] = low_load(engine, model_cfg, args.low_load_requests)
         print("low_load", json.dumps(res["low_load"]), flush=True)
         save()
     if "offline" in parts and args.side_by_side:
-        res["side_by_side"] = offline(engine, model_cfg, args.side_by_side, args.workload)
+        res["side_by_side"] = offline(engine, model_cfg, args.side_by_side)
         print("side_by_side", json.dumps(res["side_by_side"]), flush=True)
         save()
     if "offline" in parts:
@@ -388,7 +385,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.barrier:
             parties = int(args.shard.split("/")[1]) if args.shard else 1
             ready = lambda: barrier(args.barrier, parties, args.shard.replace("/", "-") or "0")
-        res["offline"] = offline(engine, model_cfg, args.requests, args.workload, args.shard, ready)
+        res["offline"] = offline(engine, model_cfg, args.requests, args.shard, ready)
         print("offline", json.dumps(res["offline"]), flush=True)
         save()
     save()

@@ -4,7 +4,7 @@
         [--requests 2000] [--request-rate inf|R] [--max-concurrency N] [--vocab 128256]
         [--plot FILE.png --rates 4,16,32]
 
-The fixed ShareGPT-shaped workload (../shared/bench/workload.py): prompts of random token
+The fixed ShareGPT-shaped workload (tools/workload.py): prompts of random token
 ids at its input lengths, max_tokens = its output lengths, ignore_eos, greedy, streamed
 through POST /v1/completions. Arrivals are Poisson at --request-rate, or all at once (inf).
 Reports requests/s, input, output and total tokens/s, and TTFT, TPOT ((E2E - TTFT) /
@@ -15,7 +15,7 @@ each rate in turn and draws latency against request rate.
 The client (--client) is tools/http_stream.py on uvloop by default: each request's clock
 starts as its bytes go out, and the client's own Python between the wire and the clock is
 small. --client aiohttp measures with aiohttp on asyncio's loop, as vLLM's client does;
-at low load its own time adds about 0.4 ms to each TTFT (docs/benchmarks.md).
+at low load its own time adds about 0.4 ms to each TTFT on the H200 host.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def arrival_times(n: int, rate: float, seed: int = 0) -> list[float]:
 
 
 async def run(args: argparse.Namespace, rate: float) -> dict:
-    pairs = sharegpt_shaped(args.requests, args.workload)
+    pairs = sharegpt_shaped(args.requests)
     prompts = random_prompts([i for i, _ in pairs], args.vocab, seed=1)
     arrivals = arrival_times(len(pairs), rate)
     limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
@@ -279,7 +279,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-concurrency", type=int, default=0, help="at most this many requests in flight; 0: no bound")
     ap.add_argument("--vocab", type=int, default=128256, help="prompt token ids are drawn below this")
     ap.add_argument("--model", default="", help="model name to send; default: the first of GET /v1/models")
-    ap.add_argument("--workload", default="", help="path to workload.py (default: .peer/ or ../shared/bench/)")
     ap.add_argument("--timeout-s", type=float, default=3600.0)
     ap.add_argument(
         "--client",

@@ -1,17 +1,10 @@
 #!/usr/bin/env bash
-# The GPU runs behind docs/benchmarks.md, on the GPU machine (see README: Benchmarks).
+# The GPU runs behind docs/performance.md, on the GPU machine (see README: Performance).
+# First, on a machine with network: bash tools/gpu_prep.sh (fills .whl/, .redis/ and .peer/; the wheel
+# list is tools/gpu_wheels.txt), then carry those three folders with the working tree.
 # Usage: bash tools/gpu_run.sh OUTDIR PART...
 #   PART: tests | kernels | blas | kernel-sweep | split-sweep | engine | engine-int8 | profile | offline | static | pipeline | peer | trace
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
-# pipeline needs a redis-server binary with its libraries in .redis/ (copied from Debian's package)
-# Needs the wheels the GPU image lacks in .whl/, installed to /tmp/site. The image has torch, triton,
-# transformers, msgpack, uvloop and numpy; the rest, as pinned in requirements.txt (Python 3.12), from
-#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-#     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any -d .whl \
-#     redis hiredis fastapi starlette uvicorn httptools pydantic pydantic_core annotated-types annotated-doc \
-#     typing-inspection typing_extensions opentelemetry-api h11 click prometheus-client httpx httpcore anyio \
-#     sniffio idna certifi jinja2 markupsafe
-# (each at the version the development environment has; fastapi 0.165 imports opentelemetry-api)
 set -u
 out=${1:?OUTDIR}; shift
 mkdir -p "$out"
@@ -20,8 +13,8 @@ if [ -d .whl ]; then  # every time: a machine still warm from an earlier call ma
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
-# SM clock, power and temperature every 200 ms while a part runs (batch 256's step moves by up to
-# 3 ms between engines of one job: docs/benchmarks.md, thirteenth session)
+# SM clock, power and temperature every 200 ms while a part runs (batch 256 decodes at the power
+# cap, and its step moves by up to 3 ms between engines of one job)
 smi_log() { nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
               --format=csv -lms 200 > "$out/clocks-$1.csv" 2>&1 & smi=$!; }
 for part in "$@"; do

@@ -8,7 +8,7 @@ connection for the next request, unless the server said it would close it.
 
 Why not aiohttp: at low load the benchmark times one request from its first byte out to
 its first token in, and aiohttp's own Python on the way out and back was about 0.4 ms of
-that, the server's time for nothing (docs/benchmarks.md). This client does only what the
+that on the H200 host, the server's time for nothing. This client does only what the
 benchmark needs; ``benchmark_serving.py --client aiohttp`` still measures with aiohttp.
 """
 

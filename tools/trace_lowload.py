@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
         stack.wait_ready(timeout_s=600)
         with httpx.Client(timeout=120) as client:
             card = client.get(stack.url + "/v1/models").json()["data"][0]
-            pairs = sharegpt_shaped(args.requests, "")
+            pairs = sharegpt_shaped(args.requests)
             prompts = random_prompts([i for i, _ in pairs], _vocab(model_dir), seed=1)
             for ids in prompts[:4]:  # warm up
                 first_chunk(client, stack.url, card["id"], ids, 4)

@@ -1,5 +1,5 @@
 """The engine benchmarks run on the CPU against the tiny model (a few requests), so the
-scripts behind docs/benchmarks.md's engine, tensor-parallel and data-parallel figures
+scripts behind docs/performance.md's engine, tensor-parallel and data-parallel figures
 cannot rot: one rank, a TP=2 group (gloo), and two data-parallel groups."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The serving benchmark runs end to end against the tiny model on the CPU (a few requests),
-so the script that produces docs/benchmarks.md's serving figures cannot rot."""
+so the script that produces docs/performance.md's serving figures cannot rot."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """tools/trace_lowload.py finds every hop of a lone request's first token on the tiny model,
-so the tool behind docs/benchmarks.md's per-hop figures cannot rot."""
+so that it cannot rot between GPU runs."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """tools/bench_kernels.py runs on the CPU at tiny shapes under the Triton interpreter (its
 --cpu-smoke mode), split sweep included, so the script behind the kernel figures of
-docs/benchmarks.md cannot rot between GPU runs. Its timings mean nothing here."""
+docs/performance.md cannot rot between GPU runs. Its timings mean nothing here."""
 
 from __future__ import annotations
 
