@@ -25,6 +25,28 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _wait_all(procs: list, timeout_s: float) -> list[dict]:
+    """Wait for every group; -> each one's offline figures (SystemExit naming the groups that failed)."""
+    deadline = time.monotonic() + timeout_s
+    failed = []
+    for i, (proc, log, _) in enumerate(procs):
+        try:
+            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = -9
+        log.close()
+        if code != 0:
+            failed.append(f"group {i} exited with {code} (log: {log.name})")
+    if failed:
+        raise SystemExit("; ".join(failed))
+    parts = []
+    for _, _, path in procs:
+        with open(path) as f:
+            parts.append(json.load(f)["offline"])
+    return parts
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--groups", type=int, default=2)
@@ -60,23 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
         ]
         log = open(os.path.join(work, f"group{i}.log"), "w")  # noqa: SIM115 (closed when the process is waited for)
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log, part))
-    deadline = time.monotonic() + args.timeout_s
-    failed = []
-    for i, (proc, log, _) in enumerate(procs):
-        try:
-            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = -9
-        log.close()
-        if code != 0:
-            failed.append(f"group {i} exited with {code} (log: {log.name})")
-    if failed:
-        raise SystemExit("; ".join(failed))
-    parts = []
-    for _, _, path in procs:
-        with open(path) as f:
-            parts.append(json.load(f)["offline"])
+    parts = _wait_all(procs, args.timeout_s)
     start, end = min(p["started_unix"] for p in parts), max(p["ended_unix"] for p in parts)
     seconds = end - start
     requests = sum(p["requests"] for p in parts)

@@ -26,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -93,7 +94,7 @@ def figures_between(before: dict[str, float], after: dict[str, float]) -> dict[s
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", required=True, help="pipeline.json, engine_alone.json and the plot")
     ap.add_argument("--work-dir", default="/tmp/lightstream-bench", help="the model directory, logs, part files")
@@ -107,9 +108,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--parts", default=DEFAULT_PARTS, help=f"some of {','.join(PARTS)}")
     args = ap.parse_args(argv)
-    parts = args.parts.split(",")
-    if unknown := set(parts) - set(PARTS):
+    args.part_list = args.parts.split(",")
+    if unknown := set(args.part_list) - set(PARTS):
         ap.error(f"unknown parts {sorted(unknown)}: choose from {','.join(PARTS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _args(argv)
+    parts = args.part_list
     os.makedirs(args.out_dir, exist_ok=True)
     os.makedirs(args.work_dir, exist_ok=True)
     res: dict = {
@@ -124,6 +131,22 @@ def main(argv: list[str] | None = None) -> dict:
         with open(path, "w") as f:
             json.dump(res, f, indent=1)
 
+    _pipeline_parts(args, parts, res, save)
+    if not args.skip_engine:
+        _engine_alone(args, parts, res)
+        save()
+    keys = (
+        "pipeline_over_engine",
+        "low_load_ttft_added_ms",
+        "low_load_ttft_added_paired_ms",
+        "low_load_aiohttp_ttft_added_ms",
+    )
+    print(json.dumps({k: res.get(k) for k in keys}), flush=True)
+    return res
+
+
+def _pipeline_parts(args: argparse.Namespace, parts: list[str], res: dict, save: Callable[[], None]) -> None:
+    """The whole stack on the bench model: each asked-for part, its figures into res."""
     model_dir = os.path.join(args.work_dir, "model")
     make_bench_model.main(["--out", model_dir])
     redis = RedisServer(binary=args.redis_server).start()
@@ -146,78 +169,68 @@ def main(argv: list[str] | None = None) -> dict:
         stack.wait_ready(timeout_s=600)
         res["stack_ready_s"] = time.perf_counter() - t
         print("stack ready in", round(res["stack_ready_s"], 1), "s", flush=True)
-        d = args.work_dir
-        serving(stack.url, os.path.join(d, "warmup.json"), requests=16)
-        if "lowload" in parts:
-            res["low_load"] = serving(
-                stack.url, os.path.join(d, "low_load.json"), requests=args.low_load, max_concurrency=1, per_request=True
-            )
-            save()
-        if "lowload-aiohttp" in parts:  # the same through aiohttp, vLLM's client: what the client's own time adds
-            res["low_load_aiohttp"] = serving(
-                stack.url,
-                os.path.join(d, "low_load_aiohttp.json"),
-                requests=args.low_load,
-                max_concurrency=1,
-                client="aiohttp",
-                per_request=True,
-            )
-            save()
-        if "side" in parts:
-            res["side_by_side"] = serving(stack.url, os.path.join(d, "side_by_side.json"), requests=args.side_by_side)
-            save()
-        if "offline" in parts:
-            before = worker_figures(metrics_url)
-            res["offline"] = serving(stack.url, os.path.join(d, "offline.json"), requests=args.requests)
-            res["offline"]["worker"] = figures_between(before, worker_figures(metrics_url))  # its steps in the part
-            save()
-        if "online" in parts:
-            plot = os.path.join(args.out_dir, "latency_vs_rate.png")
-            res["online"] = serving(
-                stack.url, os.path.join(d, "online.json"), requests=args.online_requests, rates=args.rates, plot=plot
-            )
-            save()
+        _serve_parts(args, parts, stack.url, metrics_url, res, save)
     finally:
         stack.stop()
         redis.stop()
+
+
+def _serve_parts(
+    args: argparse.Namespace, parts: list[str], url: str, metrics_url: str, res: dict, save: Callable[[], None]
+) -> None:
+    d = args.work_dir
+    serving(url, os.path.join(d, "warmup.json"), requests=16)
+    if "lowload" in parts:
+        out = os.path.join(d, "low_load.json")
+        res["low_load"] = serving(url, out, requests=args.low_load, max_concurrency=1, per_request=True)
+        save()
+    if "lowload-aiohttp" in parts:  # the same through aiohttp, vLLM's client: what the client's own time adds
+        out = os.path.join(d, "low_load_aiohttp.json")
+        res["low_load_aiohttp"] = serving(
+            url, out, requests=args.low_load, max_concurrency=1, client="aiohttp", per_request=True
+        )
+        save()
+    if "side" in parts:
+        res["side_by_side"] = serving(url, os.path.join(d, "side_by_side.json"), requests=args.side_by_side)
+        save()
+    if "offline" in parts:
+        before = worker_figures(metrics_url)
+        res["offline"] = serving(url, os.path.join(d, "offline.json"), requests=args.requests)
+        res["offline"]["worker"] = figures_between(before, worker_figures(metrics_url))  # its steps in the part
+        save()
+    if "online" in parts:
+        plot = os.path.join(args.out_dir, "latency_vs_rate.png")
+        out = os.path.join(d, "online.json")
+        res["online"] = serving(url, out, requests=args.online_requests, rates=args.rates, plot=plot)
+        save()
+
+
+def _engine_alone(args: argparse.Namespace, parts: list[str], res: dict) -> None:
+    """The engine alone on the same parts, in the same job, and the pipeline's figures against it."""
     engine_parts = ["ceilings"] + [p for p in ("lowload", "offline") if p in parts]
     if "lowload-aiohttp" in parts and "lowload" not in parts:
         engine_parts.insert(1, "lowload")
-    if not args.skip_engine and len(engine_parts) > 1:
-        side = args.side_by_side if "side" in parts else 0
-        engine = benchmark_engine.main(
-            [
-                "--out",
-                os.path.join(args.out_dir, "engine_alone.json"),
-                "--parts",
-                ",".join(engine_parts),
-                "--requests",
-                str(args.requests),
-                "--low-load-requests",
-                str(args.low_load),
-                "--side-by-side",
-                str(side),
-                "--running-max-req-size",
-                "2048",
-            ]
-        )
-        res["engine_alone"] = {k: engine.get(k) for k in ("ceilings", "engine", "low_load", "side_by_side", "offline")}
-        if "offline" in parts:
-            res["pipeline_over_engine"] = res["offline"]["req_per_s"] / engine["offline"]["req_per_s"]
-        for part, key in (("lowload", "low_load"), ("lowload-aiohttp", "low_load_aiohttp")):
-            if part in parts:
-                added = res[key]["ttft_ms"]["median"] - engine["low_load"]["ttft_ms"]["median"]
-                res[f"{key}_ttft_added_ms"] = added
-                res[f"{key}_ttft_added_paired_ms"] = paired_added(res[key], engine["low_load"])
-        save()
-    keys = (
-        "pipeline_over_engine",
-        "low_load_ttft_added_ms",
-        "low_load_ttft_added_paired_ms",
-        "low_load_aiohttp_ttft_added_ms",
-    )
-    print(json.dumps({k: res.get(k) for k in keys}), flush=True)
-    return res
+    if len(engine_parts) == 1:
+        return
+    side = args.side_by_side if "side" in parts else 0
+    out = os.path.join(args.out_dir, "engine_alone.json")
+    flags = {
+        "--out": out,
+        "--parts": ",".join(engine_parts),
+        "--requests": args.requests,
+        "--low-load-requests": args.low_load,
+        "--side-by-side": side,
+        "--running-max-req-size": 2048,
+    }
+    engine = benchmark_engine.main([str(x) for item in flags.items() for x in item])
+    res["engine_alone"] = {k: engine.get(k) for k in ("ceilings", "engine", "low_load", "side_by_side", "offline")}
+    if "offline" in parts:
+        res["pipeline_over_engine"] = res["offline"]["req_per_s"] / engine["offline"]["req_per_s"]
+    for part, key in (("lowload", "low_load"), ("lowload-aiohttp", "low_load_aiohttp")):
+        if part in parts:
+            added = res[key]["ttft_ms"]["median"] - engine["low_load"]["ttft_ms"]["median"]
+            res[f"{key}_ttft_added_ms"] = added
+            res[f"{key}_ttft_added_paired_ms"] = paired_added(res[key], engine["low_load"])
 
 
 if __name__ == "__main__":
