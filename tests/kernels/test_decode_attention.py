@@ -363,11 +363,12 @@ def test_steps_with_prompt_tokens_reuse_the_decode_graphs_kernels(
     or without) and an eager one in a step with prompt tokens (its decodes' q at an offset in
     the step's tokens, no new tokens, a split count of its own) key the same compiled kernels:
     no compile while serving."""
-    import services.worker.kernels.decode_attention as da
+    import services.worker.kernels.decode_combine as dc
+    import services.worker.kernels.decode_split as ds
 
-    splits_rec, reduce_rec = _Keys(da._decode_split_kernel), _Keys(da._decode_reduce_kernel)
-    monkeypatch.setattr(da, "_decode_split_launch", splits_rec)
-    monkeypatch.setattr(da, "_decode_reduce_launch", reduce_rec)
+    splits_rec, reduce_rec = _Keys(ds._decode_split_kernel), _Keys(dc._decode_reduce_kernel)
+    monkeypatch.setattr(ds, "split_launch", splits_rec)
+    monkeypatch.setattr(dc, "_decode_reduce_launch", reduce_rec)
     bd, e = 3, 5
     pool = torch.zeros(64, hkv, d, dtype=torch.bfloat16)
     table = torch.zeros(bd + 1, 4096, dtype=torch.int32)

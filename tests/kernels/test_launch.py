@@ -9,7 +9,8 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from services.worker.kernels.launch import Launcher, cdiv, launcher, next_pow2
+from services.worker.kernels import launch
+from services.worker.kernels.launch import Launcher, cdiv, direct_path_allowed, launcher, next_pow2
 
 
 def _scale_rows(x_ptr, out_ptr, stride, n, factor, BLOCK: tl.constexpr):
@@ -69,6 +70,76 @@ def test_under_the_interpreter_the_kernel_is_returned_as_is() -> None:
     fn = triton.jit(_scale_rows)
     la = launcher(fn)
     assert (la is fn) == (not isinstance(fn, JITFunction))
+
+
+@pytest.mark.parametrize(
+    ("version", "allowed"),
+    [("3.6.0", True), ("3.6.1+git1a2b3c", True), ("3.5.1", False), ("3.7.0", False), ("3.9.0", False)],
+)
+def test_only_a_tested_triton_major_minor_may_launch_directly(version: str, allowed: bool) -> None:
+    ok, why = direct_path_allowed(version)
+    assert ok == allowed and version in why
+    assert ("never tested" in why) != allowed
+    assert direct_path_allowed("3.9.0", tested=("3.6", "3.9"))[0]
+
+
+@pytest.fixture
+def undecided(monkeypatch: pytest.MonkeyPatch) -> dict[int, bool]:
+    """The launch path not yet decided on any device (restored after the test)."""
+    decided: dict[int, bool] = {}
+    monkeypatch.setattr(launch, "_DIRECT", decided)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    return decided
+
+
+@pytest.mark.parametrize(
+    ("version", "problem", "direct", "says"),
+    [
+        ("3.6.0", None, True, "self-test passed"),
+        ("3.6.0", "wrote other values", False, "wrote other values"),
+        ("3.9.0", None, False, "never tested"),
+    ],
+)
+def test_the_path_is_decided_once_a_device_and_logged(
+    monkeypatch, caplog, undecided, version: str, problem: str | None, direct: bool, says: str
+) -> None:
+    tests: list[int] = []
+    monkeypatch.setattr(launch.triton, "__version__", version)
+    monkeypatch.setattr(launch, "self_test", lambda device: tests.append(device) or problem)
+    with caplog.at_level("INFO", logger="services.worker.kernels.launch"):
+        assert launch.direct_path_on(0) == direct
+        assert launch.direct_path_on(0) == direct
+    assert undecided == {0: direct}
+    assert tests == ([] if version == "3.9.0" else [0])  # an untested version is not even self-tested
+    (record,) = caplog.records
+    assert says in record.getMessage()
+    assert ("launch directly" in record.getMessage()) == direct
+
+
+def test_no_self_test_runs_inside_a_graph_capture(monkeypatch, undecided) -> None:
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(launch, "self_test", lambda device: pytest.fail("self-tested while capturing"))
+    assert not launch.direct_path_on(0)
+    assert undecided == {}  # decided at the next launch outside a capture
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_self_test_passes_on_the_live_gpu() -> None:
+    assert launch.self_test(torch.cuda.current_device()) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_an_untested_triton_launches_through_triton(monkeypatch, undecided) -> None:
+    monkeypatch.setattr(launch, "TESTED_TRITON", ())
+    la = launcher(triton.jit(_scale_rows))
+    x = torch.randn(8, 32, device="cuda")
+    for _ in range(3):
+        out = torch.zeros_like(x)
+        la[(8,)](x, out, x.stride(0), 32, 2.0, BLOCK=32, num_warps=1)
+        torch.testing.assert_close(out, x * 2.0)
+    assert la.direct == 0 and undecided == {torch.cuda.current_device(): False}
 
 
 @pytest.mark.gpu

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
+from services.worker.kernels.strides import PoolStrides, ScaleStrides
 
 LOG2E = 1.4426950408889634
 
@@ -93,13 +94,13 @@ def _extend_kernel(
     vn_t_stride,
     vn_h_stride,
     kp_slot_stride,
-    kp_h_stride,
+    kp_head_stride,
     vp_slot_stride,
-    vp_h_stride,
+    vp_head_stride,
     ks_slot_stride,
-    ks_h_stride,
+    ks_head_stride,
     vs_slot_stride,
-    vs_h_stride,
+    vs_head_stride,
     table_stride,
     out_t_stride,
     out_h_stride,
@@ -140,8 +141,8 @@ def _extend_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # 1. the prefix, gathered from the pool by slot
-    kp_base = kp_ptr + kvh * kp_h_stride + offs_d[None, :]
-    vp_base = vp_ptr + kvh * vp_h_stride + offs_d[None, :]
+    kp_base = kp_ptr + kvh * kp_head_stride + offs_d[None, :]
+    vp_base = vp_ptr + kvh * vp_head_stride + offs_d[None, :]
     for n in range(0, prefix_len, BLOCK_N):
         pos = n + offs_n
         nmask = pos < prefix_len
@@ -149,8 +150,8 @@ def _extend_kernel(
         k = _load(kp_base + slots[:, None] * kp_slot_stride, nmask, dmask, True, PAD_D)  # [BLOCK_N, BLOCK_D]
         v = _load(vp_base + slots[:, None] * vp_slot_stride, nmask, dmask, True, PAD_D)
         if QUANT:
-            k_s = tl.load(ks_ptr + slots * ks_slot_stride + kvh * ks_h_stride, mask=nmask, other=0.0)
-            v_s = tl.load(vs_ptr + slots * vs_slot_stride + kvh * vs_h_stride, mask=nmask, other=0.0)
+            k_s = tl.load(ks_ptr + slots * ks_slot_stride + kvh * ks_head_stride, mask=nmask, other=0.0)
+            v_s = tl.load(vs_ptr + slots * vs_slot_stride + kvh * vs_head_stride, mask=nmask, other=0.0)
             qk = dot(q, tl.trans(k.to(q.dtype)), IEEE) * k_s[None, :]  # [BLOCK_M, BLOCK_N]
         else:
             v_s = None
@@ -294,38 +295,32 @@ def extend_attention(
     num_m_blocks = cdiv(max_extend_len, block_m)
     block_d = max(16, next_pow2(d))
     _extend_launch[(num_m_blocks, hq, be)](
-        q,
-        k_new,
-        v_new,
-        k_pool,
-        v_pool,
-        ks,
-        vs,
-        req_table,
-        rows,
-        starts,
-        extend_lens,
-        prefix_lens,
-        out,
-        q.stride(0),
-        q.stride(1),
-        k_new.stride(0),
-        k_new.stride(1),
-        v_new.stride(0),
-        v_new.stride(1),
-        k_pool.stride(0),
-        k_pool.stride(1),
-        v_pool.stride(0),
-        v_pool.stride(1),
-        ks.stride(0),
-        ks.stride(1),
-        vs.stride(0),
-        vs.stride(1),
-        req_table.stride(0),
-        out.stride(0),
-        out.stride(1),
-        scale * LOG2E,
-        num_m_blocks,
+        q_ptr=q,
+        kn_ptr=k_new,
+        vn_ptr=v_new,
+        kp_ptr=k_pool,
+        vp_ptr=v_pool,
+        ks_ptr=ks,
+        vs_ptr=vs,
+        table_ptr=req_table,
+        rows_ptr=rows,
+        starts_ptr=starts,
+        lens_ptr=extend_lens,
+        prefix_ptr=prefix_lens,
+        out_ptr=out,
+        q_t_stride=q.stride(0),
+        q_h_stride=q.stride(1),
+        kn_t_stride=k_new.stride(0),
+        kn_h_stride=k_new.stride(1),
+        vn_t_stride=v_new.stride(0),
+        vn_h_stride=v_new.stride(1),
+        **PoolStrides.of(k_pool, v_pool)._asdict(),
+        **ScaleStrides.of(ks, vs)._asdict(),
+        table_stride=req_table.stride(0),
+        out_t_stride=out.stride(0),
+        out_h_stride=out.stride(1),
+        qk_scale=scale * LOG2E,
+        num_m_blocks=num_m_blocks,
         GROUP=hq // hkv,
         HEAD_DIM=d,
         BLOCK_M=block_m,

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.launch import launcher, next_pow2
+from services.worker.kernels.strides import KVStrides, PoolStrides
 
 
 @triton.jit
@@ -70,20 +71,14 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: tor
     if t == 0:
         return
     _store_kv_launch[(t,)](
-        k,
-        v,
-        k_pool,
-        v_pool,
-        slots,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        k_pool.stride(0),
-        k_pool.stride(1),
-        v_pool.stride(0),
-        v_pool.stride(1),
-        h,
+        k_ptr=k,
+        v_ptr=v,
+        kp_ptr=k_pool,
+        vp_ptr=v_pool,
+        slots_ptr=slots,
+        **KVStrides.of(k, v)._asdict(),
+        **PoolStrides.of(k_pool, v_pool)._asdict(),
+        num_heads=h,
         HEAD_DIM=d,
         BLOCK_H=next_pow2(h),
         BLOCK_D=next_pow2(d),

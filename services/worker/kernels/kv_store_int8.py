@@ -14,6 +14,7 @@ import triton.language as tl
 
 from services.worker.kernels.kv_store import check_kv_store_args
 from services.worker.kernels.launch import launcher, next_pow2
+from services.worker.kernels.strides import KVStrides, PoolStrides, ScaleStrides
 
 
 @triton.jit
@@ -140,26 +141,17 @@ def store_kv_int8(
     if t == 0:
         return
     _store_kv_int8_launch[(t,)](
-        k,
-        v,
-        k_pool,
-        v_pool,
-        k_scale,
-        v_scale,
-        slots,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        k_pool.stride(0),
-        k_pool.stride(1),
-        v_pool.stride(0),
-        v_pool.stride(1),
-        k_scale.stride(0),
-        k_scale.stride(1),
-        v_scale.stride(0),
-        v_scale.stride(1),
-        h,
+        k_ptr=k,
+        v_ptr=v,
+        kp_ptr=k_pool,
+        vp_ptr=v_pool,
+        ks_ptr=k_scale,
+        vs_ptr=v_scale,
+        slots_ptr=slots,
+        **KVStrides.of(k, v)._asdict(),
+        **PoolStrides.of(k_pool, v_pool)._asdict(),
+        **ScaleStrides.of(k_scale, v_scale)._asdict(),
+        num_heads=h,
         HEAD_DIM=d,
         BLOCK_H=next_pow2(h),
         BLOCK_D=next_pow2(d),

@@ -1,8 +1,8 @@
 """Launching a compiled Triton kernel without Triton's per-call dispatch.
 
 ``kernel[grid](...)`` binds the arguments, works out how each one specialises the kernel
-and looks the compiled kernel up, every call: about 50 µs of Python on the H200's host
-(r10), longer than most of our kernels run. An eager step launches about six per layer,
+and looks the compiled kernel up, every call: about 50 µs of Python on the H200's host,
+longer than most of our kernels run. An eager step launches about six per layer,
 so a lone prompt's prefill was bound by the host (18 ms for 209 tokens, the device
 needing a third of that).
 
@@ -20,6 +20,13 @@ put the call's arguments in the kernel's order. Under TRITON_INTERPRET=1 (the CP
 with a launch hook installed (a profiler), or for an argument of any other type, it is
 Triton's own call.
 
+The direct path calls a compiled kernel's run with its arguments by position, an interface
+private to Triton that may change with any version. So it is taken only on a Triton whose
+major.minor is in TESTED_TRITON, and only after a self-test on the live GPU (the first time a
+launch could take it on a device): a probe kernel launched directly must write exactly what
+Triton's own launch of it writes. Otherwise every launch goes through Triton; a log line says
+which path runs.
+
 A call through Triton that takes over SLOW_LAUNCH_S compiled (or loaded from Triton's disk
 cache) a specialisation: it is logged with the kernel's name, so a compile that stalls
 requests while serving can be seen and added to the start-up warm-up.
@@ -35,12 +42,18 @@ from typing import Any
 
 import torch
 import triton
+import triton.language as tl
 
 log = logging.getLogger(__name__)
 
 _MISSING = object()
 _ARG, _KWARG, _DEFAULT = 0, 1, 2
 SLOW_LAUNCH_S = 0.02  # a cached specialisation launches in microseconds; a compile takes 100s of ms
+# Triton major.minor versions whose compiled kernels' run the direct path was developed and
+# checked against (on H200s, with torch 2.11.0+cu130). The CPU tests' Triton runs the
+# interpreter, which has no direct path, so its version does not belong here.
+TESTED_TRITON = ("3.6",)
+_DIRECT: dict[int, bool] = {}  # device -> whether launches on it take the direct path, once decided
 
 
 def _arg_key(v: Any, plain: bool = False) -> Any:
@@ -138,15 +151,30 @@ class Launcher:
         key = self.key(args, kwargs, device)
         entry = self.compiled.get(key) if key is not None else None
         runtime = triton.knobs.runtime
-        if entry is None or _hook_set(runtime.launch_enter_hook) or _hook_set(runtime.launch_exit_hook):
-            t0 = time.perf_counter()
-            kernel = self.fn[grid](*args, **kwargs)
-            if key is not None and getattr(kernel, "function", None) is not None:
-                self.compiled[key] = (kernel, self.plan(len(args), tuple(kwargs)))
-            self._note(time.perf_counter() - t0, key)
+        if (
+            entry is None
+            or _hook_set(runtime.launch_enter_hook)
+            or _hook_set(runtime.launch_exit_hook)
+            or not direct_path_on(device)
+        ):
+            self.through_triton(grid, key, args, kwargs)
             return
-        kernel, plan = entry
         self.direct += 1
+        self.run_direct(entry, grid, device, args, kwargs)
+
+    def through_triton(self, grid: tuple[int, ...], key: tuple | None, args: tuple, kwargs: dict) -> None:
+        """Triton's own launch; the compiled kernel is remembered under key for the direct path."""
+        t0 = time.perf_counter()
+        kernel = self.fn[grid](*args, **kwargs)
+        if key is not None and getattr(kernel, "function", None) is not None:
+            self.compiled[key] = (kernel, self.plan(len(args), tuple(kwargs)))
+        self._note(time.perf_counter() - t0, key)
+
+    def run_direct(
+        self, entry: tuple[Any, list], grid: tuple[int, ...], device: int, args: tuple, kwargs: dict
+    ) -> None:
+        """The compiled kernel's launcher called with the kernel's arguments in order."""
+        kernel, plan = entry
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         stream = torch._C._cuda_getCurrentRawStream(device)  # the capture stream while a CUDA graph records
@@ -162,6 +190,65 @@ class Launcher:
             None,
             *self.values(plan, args, kwargs),
         )
+
+
+def direct_path_allowed(triton_version: str, tested: tuple[str, ...] = TESTED_TRITON) -> tuple[bool, str]:
+    """Whether the direct path may be tried under this Triton version (its self-test still to
+    pass), and why: only a major.minor it was tested with; any other falls back."""
+    major_minor = ".".join(triton_version.split("+")[0].split(".")[:2])
+    if major_minor in tested:
+        return True, f"Triton {triton_version} is a tested version"
+    return False, f"Triton {triton_version} was never tested with the direct launcher (tested: {', '.join(tested)})"
+
+
+def direct_path_on(device: int) -> bool:
+    """Whether launches on device take the direct path: decided the first time it is asked, by
+    the version table and the self-test, and logged."""
+    decided = _DIRECT.get(device)
+    if decided is not None:
+        return decided
+    if torch.cuda.is_current_stream_capturing():
+        return False  # no self-test inside a capture: this launch is Triton's own, the next one decides
+    allowed, why = direct_path_allowed(triton.__version__, TESTED_TRITON)
+    if allowed:
+        problem = self_test(device)
+        allowed, why = problem is None, problem or f"{why}, and its self-test passed"
+    _DIRECT[device] = allowed
+    path = "directly (the compiled kernel's run)" if allowed else "through Triton's own dispatch"
+    log.info("Triton kernels on cuda:%d launch %s: %s", device, path, why)
+    return allowed
+
+
+@triton.jit(do_not_specialize=["n"])
+def _probe_kernel(x_ptr, out_ptr, stride, n, factor, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x_ptr + row * stride + offs, mask=mask)
+    tl.store(out_ptr + row * stride + offs, v * factor + row, mask=mask)
+
+
+def self_test(device: int) -> str | None:
+    """None when direct launches of a probe kernel (by position and by name, on an aligned and
+    a misaligned tensor) write exactly what Triton's own launches write; else what went wrong."""
+    probe = Launcher(_probe_kernel)
+    base = torch.randn(4, 48, device=f"cuda:{device}")
+    try:
+        for x in (base, base[:, 1:]):
+            kwargs = {"stride": x.stride(0), "n": 33, "factor": 1.5, "BLOCK": 64, "num_warps": 1}
+            want, got = torch.full_like(base, 7.0), torch.full_like(base, 7.0)
+            key = probe.key((x, want), kwargs, device)
+            probe.through_triton((4,), key, (x, want), kwargs)
+            entry = probe.compiled.get(key)
+            if entry is None:
+                return "Triton's launch returned no compiled kernel to call directly"
+            probe.run_direct(entry, (4,), device, (x, got), kwargs)
+            torch.cuda.synchronize(device)
+            if not torch.equal(got, want):
+                return "a direct launch of the probe kernel wrote other values than Triton's own launch"
+    except Exception as e:  # any failure of the private interface means: do not use it
+        return f"a direct launch of the probe kernel failed: {type(e).__name__}: {e}"
+    return None
 
 
 def cdiv(a: int, b: int) -> int:

@@ -1,8 +1,8 @@
 """A decode step's input tensors, written by one kernel from one packed copy of the host's lists.
 
 Built with PyTorch ops, a decode step's inputs took about 20 small copies and index kernels
-outside its CUDA graph, each with its launch gap: 80 µs a step at batch 1 (docs/benchmarks.md,
-r107). Here the host sends one [3, n] int64 array (each request's input token, its position
+outside its CUDA graph, each with its launch gap: 80 µs a step at batch 1 on an
+H200. Here the host sends one [3, n] int64 array (each request's input token, its position
 and its request-table row) and this kernel writes the five inputs the model reads:
 - input ids: the token, or, where the token is still in flight (-1 - j), row j of the previous
   step's sampled tokens, read on the device;
@@ -125,17 +125,22 @@ def decode_inputs(
     if width == 0:
         return
     has_prev = prev is not None and prev.numel() > 0
+    ids, positions, out_slots, rows, seq_lens = out
     _launch[(cdiv(width, BLOCK),)](
-        pack,
-        prev if has_prev else pack,
-        slots,
-        table,
-        *out,
-        pack.shape[1],
-        width,
-        table.stride(0),
-        dummy_slot,
-        dummy_row,
+        pack_ptr=pack,
+        prev_ptr=prev if has_prev else pack,
+        slots_ptr=slots,
+        table_ptr=table,
+        ids_ptr=ids,
+        pos_ptr=positions,
+        out_slots_ptr=out_slots,
+        rows_ptr=rows,
+        lens_ptr=seq_lens,
+        n=pack.shape[1],
+        width=width,
+        table_stride=table.stride(0),
+        dummy_slot=dummy_slot,
+        dummy_row=dummy_row,
         HAS_PREV=has_prev,
         BLOCK=BLOCK,
         num_warps=4,

@@ -18,6 +18,7 @@ import triton.language as tl
 from services.worker.kernels.kv_store import check_kv_store_args
 from services.worker.kernels.launch import launcher, next_pow2
 from services.worker.kernels.rotary import check_rotary_args, rotate_heads
+from services.worker.kernels.strides import KVStrides, PoolStrides
 
 
 @triton.jit
@@ -94,27 +95,21 @@ def rotary_store_(
         return
     half, hkv = d // 2, k.shape[1]
     _rotary_store_launch[(t,)](
-        q,
-        k,
-        v,
-        k_pool,
-        v_pool,
-        positions,
-        slots,
-        cos_sin,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        k_pool.stride(0),
-        k_pool.stride(1),
-        v_pool.stride(0),
-        v_pool.stride(1),
-        cos_sin.stride(0),
-        hq,
-        hkv,
+        q_ptr=q,
+        k_ptr=k,
+        v_ptr=v,
+        kp_ptr=k_pool,
+        vp_ptr=v_pool,
+        pos_ptr=positions,
+        slots_ptr=slots,
+        cs_ptr=cos_sin,
+        q_row_stride=q.stride(0),
+        q_head_stride=q.stride(1),
+        **KVStrides.of(k, v)._asdict(),
+        **PoolStrides.of(k_pool, v_pool)._asdict(),
+        cs_row_stride=cos_sin.stride(0),
+        num_q_heads=hq,
+        num_kv_heads=hkv,
         HALF=half,
         BLOCK_HALF=next_pow2(half),
         BLOCK_HQ=next_pow2(hq),

@@ -2,23 +2,35 @@
 that timed fastest among all that cuBLASLt's heuristic offers rather than only its first choice.
 
 PyTorch's matmul asks cuBLAS (or cuBLASLt) for one algorithm, the heuristic's first, and a
-decode step's skinny GEMMs run 10-50 % over their bytes' time with it (docs/benchmarks.md,
-r22, r60). cuBLASLt's heuristic returns a ranked list of configurations (tile shapes, split-K,
+decode step's skinny GEMMs run 10-50 % over their bytes' time with it on an H200.
+cuBLASLt's heuristic returns a ranked list of configurations (tile shapes, split-K,
 stages, clusters), each a plain 64-byte descriptor that cublasLtMatmul takes as is. This
 module binds the few cuBLASLt calls needed with ctypes, against the library PyTorch itself
 loaded: no extension to build. A matmul here is ``out = x @ w.t()`` for x [M, K] and w [N, K]
 (LightStream's weight layout), in column-major terms D [N, M] = op(W) [N, K] @ X [K, M] with W
 transposed, as PyTorch's own call is.
+
+The enum values and struct layouts below are copied from cuBLASLt's headers, unchecked by any
+compiler. So a handle is made only for a cuBLASLt whose major.minor is in TESTED_CUBLASLT, and
+only once a self-test on the live GPU (a few tiny products, plain and accumulating, by the
+heuristic's algorithms) agrees with torch.matmul; CublasLt.checked says which path runs.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from dataclasses import dataclass
 
 import torch
 
+log = logging.getLogger(__name__)
+
+# libcublasLt major.minor versions this binding was developed and checked against: the one that
+# torch 2.11.0+cu130 loads (cuBLASLt 13.1, CUDA runtime 13.0), on H200s
+TESTED_CUBLASLT = ((13, 1),)
+SELF_TEST_RTOL = 1e-2  # relative (Frobenius) difference from torch.matmul's bf16 product allowed
 _SUCCESS = 0
 _COMPUTE_32F = 68  # cublasComputeType_t
 _R_32F, _R_16F, _R_16BF = 0, 2, 14  # cudaDataType_t
@@ -101,6 +113,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i32, u64, i64, size = ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
     signatures = {
         "cublasLtCreate": [p],
+        "cublasLtDestroy": [p],
         "cublasLtMatmulDescCreate": [p, i32, i32],
         "cublasLtMatmulDescSetAttribute": [p, i32, p, size],
         "cublasLtMatrixLayoutCreate": [p, i32, u64, u64, i64],
@@ -117,6 +130,24 @@ def _declare(lib: ctypes.CDLL) -> None:
     for name, args in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, ctypes.c_int
+    for name in ("cublasLtGetVersion", "cublasLtGetCudartVersion"):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = [], ctypes.c_size_t
+
+
+def major_minor(version: int) -> tuple[int, int]:
+    """cuBLAS's version number (major * 10000 + minor * 100 + patch) -> (major, minor)."""
+    return version // 10000, version // 100 % 100
+
+
+def binding_allowed(lt_version: int, tested: tuple[tuple[int, int], ...] = TESTED_CUBLASLT) -> tuple[bool, str]:
+    """Whether this binding may be used with the cuBLASLt of this version number (its self-test
+    still to pass), and why: only a major.minor it was tested with; any other falls back."""
+    major, minor = major_minor(lt_version)
+    if (major, minor) in tested:
+        return True, f"cuBLASLt {major}.{minor} is a tested version"
+    listed = ", ".join(f"{a}.{b}" for a, b in tested)
+    return False, f"cuBLASLt {major}.{minor} was never tested with this binding (tested: {listed})"
 
 
 def _check(status: int, what: str) -> None:
@@ -125,17 +156,69 @@ def _check(status: int, what: str) -> None:
 
 
 class CublasLt:
-    """A cuBLASLt handle, a workspace, and the descriptors of each GEMM shape seen."""
+    """A cuBLASLt handle, a workspace, and the descriptors of each GEMM shape seen. Made only for
+    a tested cuBLASLt version that passes the self-test: else the constructor raises
+    RuntimeError (OSError where no cuBLASLt can be found)."""
 
     def __init__(self, device: torch.device) -> None:
         self.lib = _library()
         _declare(self.lib)
+        self.version = int(self.lib.cublasLtGetVersion())
+        allowed, why = binding_allowed(self.version, TESTED_CUBLASLT)
+        if not allowed:
+            raise RuntimeError(why)
         self.handle = ctypes.c_void_p()
         _check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._plans: dict[tuple, tuple[ctypes.c_void_p, ...]] = {}
         # alpha and beta of D = alpha A B + beta C (C is D): beta 1 adds the product into out
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        problem = self.self_test(self.workspace.device)
+        if problem is not None:
+            self.lib.cublasLtDestroy(self.handle)
+            raise RuntimeError(f"{why}, but its self-test failed: {problem}")
+
+    @classmethod
+    def checked(cls, device: torch.device) -> CublasLt | None:
+        """A handle, or None where this cuBLASLt cannot be bound, was never tested, or fails its
+        self-test (the caller then runs PyTorch's matmul); a log line says which."""
+        try:
+            lt = cls(device)
+        except (OSError, RuntimeError, AttributeError) as e:
+            log.warning("cuBLASLt is not called directly, PyTorch's matmul runs instead: %s", e)
+            return None
+        cudart = int(lt.lib.cublasLtGetCudartVersion())
+        major, minor = major_minor(lt.version)
+        log.info(
+            "cuBLASLt %d.%d (CUDA runtime %d.%d) passed its self-test: its algorithms are called directly",
+            major,
+            minor,
+            cudart // 1000,
+            cudart // 10 % 100,
+        )
+        return lt
+
+    def self_test(self, device: torch.device) -> str | None:
+        """None when the heuristic's first and last candidates for a tiny bf16 product, and the
+        first adding into its output, compute torch.matmul's result within SELF_TEST_RTOL;
+        else what differed."""
+        g = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(4, 512, dtype=torch.bfloat16, device=device, generator=g)  # [M, K]
+        w = torch.randn(384, 512, dtype=torch.bfloat16, device=device, generator=g) * 512**-0.5  # [N, K]
+        base = torch.randn(4, 384, dtype=torch.bfloat16, device=device, generator=g)
+        offered = self.candidates(x, w, torch.empty_like(base))
+        if not offered:
+            return "the heuristic offered no algorithm for a 4 x 512 x 384 bf16 product"
+        checks = [(offered[0], False), (offered[-1], False), (offered[0], True)]
+        for algo, accumulate in checks:
+            out = base.clone()
+            want = base.float() + torch.matmul(x, w.t()).float() if accumulate else torch.matmul(x, w.t()).float()
+            self.matmul(x, w, out, algo, accumulate)
+            rel = ((out.float() - want).norm() / want.norm()).item()
+            if not rel < SELF_TEST_RTOL:
+                kind = "adding into its output" if accumulate else "plain"
+                return f"algorithm {algo.describe()} ({kind}) differs from torch.matmul by {rel:.3g}"
+        return None
 
     def _plan(self, dtype: torch.dtype, shape: tuple[int, int, int, int, int, int]) -> tuple[ctypes.c_void_p, ...]:
         """(matmul descriptor, A, B, D layouts) for a dtype and column_major_shape's result."""
@@ -190,7 +273,7 @@ class CublasLt:
     def candidates(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> list[Algo]:
         """What a decode graph's projection chooses from: the heuristic's algorithms, and each of
         those that splits K also without the split. At a decode step's few rows, the split's
-        separate reduce often costs more than the split gains (docs/benchmarks.md, r95)."""
+        separate reduce often costs more than the split gains on an H200."""
         offered = self.algos(x, w, out)
         unsplit = [self.variant(x, w, out, a, {"splitk": 1, "reduction": 0}) for a in offered if a.config["splitk"] > 1]
         known = {a.words for a in offered}

@@ -109,7 +109,8 @@ class DecodeGraphs:
         t0 = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device)
-        self.lt = _cublaslt(device) if gemm_search else None  # kept while its graphs live
+        # None where cuBLASLt cannot be bound, was never tested or fails its self-test: libraries only
+        self.lt = CublasLt.checked(device) if gemm_search else None  # kept while its graphs live
         for bs in reversed(self.buckets):  # largest first: the smaller ones reuse its memory
             adds = self.step.accumulating(bs)
             self.blas[bs] = choose(self.model.projections(), bs, self.lt, accumulate=adds)
@@ -143,13 +144,3 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=pool, stream=stream):
             self.logits[bs] = self.step(batch)
         return graph
-
-
-def _cublaslt(device: torch.device) -> CublasLt | None:
-    """A cuBLASLt handle for the algorithm search, or None (PyTorch's libraries only) where the
-    library cannot be bound."""
-    try:
-        return CublasLt(device)
-    except (OSError, RuntimeError, AttributeError) as e:
-        log.warning("cuBLASLt algorithms will not be searched: %s", e)
-        return None

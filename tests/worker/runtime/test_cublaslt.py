@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.runtime.cublaslt import CublasLt, column_major_shape
+from services.worker.runtime import cublaslt
+from services.worker.runtime.cublaslt import CublasLt, binding_allowed, column_major_shape, major_minor
 
 
 def gpu(test):
@@ -90,3 +91,45 @@ def test_every_neighbour_of_the_first_choice_computes_the_product(m: int, n: int
         out.zero_()
         lt.matmul(x, w, out, a)
         assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, a.describe()
+
+
+@pytest.mark.parametrize(
+    ("version", "allowed"),
+    [(130100, True), (130104, True), (130000, False), (130200, False), (120905, False), (140100, False)],
+)
+def test_only_a_tested_cublaslt_major_minor_is_bound(version: int, allowed: bool) -> None:
+    ok, why = binding_allowed(version)
+    assert ok == allowed
+    assert f"cuBLASLt {version // 10000}.{version // 100 % 100}" in why
+    assert ("never tested" in why) != allowed
+
+
+def test_the_tested_table_can_be_given() -> None:
+    assert binding_allowed(120800, tested=((12, 8), (13, 1)))[0]
+    assert major_minor(130100) == (13, 1)
+
+
+def test_a_handle_that_cannot_be_made_falls_back_to_torch_with_a_log_line(monkeypatch, caplog) -> None:
+    def missing() -> None:
+        raise OSError("libcublasLt could not be found")
+
+    monkeypatch.setattr(cublaslt, "_library", missing)
+    with caplog.at_level("WARNING", logger="services.worker.runtime.cublaslt"):
+        assert CublasLt.checked(torch.device("cpu")) is None
+    assert "PyTorch's matmul runs instead" in caplog.text and "could not be found" in caplog.text
+
+
+@gpu
+def test_the_live_cublaslt_passes_its_self_test(caplog) -> None:
+    with caplog.at_level("INFO", logger="services.worker.runtime.cublaslt"):
+        lt = CublasLt.checked(torch.device("cuda"))
+    assert lt is not None and lt.self_test(torch.device("cuda")) is None
+    assert "passed its self-test" in caplog.text
+
+
+@gpu
+def test_an_untested_cublaslt_is_not_bound(monkeypatch) -> None:
+    monkeypatch.setattr(cublaslt, "TESTED_CUBLASLT", ((99, 0),))
+    with pytest.raises(RuntimeError, match="never tested"):
+        CublasLt(torch.device("cuda"))
+    assert CublasLt.checked(torch.device("cuda")) is None
