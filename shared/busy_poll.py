@@ -1,18 +1,15 @@
-"""Polling Redis instead of sleeping in a blocking read, while requests are in flight.
+"""The busy-poll rule: a reader polls Redis instead of sleeping in a blocking read while its
+service has requests in flight, and for a window after the last one ended.
 
-A service asleep in a blocking XREADGROUP is woken when an entry arrives, and on a host
-whose idle CPUs sleep deeply that wake is most of a hop: on the H200 host a lone
-request's four hops took 0.46-0.52 ms each through blocking reads and 0.23-0.34 ms
-through reads that never block (docs/benchmarks.md, r42). So a service reads without
-BLOCK, over and over, while it has requests in flight and for a window after the last
-one ended, and then goes back to blocking reads. A client that sends its next request
-as the last one ends finds every hop awake. The price is one CPU per polling service,
+A process asleep in a blocking XREADGROUP is woken when an entry arrives, and on a host whose
+idle CPUs sleep deeply that wake is most of a hop (0.1-0.2 ms on the GPU host). So inside the
+window a service reads without BLOCK, one read after another, and a client that sends its next
+request as the last one ends finds every hop awake. The price is one CPU per polling service,
 and Redis answering its reads, for as long as the polling lasts.
 
-``busy_poll_ms`` (every service's config) is the window: 0 never polls; below 0 (the
-default) means DEFAULT_WINDOW_MS on a host with at least AUTO_MIN_CPUS CPUs for this
-process, and no polling on a smaller one, where the polling would take the CPUs that the
-services and the worker need.
+``busy_poll_ms`` (every service's config) is the window: 0 never polls; below 0 (the default)
+means DEFAULT_WINDOW_MS on a host with at least AUTO_MIN_CPUS CPUs for this process, and no
+polling on a smaller one, where the polling would take the CPUs the services need.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from shared.redis_streams import Entry, StreamReader
 
@@ -46,24 +43,20 @@ def host_cpus() -> int:
 
 
 class BusyPoll:
-    """Whether a reader polls now: while its service is busy and window_s after."""
+    """How a reader waits: polling while its service is busy and window_s after, else blocking."""
 
-    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic, spin: bool = False) -> None:
-        """``spin``: the polling reads wait for Redis's answers without sleeping
-        (shared/spin_read.py); only for a reader that is its process's one busy thread."""
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s = window_s
         self.clock = clock
-        self.spin = spin
         self._until = 0.0
 
     @classmethod
-    def for_host(cls, busy_poll_ms: float, spin: bool = False, by: str = "") -> BusyPoll:
-        """The setting resolved for this host, and said in the log (``by``: who makes the polls,
-        where that is not the reading thread itself)."""
+    def for_host(cls, busy_poll_ms: float, by: str = "") -> BusyPoll:
+        """The setting resolved for this host, and said in the log (``by``: who makes the polls)."""
         cpus = host_cpus()
-        poll = cls(window_s(busy_poll_ms, cpus), spin=spin)
+        poll = cls(window_s(busy_poll_ms, cpus))
         if poll.window_s > 0:
-            how = ", spinning on each answer" if spin else f", by {by}" if by else ""
+            how = f", by {by}," if by else ""
             log.info("reads poll Redis%s while requests are in flight and %.0f ms after", how, 1000 * poll.window_s)
         else:
             log.info("reads block (busy_poll_ms=%g, %d CPUs)", busy_poll_ms, cpus)
@@ -75,26 +68,33 @@ class BusyPoll:
             self._until = self.clock() + self.window_s
 
     def polling(self) -> bool:
-        return self.left_s() > 0
+        return self.window_s > 0 and self.clock() < self._until
 
-    def left_s(self) -> float:
-        """How much of the window is left (0: not polling)."""
-        return max(0.0, self._until - self.clock()) if self.window_s > 0 else 0.0
-
-    def read(self, reader: StreamReader, count: int, block_ms: int, acks: list[Entry] | None = None) -> list[Entry]:
-        """What ``reader.read(count, block_ms, acks)`` returns, with no wait longer than block_ms.
+    def read(self, reader: StreamReader, count: int, wait_ms: int, acks: Iterable[Entry] = ()) -> list[Entry]:
+        """What ``reader.read`` returns, waiting up to wait_ms (0: not at all) for an entry.
         Inside the window it reads without BLOCK until an entry comes or the wait is over; so
         does a wait shorter than BLOCK_CLOCK_MS, which a BLOCK would stretch. Otherwise one
         blocking read waits out what is left. ``acks`` go with the first read."""
-        acks = acks or []
-        end = self.clock() + block_ms / 1000.0
-        left_ms = block_ms
+        end = self.clock() + wait_ms / 1000.0
         while True:
-            if left_ms >= BLOCK_CLOCK_MS and not self.polling():
-                return reader.read(count=count, block_ms=left_ms, acks=acks)
-            out = reader.read(count=count, block_ms=None, acks=acks, spin=self.spin)
-            acks = []
-            now = self.clock()
-            if out or now >= end:
+            block_ms = self._block_ms(end)
+            out = reader.read(count=count, block_ms=block_ms, acks=acks)
+            acks = ()
+            if out or block_ms is not None or self.clock() >= end:
                 return out
-            left_ms = int((end - now) * 1000.0)
+
+    async def aread(self, reader: StreamReader, count: int, wait_ms: int, acks: Iterable[Entry] = ()) -> list[Entry]:
+        """``read`` for an event loop, through ``reader.aread``."""
+        end = self.clock() + wait_ms / 1000.0
+        while True:
+            block_ms = self._block_ms(end)
+            out = await reader.aread(count=count, block_ms=block_ms, acks=acks)
+            acks = ()
+            if out or block_ms is not None or self.clock() >= end:
+                return out
+
+    def _block_ms(self, end: float) -> int | None:
+        """The next read's BLOCK for a wait that ends at ``end``: None (a poll) in the window or
+        for less than BLOCK_CLOCK_MS, else all that is left."""
+        left_ms = round((end - self.clock()) * 1000.0)
+        return left_ms if left_ms >= BLOCK_CLOCK_MS and not self.polling() else None

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -22,7 +24,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, OSError)
+TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, OSError)
 
 
 class Stopping(Exception):
@@ -41,6 +43,12 @@ def client(url: str, **options: Any) -> redis.Redis:
     return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
 
 
+def async_client(url: str, **options: Any) -> aioredis.Redis:
+    """A redis.asyncio client for url that tries each command once, as ``client``: its caller
+    decides when to try again."""
+    return aioredis.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **options)
+
+
 class RedisLink:
     def __init__(
         self,
@@ -53,6 +61,7 @@ class RedisLink:
         self.url = url
         self.stop = stop or threading.Event()
         self.max_backoff_s = max_backoff_s
+        self.socket_timeout_s = socket_timeout_s
         self.quick_timeout_s = quick_timeout_s
         self.client = client(
             url,
@@ -76,13 +85,13 @@ class RedisLink:
         while True:
             try:
                 result = fn(self.client)
-            except _TRANSIENT as e:
+            except TRANSIENT as e:
                 self._note_outage(e)
                 if self.stop.wait(delay):
                     raise Stopping() from e
                 delay = min(delay * 2, self.max_backoff_s)
                 if on_reconnect is not None:
-                    with contextlib.suppress(_TRANSIENT):
+                    with contextlib.suppress(TRANSIENT):
                         on_reconnect()
                 continue
             self._note_recovery()
@@ -101,14 +110,14 @@ class RedisLink:
             raise NotAtOnce("redis is unreachable")
         try:
             return fn(self.quick)
-        except _TRANSIENT as e:
+        except TRANSIENT as e:
             self._note_outage(e)
             raise NotAtOnce(str(e)) from e
 
     def ping(self) -> bool:
         try:
             return bool(self.client.ping())
-        except _TRANSIENT:
+        except TRANSIENT:
             return False
 
     def close(self) -> None:

@@ -2,37 +2,38 @@
 
 Writers append with ``XADD ... MAXLEN ~ N`` so no stream grows without bound. Readers
 consume through a consumer group and acknowledge an entry only after its side effect
-is done; a reader also claims the pending entries of a consumer that died (idle past
-``claim_idle_ms``), so a restarted service picks up where its predecessor stopped. A
-group that vanished (Redis restarted without persistence) is created again.
+is done; a reader also claims the pending entries of a consumer that died (its lease,
+refreshed by every read, expired), so a restarted service picks up where its predecessor
+stopped. A group that vanished (Redis restarted without persistence) is created again.
 
 A read whose answer is lost (the connection dropped or timed out after Redis ran it) has
 made its entries this consumer's pending ones, and no later read of new entries returns
 them. So after a read that was not answered, the reader's next read asks for its own
 pending entries after the last one it has handed out (``XREADGROUP ... STREAMS s <id>``):
 exactly what the lost answer held, since new entries come in id order, and never the
-entries a consumer still holds unacknowledged (the router's queue, the worker's read-ahead).
+entries a consumer still holds unacknowledged (the router's queue). The rule is written once
+(StreamReader's ``_start``, ``_commands`` and ``_answered``) and followed by both ways of
+reading: ``read`` through redis-py, ``aread`` through redis.asyncio on an event loop.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 
 from shared.messages import WireError, decode, encode
-from shared.redis_link import RedisLink, is_nogroup, maybe
-from shared.spin_read import SpinConnection
+from shared.redis_link import RedisLink, async_client, is_nogroup, maybe
 from shared.streams import consumer_lease
 
 log = logging.getLogger(__name__)
 
 FIELD = b"m"  # every entry holds one msgpack message under this field
-SPIN_RETRY_S = 1.0  # after the spinning connection fails, reads go through redis-py for this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +94,11 @@ def _by_group(entries: list[Entry]) -> dict[tuple[str, str], list[bytes]]:
 
 
 class StreamReader:
-    """One consumer of one stream through a consumer group."""
+    """One consumer of one stream through a consumer group.
+
+    ``read`` is one read through the link (redis-py, retried with backoff while Redis is
+    away); ``aread`` is the same read through redis.asyncio, for an event loop. What a lost
+    answer took is recovered whichever way the next read is made."""
 
     def __init__(
         self,
@@ -112,11 +117,9 @@ class StreamReader:
         self.claim_every_s = claim_every_s
         self.lease = consumer_lease(stream, group, consumer)
         self._next_claim = 0.0
-        self._spin: SpinConnection | None = None  # made at the first read with spin
-        self._spin_after = 0.0  # after a failure of its connection, reads with spin use redis-py until then
         self._handed_out = (0, 0)  # the highest entry id this reader has returned (or dropped)
-        # a read was sent and its answer not yet read: the next read recovers what it may have taken
-        self._unanswered = False
+        self._unanswered = False  # a read was sent and its answer not read: the next one recovers
+        self._async: aioredis.Redis | None = None  # aread's client, made on its first call
         self.ensure_group()
 
     def ensure_group(self) -> None:
@@ -132,123 +135,86 @@ class StreamReader:
 
         self.link.call(run)
 
-    def read(
-        self,
-        count: int = 256,
-        block_ms: int | None = None,
-        acks: Iterable[Entry] = (),
-        once: bool = False,
-        spin: bool = False,
-    ) -> list[Entry]:
+    def read(self, count: int = 256, block_ms: int | None = None, acks: Iterable[Entry] = ()) -> list[Entry]:
         """Entries claimed from dead consumers first, then new ones; waits up to block_ms
-        (None: do not wait) when there is nothing. Entries in ``acks`` (of this stream and
-        group) are acknowledged in the same round trip, ahead of the read. With ``once``, one
-        attempt that never blocks long (RedisLink.call_once: NotAtOnce if Redis does not
-        answer) and no claiming, for a caller that must not wait out an outage. With ``spin``,
-        a read that does not wait goes through a connection that waits for the answer
-        without sleeping (shared/spin_read.py; with ``once``, for no longer than call_once
-        would), and through redis-py if that one fails."""
+        (None: does not wait) when there is nothing. Entries in ``acks`` are acknowledged in
+        the same round trip, ahead of the read."""
         acks = list(acks)
-        claimed = [] if once else self._claim_due()
-        if claimed:
+        if claimed := self._claim_due():
             self.ack(acks)
             return claimed
-        ack_ids = [e.entry_id for e in acks]
-        if spin and block_ms is None and time.monotonic() >= self._spin_after and not (once and self.link.in_outage):
-            spun = self._spin_read(count, ack_ids, self.link.quick_timeout_s if once else None)
-            if spun is not None:
-                return spun
 
         def run(r: redis.Redis) -> list[Entry]:
-            def send(commands: list[tuple[Any, ...]]) -> list[Entry]:
+            ack_ids = [e.entry_id for e in acks]
+            while True:
+                start = self._start()
                 pipe = r.pipeline(transaction=False)
-                for command in commands:
+                for command in self._commands(count, ack_ids, block_ms, start):
                     pipe.execute_command(*command)  # redis-py parses each answer by its command's name
-                return [e for _stream, entries in pipe.execute()[-1] or [] for e in self._decode_entries(entries)]
+                out = self._answered(start, count, pipe.execute()[-1])
+                if out or start == ">":
+                    return out
+                ack_ids = []  # a recovery read that found nothing lost: now the read of new entries
 
-            return self._read_via(send, count, ack_ids, block_ms)
+        return self._call_group(run) or []
 
-        return self._call_group(run, once=once) or []
-
-    def _read_via(
-        self,
-        send: Callable[[list[tuple[Any, ...]]], list[Entry]],
-        count: int,
-        ack_ids: list[bytes],
-        block_ms: int | None,
-    ) -> list[Entry]:
-        """One read, each pipeline made by ``send`` (its entries): after a read that was not
-        answered, first what that one took, and only if it took nothing, new entries too."""
-        ids = ack_ids
+    async def aread(self, count: int = 256, block_ms: int | None = None, acks: Iterable[Entry] = ()) -> list[Entry]:
+        """What ``read`` returns (without claiming: an event loop's stream has one consumer),
+        through redis.asyncio: the loop serves its other tasks while Redis answers. A failure
+        raises (redis.ConnectionError, redis.TimeoutError) for the caller to try again; the
+        next read recovers what this one may have taken."""
+        if self._async is None:
+            self._async = async_client(self.link.url, socket_timeout=self.link.socket_timeout_s)
+        ack_ids = [e.entry_id for e in acks]
         while True:
-            start = self.start()
-            self.sent()
+            start = self._start()
+            pipe = self._async.pipeline(transaction=False)
+            for command in self._commands(count, ack_ids, block_ms, start):
+                pipe.execute_command(*command)
             try:
-                out = send(self.read_commands(count, ids, block_ms if start == ">" else None, start))
-            except redis.ResponseError:  # answered, with an error (the group gone): nothing taken
-                self._unanswered = start != ">"
-                raise
-            self.answered(start, count, len(out))
+                answers = await pipe.execute()
+            except redis.ResponseError as e:  # the group gone (Redis restarted): made again, read again
+                if not is_nogroup(e):
+                    raise
+                self.ensure_group()
+                continue
+            out = self._answered(start, count, answers[-1])
             if out or start == ">":
                 return out
-            ids = []  # a recovery read that found nothing lost: now the read of new entries
+            ack_ids = []
 
-    def start(self) -> str:
+    async def aclose(self) -> None:
+        if self._async is not None:
+            await self._async.aclose()
+        self._async = None
+
+    def _start(self) -> str:
         """Where the next read starts: ">" (new entries), or after a read that was not answered,
-        just past the last entry handed out (this consumer's pending entries that came later)."""
-        return f"{self._handed_out[0]}-{self._handed_out[1]}" if self._unanswered else ">"
-
-    def answered(self, start: str, count: int, got: int) -> None:
-        """A read from ``start`` was answered with ``got`` entries (handed out): a recovery read
-        that came back full may have left more behind, so the next read recovers too."""
-        self._unanswered = start != ">" and got >= count
-
-    def sent(self) -> None:
-        """A read is on its way: until answered, the next read must recover what it takes."""
+        just past the last entry handed out (this consumer's pending entries that came later).
+        Marks a read as sent: until ``_answered``, the next read must recover what it takes."""
+        start = f"{self._handed_out[0]}-{self._handed_out[1]}" if self._unanswered else ">"
         self._unanswered = True
+        return start
 
-    def read_commands(
-        self, count: int, ack_ids: list[bytes], block_ms: int | None, start: str = ">"
-    ) -> list[tuple[Any, ...]]:
-        """One read's pipeline: the lease ("still alive"), the acknowledgements, the read (of
-        new entries; with ``start`` an id, "0" or later, of this consumer's own pending ones
-        after it)."""
+    def _commands(self, count: int, ack_ids: list[bytes], block_ms: int | None, start: str) -> list[tuple[Any, ...]]:
+        """One read's pipeline: the lease ("still alive"), the acknowledgements, the read (of new
+        entries, or with ``start`` an id, of this consumer's own pending ones after it, never
+        blocking: there is no waiting for what Redis already holds)."""
         commands: list[tuple[Any, ...]] = [("SET", self.lease, b"1", "PX", self.claim_idle_ms)]
         if ack_ids:
             commands.append(("XACK", self.stream, self.group, *ack_ids))
-        block = () if block_ms is None else ("BLOCK", block_ms)
+        block = ("BLOCK", block_ms) if block_ms is not None and start == ">" else ()
         commands.append(
             ("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, *block, "STREAMS", self.stream, start)
         )
         return commands
 
-    def _spin_read(self, count: int, ack_ids: list[bytes], timeout_s: float | None) -> list[Entry] | None:
-        """The read's pipeline through the spinning connection: its entries; None if that
-        connection failed or the group is gone (the caller reads through redis-py, which
-        reconnects and recreates)."""
-        if self._spin is None:
-            self._spin = SpinConnection(self.link.client.connection_pool.connection_kwargs)
-        spin = self._spin
-        try:
-            return self._read_via(lambda c: self.entries_of(spin.execute(c, timeout_s)[-1]), count, ack_ids, None)
-        except redis.ConnectionError:
-            self._spin_after = time.monotonic() + SPIN_RETRY_S  # Redis away: no reconnect on every poll
-            return None
-        except redis.ResponseError as e:
-            if is_nogroup(e):
-                return None
-            raise
-
-    def entries_of(self, resp: Any) -> list[Entry]:
-        """The entries in XREADGROUP's raw answer as hiredis parses it (streams of entry ids
-        and flat field lists), for reads made outside redis-py."""
-        return self._decode_entries(
-            [
-                (entry_id, None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True)))
-                for _stream, entries in resp or []
-                for entry_id, flat in entries
-            ]
-        )
+    def _answered(self, start: str, count: int, answer: Any) -> list[Entry]:
+        """The entries of a read from ``start``, now handed out. A recovery read that came back
+        full may have left more behind, so the next read recovers too."""
+        taken = [e for _stream, entries in answer or [] for e in entries]
+        self._unanswered = start != ">" and len(taken) >= count
+        return self._decode_entries(taken)
 
     def ack(self, entries: Iterable[Entry]) -> None:
         ids = [e.entry_id for e in entries]
@@ -315,15 +281,13 @@ class StreamReader:
             self._call_group(lambda r: r.xack(self.stream, self.group, *bad))
         return out
 
-    def _call_group(self, fn: Any, once: bool = False) -> Any:
-        """Run a group command (with ``once``, by RedisLink.call_once), recreating the group
-        once if Redis lost it."""
-        call = self.link.call_once if once else self.link.call
+    def _call_group(self, fn: Any) -> Any:
+        """Run a group command, recreating the group once if Redis lost it."""
         try:
-            return call(fn)
+            return self.link.call(fn)
         except redis.ResponseError as e:
             if not is_nogroup(e):
                 raise
             log.warning("consumer group %s on %s is gone (redis restarted?); recreating", self.group, self.stream)
             self.ensure_group()
-            return call(fn)
+            return self.link.call(fn)

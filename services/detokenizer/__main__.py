@@ -42,7 +42,7 @@ def main() -> None:
         _FastDecoder(cfg.model_dir),
         cfg.stream_maxlen,
         metrics,
-        BusyPoll.for_host(cfg.busy_poll_ms, spin=True),  # its loop is the one thread that polls
+        BusyPoll.for_host(cfg.busy_poll_ms),
     )
     serve_collector(cfg.metrics_port, DetokCollector(metrics, lambda: len(service.sessions)))
     beat = HeartbeatPublisher(link, names, SERVICE_DETOK, cfg.replica, info=lambda: {"sessions": len(service.sessions)})

@@ -49,7 +49,7 @@ class DetokenizerService:
     def run(self) -> None:
         log.info("detokenizer shard %s reading %s", self.shard, self.names.detok(self.shard))
         while not self.link.stop.is_set():
-            entries = self.poll.read(self.reader, count=512, block_ms=500)
+            entries = self.poll.read(self.reader, count=512, wait_ms=500)
             self.handle(entries)
             self.poll.note(bool(self.sessions))
             self._collect_expired()

@@ -21,7 +21,7 @@ def main() -> None:
     setup_logging(SERVICE_ROUTER, cfg.replica, cfg.log_level)
     link = RedisLink(cfg.redis_url)
     stop_on_signals(link)
-    service = RouterService(cfg, link, BusyPoll.for_host(cfg.busy_poll_ms, spin=True))  # its loop is the one thread
+    service = RouterService(cfg, link, BusyPoll.for_host(cfg.busy_poll_ms))
     serve_collector(cfg.metrics_port, RouterCollector(lambda: service.figures))
     # the heartbeat carries the queue figures, so front ends can refuse at once when it is full
     names = StreamNames(cfg.namespace)

@@ -51,7 +51,7 @@ class RouterService:
     def run(self) -> None:
         log.info("router reading %s", self.names.router)
         while not self.link.stop.is_set():
-            self.step(self.poll.read(self.reader, count=1024, block_ms=READ_BLOCK_MS))
+            self.step(self.poll.read(self.reader, count=1024, wait_ms=READ_BLOCK_MS))
             self.poll.note(bool(self.queued) or bool(self.core.where))  # requests waiting or running
 
     def step(self, entries: list[Entry]) -> None:

@@ -41,7 +41,7 @@ def main() -> None:
         cfg.stream_maxlen,
         cfg.pipeline_dead_after_s,
         cfg.pipeline_check_s,
-        BusyPoll.for_host(cfg.busy_poll_ms, by="the event loop"),  # shared/loop_read.py
+        BusyPoll.for_host(cfg.busy_poll_ms, by="the event loop"),  # its reads are the loop's own (redis.asyncio)
     )
     ctx = FrontContext(
         cfg=cfg,

@@ -4,11 +4,10 @@ Submitting registers the request with a detokenizer shard and then sends it to t
 router (in that order, in one round trip, so the shard knows it before any token can
 arrive). A task on the event loop reads TextBatch messages from this front end's stream
 and puts each item, tagged with its generation's index, on the asyncio queue of the HTTP
-request waiting for it (one queue for all the generations of a request). While requests are
-in flight and a while after (shared/busy_poll.py), the loop polls Redis itself,
-asynchronously (shared/loop_read.py); otherwise, or when those polls fail, the reads are
-made in a thread of their own. A watchdog thread fails
-in-flight requests when no worker group or their detokenizer shard is alive any more.
+request waiting for it (one queue for all the generations of a request). The reads are
+asynchronous (StreamReader.aread, redis.asyncio): polls while requests are in flight and a
+while after (shared/busy_poll.py), else blocking reads. A watchdog thread fails in-flight
+requests when no worker group or their detokenizer shard is alive any more.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from dataclasses import dataclass, field
 from services.tokenizer.errors import APIError
 from shared.busy_poll import BusyPoll
 from shared.heartbeat import live_replicas
-from shared.loop_read import LoopReader
 from shared.messages import (
     ERR_FAILED,
     ERR_TOO_LARGE,
@@ -37,14 +35,14 @@ from shared.messages import (
     TextBatch,
     TextItem,
 )
-from shared.redis_link import NotAtOnce, RedisLink, Stopping
+from shared.redis_link import TRANSIENT, NotAtOnce, RedisLink, Stopping
 from shared.redis_streams import Entry, StreamReader, StreamWriter
 from shared.streams import GROUP_FRONT, SERVICE_DETOK, SERVICE_ROUTER, SERVICE_WORKER, StreamNames
 
 log = logging.getLogger(__name__)
 
-KEEP_AWAKE_TICK_S = 0.001  # the event loop's timer while the reads poll
-READ_WAIT_S = 0.5  # the longest one read of the replies waits
+READ_WAIT_MS = 500  # the longest one read of the replies waits
+READ_RETRY_S = 0.5  # after a failed read of the replies (Redis away), the next one waits this long
 AT_ONCE_MAX_PENDING = 4  # generations in flight (this one included) up to which a submission is sent from the loop
 
 
@@ -97,8 +95,6 @@ class Pipeline:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.poll = poll or BusyPoll(0.0)
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="redis-io")
-        self._reads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="replies")
-        self._loop_reader: LoopReader | None = None  # the replies' polls, made by the loop itself
         self._watchdog = threading.Thread(target=self._watch, name="watchdog", daemon=True)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -106,19 +102,15 @@ class Pipeline:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._loop_reader = LoopReader(self.reader)
         self._refresh_liveness()
         self._watchdog.start()
-        self._tasks = [loop.create_task(self._read_replies()), loop.create_task(self._keep_awake())]
+        self._tasks = [loop.create_task(self._read_replies())]
 
     def stop(self) -> None:
         self.link.stop.set()
         for task in self._tasks:
             task.cancel()
         self._io.shutdown(wait=False, cancel_futures=True)
-        self._reads.shutdown(wait=False, cancel_futures=True)
-        if self._loop_reader is not None:
-            self._loop_reader.close()
 
     # ---------------------------------------------------------------- requests
 
@@ -200,42 +192,30 @@ class Pipeline:
     # ---------------------------------------------------------------- threads
 
     async def _read_replies(self) -> None:
-        """Reads one at a time, so each request's items keep their order. While requests are in
-        flight and the window after, the loop's own asynchronous polls (no thread to wake and
-        hand over; a blocking read on the loop would hold up every step of the requests' own
-        work by a round trip); otherwise a blocking read in a thread of their own, which also
-        takes over when the loop's polls fail. A read's entries are acknowledged in the next
-        read's round trip."""
-        loop = asyncio.get_running_loop()
+        """Reads one at a time, so each request's items keep their order; a read's entries are
+        acknowledged in the next read's round trip. A failed read's acknowledgements go with the
+        next one, which also recovers what the failed one may have taken."""
         acks: list[Entry] = []
-        while not self.link.stop.is_set():
-            self.poll.note(bool(self.pending))
-            try:
-                polling, polls = self.poll.left_s(), self._loop_reader
-                entries = await polls.read(256, acks, min(polling, READ_WAIT_S)) if polling and polls else None
-                if entries is None:  # not polling, or the loop's own polls failed: the thread reads
-                    entries = await loop.run_in_executor(
-                        self._reads, self.poll.read, self.reader, 256, round(1000 * READ_WAIT_S), acks
-                    )
-            except Stopping:
-                return
-            except Exception:
-                log.exception("reading replies failed; retrying")
-                await asyncio.sleep(0.5)
-                continue
-            acks = entries
-            self._hand_out(entries)
-            if entries and len(self.pending) <= AT_ONCE_MAX_PENDING:
-                # the requests' tasks run to their chunks before the next read's round trip
-                await asyncio.sleep(0)
-
-    async def _keep_awake(self) -> None:
-        """While the reads poll, the loop wakes every millisecond, so that its CPU never sleeps
-        long: a CPU woken after a long sleep answers a poll's answer, the reads thread's
-        hand-over (when the thread polls), or a new request's bytes 0.1-0.2 ms later than one
-        that slept briefly."""
-        while not self.link.stop.is_set():
-            await asyncio.sleep(KEEP_AWAKE_TICK_S if self.poll.polling() else 0.05)
+        try:
+            while not self.link.stop.is_set():
+                self.poll.note(bool(self.pending))
+                try:
+                    entries = await self.poll.aread(self.reader, 256, READ_WAIT_MS, acks)
+                except TRANSIENT as e:  # Redis away or slow
+                    log.warning("reading replies failed (%s: %s); retrying", type(e).__name__, e)
+                    await asyncio.sleep(READ_RETRY_S)
+                    continue
+                except Exception:
+                    log.exception("reading replies failed; retrying")
+                    await asyncio.sleep(READ_RETRY_S)
+                    continue
+                acks = entries
+                self._hand_out(entries)
+                if entries and len(self.pending) <= AT_ONCE_MAX_PENDING:
+                    # the requests' tasks run to their chunks before the next read is sent
+                    await asyncio.sleep(0)
+        finally:
+            await self.reader.aclose()
 
     def _hand_out(self, entries: list[Entry]) -> None:
         """Each item to the queue of the request it belongs to (on the loop)."""

@@ -49,7 +49,7 @@ def main() -> None:
         cfg.status_interval_s,
         cfg.stream_maxlen,
         metrics,
-        BusyPoll.for_host(cfg.busy_poll_ms, spin=True),  # its loop is the one thread that polls
+        BusyPoll.for_host(cfg.busy_poll_ms),
     )
     serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine))  # after loading: serving means ready
     watchdog = None

@@ -1,34 +1,37 @@
 """The worker service loop: receive, schedule and run a step, publish.
 
-Admitted requests and aborts arrive through the inbox (read by its thread while the loop
-holds many requests, by the loop itself with few); each step's tokens go to the
+The loop reads its stream (admitted requests and aborts) itself: without waiting while the
+engine has work, else waiting until a message comes or a status is due (polling in the
+busy-poll window, shared/busy_poll.py). Its Redis round trips overlap the device's work:
+the engine launches a step before it collects the one before. Each step's tokens go to the
 detokenizer shards (one TokenBatch per shard per step) and the group's status to the
-router, through the outbox thread. A status goes out every status_interval_s and
-soon after any step that freed memory or started a request's output (the router must
-know which requests have output before it can safely re-queue them), and doubles as
-the group's heartbeat.
+router. A status goes out every status_interval_s and soon after any step that freed
+memory or started a request's output (the router must know which requests have output
+before it can safely re-queue them), and doubles as the group's heartbeat.
+
+An entry is acknowledged after its side effect (the engine holds the request, and its
+prefill step is launched): with the next message sent, in the same transaction, or in the
+next read's round trip, whichever comes first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
 
 from services.worker.engine import Engine
-from services.worker.io_threads import Inbox, Outbox
 from services.worker.metrics import WorkerMetrics
 from shared.busy_poll import BusyPoll
 from shared.messages import AbortReqs, AdmitReqs, TokenBatch, TokenItem, WorkerStatus
-from shared.redis_link import RedisLink
+from shared.redis_link import RedisLink, Stopping
 from shared.redis_streams import Entry, StreamReader, StreamWriter
 from shared.streams import GROUP_WORKER, StreamNames
 
 log = logging.getLogger(__name__)
 
 CHANGE_STATUS_MIN_GAP_S = 0.02  # statuses caused by a change, at most this often
-# up to this many requests held, the step loop sends its messages and reads its inbox itself (io_threads)
-AT_ONCE_MAX_REQUESTS = 4
 
 
 class WorkerService:
@@ -50,24 +53,22 @@ class WorkerService:
         self.group = group
         self.instance = uuid.uuid4().hex[:12]
         self.status_interval_s = status_interval_s
-        reader = StreamReader(link, names.worker(group), GROUP_WORKER, consumer=f"{group}-{self.instance}")
+        self.reader = StreamReader(link, names.worker(group), GROUP_WORKER, consumer=f"{group}-{self.instance}")
+        self.writer = StreamWriter(link, maxlen)
         self.poll = poll or BusyPoll(0.0)  # an idle loop's reads poll for a while after its last work
-        self.inbox = Inbox(reader, link.stop, self.poll)
-        self.outbox = Outbox(StreamWriter(link, maxlen), link.stop)
         self.admit_seq = 0
         self._last_status = 0.0
         self._changed = False
-        self._acks: list[Entry] = []  # taken in, acknowledged with the next message sent
+        self._acks: list[Entry] = []  # taken in, acknowledged with the next message sent or read
 
     def run(self) -> None:
-        self.inbox.start()
-        self.outbox.start()
         self.publish_status()
         log.info("worker group %s (instance %s) serving", self.group, self.instance)
         why = "the worker is shutting down"
         try:
             while not self.link.stop.is_set():
-                entries, self._acks = self.inbox.drain_acking(self._idle_wait(), self._acks)
+                entries = self.poll.read(self.reader, 256, self._wait_ms(), acks=self._acks)
+                self._acks = []
                 self._take(entries)
                 busy = self.engine.has_work()
                 self.poll.note(busy)
@@ -77,25 +78,22 @@ class WorkerService:
                     self.metrics.on_step(out, time.perf_counter() - started)
                     self._publish_tokens(out.items)
                     self._changed |= out.changed
-                    # after the step, so a wake-up of the thread does not delay a lone request's prefill
-                    self.inbox.thread_reads(not self._few())
-                else:
-                    self.inbox.thread_reads(False)
                 self._maybe_status()
-                self._send([])  # acknowledgements no step carried
+        except Stopping:  # stopped while Redis was away
+            pass
         except Exception as e:  # a step failed (a tensor-parallel rank died, the device failed, ...)
             log.exception("the step loop failed")
             why = f"the worker failed: {type(e).__name__}: {str(e)[:200]}"
             raise
         finally:
-            self._publish_tokens(self.engine.fail_all(why))
-            self._send([], flush=True)
-            self.outbox.close()
+            with contextlib.suppress(Stopping):
+                self._publish_tokens(self.engine.fail_all(why))
+                self._send([], flush=True)
 
     def abandon(self, why: str) -> None:
         """The group cannot go on (a rank died): end every request it holds with an explicit
         error at once. Called from another thread while the step loop may be stuck in a
-        collective, so it sends directly rather than through the outbox."""
+        collective, so it sends with a writer of its own."""
         log.error("abandoning every request: %s", why)
         try:
             items = self.engine.fail_all(why)
@@ -126,24 +124,16 @@ class WorkerService:
             else:
                 log.error("unexpected %s on the worker stream", type(msg).__name__)
         # the side effect (the engine holds them) is done; the acknowledgement goes out after the
-        # next step, with the loop's next read of its inbox or else with the next send (its
-        # tokens, or on its own), rather than before it: a hand-off to the outbox thread here
-        # would sit between an admission and its prefill
+        # next step launched, with its tokens or the next read, so nothing sits between an
+        # admission and its prefill
         self._acks += entries
 
     def _send(self, items: list[tuple[str, object]], flush: bool = False) -> None:
-        """Hand items to the outbox with the acknowledgements taken in since the last send. A
-        step's tokens at low load go out from the loop itself (Outbox.send's at_once); the
-        rest never cost the loop a round trip. Acknowledgements alone wait for the loop's next
-        read of its inbox when the loop reads it (Inbox.drain_acking), unless ``flush``."""
-        if not items and not flush and self.inbox.loop_reads:
-            return
-        acks, self._acks = self._acks, []
-        self.outbox.send(items, acks=acks, at_once=bool(items) and self._few())
-
-    def _few(self) -> bool:
-        """Few requests held: the loop reads its inbox and sends a step's tokens itself."""
-        return self.engine.scheduler.num_held() <= AT_ONCE_MAX_REQUESTS
+        """Send items with the acknowledgements taken in since the last send, in one transaction.
+        Acknowledgements alone wait for the next read's round trip, unless ``flush``."""
+        if items or flush:
+            acks, self._acks = self._acks, []
+            self.writer.send_many(items, acks=acks)
 
     def _publish_tokens(self, items: list[tuple[str, TokenItem]]) -> None:
         by_shard: dict[str, list[TokenItem]] = {}
@@ -152,14 +142,14 @@ class WorkerService:
         source = f"worker:{self.group}"
         self._send([(self.names.detok(s), TokenBatch(source, its)) for s, its in by_shard.items()])
 
-    def _idle_wait(self) -> float:
-        """How long the loop may sleep waiting for messages: not at all with work in hand, and
-        never past the moment a pending change's status is due."""
+    def _wait_ms(self) -> int:
+        """How long the loop may wait for messages: not at all with work in hand, and never past
+        the moment a pending change's status is due."""
         if self.engine.has_work():
-            return 0.0
+            return 0
         if self._changed:
-            return max(0.0, CHANGE_STATUS_MIN_GAP_S - (time.monotonic() - self._last_status))
-        return self.status_interval_s / 2
+            return max(0, round(1000 * (CHANGE_STATUS_MIN_GAP_S - (time.monotonic() - self._last_status))))
+        return round(500 * self.status_interval_s)
 
     def _maybe_status(self) -> None:
         now = time.monotonic()
@@ -179,6 +169,6 @@ class WorkerService:
             running=self.engine.running_reqs(),
             time=time.time(),
         )
-        self.outbox.send([(self.names.router, status)])
+        self._send([(self.names.router, status)])
         self._last_status = time.monotonic()
         self._changed = False

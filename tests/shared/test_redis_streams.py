@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import pytest
 import redis
 
-from shared import redis_streams
 from shared.messages import AbortReq
 from shared.redis_link import RedisLink
 from shared.redis_streams import FIELD, StreamReader, StreamWriter
@@ -98,12 +98,7 @@ def test_undecodable_entries_are_dropped(redis_url: str) -> None:
     assert reader.pending_count() == 0
 
 
-@pytest.mark.parametrize("spin", [False, True])
-def test_survives_redis_restart(spin: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``spin`` the reads go through shared/spin_read.py: its connection dies with the
-    server, redis-py's read reconnects and makes the group again, and a read after
-    SPIN_RETRY_S spins on a new connection."""
-    monkeypatch.setattr(redis_streams, "SPIN_RETRY_S", 0.1)
+def test_survives_redis_restart() -> None:
     first = RedisServer().start()
     second = RedisServer(port=first.port)
     try:
@@ -112,7 +107,7 @@ def test_survives_redis_restart(spin: bool, monkeypatch: pytest.MonkeyPatch) -> 
         writer = StreamWriter(link)
 
         def read() -> list[str]:
-            return [e.msg.rid for e in reader.read(block_ms=None if spin else 200, spin=spin)]
+            return [e.msg.rid for e in reader.read(block_ms=200)]
 
         writer.send("s", AbortReq("before", ""))
         assert read() == ["before"]
@@ -126,8 +121,6 @@ def test_survives_redis_restart(spin: bool, monkeypatch: pytest.MonkeyPatch) -> 
         writer.send("s", AbortReq("later", ""))
         time.sleep(0.15)
         assert read() == ["later"]
-        if spin:
-            assert reader._spin is not None and reader._spin._sock is not None  # spinning again
     finally:
         first.stop()
         second.stop()
@@ -153,24 +146,24 @@ def cutter(redis_server: RedisServer, redis_url: str):
     proxy.close()
 
 
-@pytest.mark.parametrize("how", ["blocking", "once", "spin"])
+@pytest.mark.parametrize("how", ["blocking", "polling", "async"])
 def test_a_read_whose_answer_is_lost_is_recovered(how: str, cutter, redis_url: str) -> None:
     """Redis serves a read (its entries become this consumer's pending ones) but the answer never
     arrives. The next read takes exactly those entries, not the ones the consumer still holds
-    unacknowledged, as the router holds its queue: nothing is lost and nothing comes twice."""
-    from shared.redis_link import NotAtOnce
-
+    unacknowledged, as the router holds its queue: nothing is lost and nothing comes twice.
+    ``read`` tries again by itself (RedisLink.call); ``aread``'s caller tries again."""
     link = RedisLink(cutter.url, max_backoff_s=0.1)
     writer = StreamWriter(RedisLink(redis_url))
     reader = StreamReader(link, "cut", "g", "c1")
+    loop = asyncio.new_event_loop()
 
     def read() -> list[str]:
-        if how == "blocking":
-            return [e.msg.rid for e in reader.read(block_ms=200)]
+        if how != "async":
+            return [e.msg.rid for e in reader.read(block_ms=200 if how == "blocking" else None)]
         try:
-            return [e.msg.rid for e in reader.read(once=True, spin=how == "spin")]
-        except NotAtOnce:  # the quick connection was cut: the caller reads again (the worker: its thread)
-            return [e.msg.rid for e in reader.read(block_ms=200)]
+            return [e.msg.rid for e in loop.run_until_complete(reader.aread(block_ms=200))]
+        except redis.ConnectionError:  # the answer cut off: the caller reads again (the front end: after a pause)
+            return [e.msg.rid for e in loop.run_until_complete(reader.aread(block_ms=200))]
 
     writer.send("cut", AbortReq("held", ""))
     assert read() == ["held"]  # handed out, never acknowledged
@@ -185,20 +178,21 @@ def test_a_read_whose_answer_is_lost_is_recovered(how: str, cutter, redis_url: s
     assert read() == ["new"]
     raw = redis.Redis.from_url(redis_url)
     assert all(p["times_delivered"] <= 2 for p in raw.xpending_range("cut", "g", "-", "+", 10))
+    loop.run_until_complete(reader.aclose())
+    loop.close()
 
 
 def test_a_recovery_read_that_comes_back_full_goes_on(cutter, redis_url: str) -> None:
     """The lost answer held more entries than the next reads take: they go on recovering, in
-    order, until one comes back short, and then read new entries."""
-    from shared.redis_link import NotAtOnce
-
+    order, until one comes back short, and then read new entries. The lost read is an event
+    loop's (aread) and the next ones are not: the two share what was handed out."""
     link = RedisLink(cutter.url, max_backoff_s=0.1)
     writer = StreamWriter(RedisLink(redis_url))
     reader = StreamReader(link, "full", "g", "c1")
     writer.send_many([("full", AbortReq(f"e{k}", "")) for k in range(5)])
     cutter.cut_next_answer_with(b"e0")
-    with pytest.raises(NotAtOnce):
-        reader.read(count=5, once=True)  # all five taken, the answer lost
+    with pytest.raises(redis.ConnectionError):
+        asyncio.run(reader.aread(count=5))  # all five taken, the answer lost
     writer.send("full", AbortReq("new", ""))
     reads = [[e.msg.rid for e in reader.read(count=2, block_ms=100)] for _ in range(4)]
     assert reads == [["e0", "e1"], ["e2", "e3"], ["e4"], ["new"]]

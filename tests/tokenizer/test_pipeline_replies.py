@@ -1,7 +1,6 @@
 """The front end's replies against a real redis-server: a request's items reach its queue in
-order and are acknowledged, read off the loop by blocking reads or, while requests are in
-flight and the window is open, by the loop's own polls (shared/loop_read.py); and when those
-fail, by the thread again."""
+order and are acknowledged, read by blocking reads or, while requests are in flight and the
+window is open, by polls; and a read whose answer is lost costs nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import threading
 import time
 
 import pytest
-import redis
 
 from services.tokenizer.pipeline import Liveness, Pipeline
 from shared.busy_poll import BusyPoll
@@ -18,33 +16,24 @@ from shared.messages import Heartbeat, SamplingParams, TextBatch, TextItem
 from shared.redis_link import RedisLink
 from shared.redis_streams import StreamReader, StreamWriter
 from shared.streams import GROUP_FRONT, StreamNames
+from tests.shared.answer_cutter import AnswerCutter
+from tools.redis_server import RedisServer
 
 
 class ReadsNoted(StreamReader):
-    """The pipeline's real reader, noting the thread and BLOCK of each read that returned entries
-    ("loop" for the loop's polls), and when each read or poll began."""
+    """The pipeline's real reader, noting the BLOCK of each read that returned entries and when
+    each read began."""
 
     def __init__(self, *a, **k) -> None:
         super().__init__(*a, **k)
-        self.reads: list[tuple[str, int | None]] = []
-        self.starts: list[float] = []  # time.monotonic() at the start of every read or poll
+        self.reads: list[int | None] = []
+        self.starts: list[float] = []  # time.monotonic() at the start of every read
 
-    def read(self, count=256, block_ms=None, acks=(), **kw):  # type: ignore[override]
+    async def aread(self, count=256, block_ms=None, acks=()):  # type: ignore[override]
         self.starts.append(time.monotonic())
-        out = super().read(count, block_ms, acks, **kw)
+        out = await super().aread(count, block_ms, acks)
         if out:
-            self.reads.append((threading.current_thread().name, block_ms))
-        return out
-
-    def read_commands(self, count, ack_ids, block_ms, start=">"):  # type: ignore[override]
-        if threading.current_thread() is threading.main_thread():
-            self.starts.append(time.monotonic())
-        return super().read_commands(count, ack_ids, block_ms, start)
-
-    def entries_of(self, resp):  # type: ignore[override]
-        out = super().entries_of(resp)
-        if out:
-            self.reads.append(("loop", None))
+            self.reads.append(block_ms)
         return out
 
 
@@ -100,39 +89,34 @@ def test_items_arrive_in_order_and_are_acknowledged(redis_url: str, window_s: fl
     link = RedisLink(redis_url)
     p = pipeline(link, f"rep{int(window_s)}", BusyPoll(window_s))
     assert asyncio.run(stream_of(p, 30)) == [f"t{k}" for k in range(30)]
-    # a request in flight and the window open: every read is the loop's poll, else each one blocks in the thread
-    assert set(p.reader.reads) == ({("loop", None)} if window_s else {("replies_0", 500)})
+    # a request in flight and the window open: every read is a poll, else each one blocks
+    assert set(p.reader.reads) == ({None} if window_s else {500})
 
 
-def test_when_the_loops_polls_fail_the_thread_reads_and_nothing_is_lost(redis_url: str) -> None:
-    """The loop's connection is cut after it read the first items: the thread's polls take over
-    (redis-py, reconnecting). A poll whose answer was cut off leaves its entries pending; the
-    failed poll was never answered, so the thread's first read asks for this consumer's pending
-    entries after the last one handed out, and gets them."""
-    link = RedisLink(redis_url)
-    p = pipeline(link, "cut", BusyPoll(5.0), check_s=60.0)  # the liveness set here stays while it runs
+@pytest.mark.parametrize("window_s", [0.0, 5.0])
+def test_a_read_whose_answer_is_lost_costs_nothing(redis_server: RedisServer, redis_url: str, window_s: float) -> None:
+    """Redis serves a read of the replies but its answer never arrives (the connection is cut):
+    the next read, after a pause, recovers what it took (StreamReader's rule), in order."""
+    cutter = AnswerCutter("127.0.0.1", redis_server.port)
+    link = RedisLink(cutter.url)
+    p = pipeline(link, f"cut{int(window_s)}", BusyPoll(window_s), check_s=60.0)  # the liveness set here stays
 
     async def run() -> list[str]:
         queue = await submitted(p)
         detokenize(p, ["a", "b"], 0.002)
         got = [(await asyncio.wait_for(queue.get(), 5))[1].text for _ in range(2)]
-        loop_reader = p._loop_reader
-        lost = p.reader.read_commands(256, [], None)  # a poll taken by Redis whose answer never arrives
-        StreamWriter(link).send(p.names.front("front-0"), TextBatch([TextItem("r0", "c")]))
-        raw = redis.Redis.from_url(redis_url)
-        raw.execute_command(*lost[-1])  # as the loop's consumer: "c" is now pending, unseen
-        for client in raw.client_list():  # cut every connection but this one: the loop's among them
-            if int(client["id"]) != raw.client_id():
-                raw.client_kill_filter(_id=client["id"])
-        detokenize(p, ["d"], 0.002)
+        cutter.cut_next_answer_with(b"lost-c")
+        detokenize(p, ["lost-c", "d"], 0.002)
         got += [(await asyncio.wait_for(queue.get(), 5))[1].text for _ in range(2)]
-        assert loop_reader._retry_at > 0  # the loop's polls failed and the thread took over
         p.stop()
         return got
 
-    got = asyncio.run(asyncio.wait_for(run(), 20))
-    assert got[:2] == ["a", "b"] and sorted(got[2:]) == ["c", "d"]
-    assert {name for name, _block in p.reader.reads[2:]} == {"replies_0"}  # the thread's reads recovered "c"
+    try:
+        got = asyncio.run(asyncio.wait_for(run(), 20))
+    finally:
+        cutter.close()
+    assert cutter.cuts == 1
+    assert got == ["a", "b", "lost-c", "d"]
 
 
 def test_a_lone_requests_task_runs_to_its_chunk_before_the_next_read(redis_url: str) -> None:

@@ -1,7 +1,6 @@
 """The worker service against a real redis-server: an admission is acknowledged after its
 prefill step was launched (nothing goes out between taking it and launching that step), by
-the loop's next read of its inbox while it holds few requests; and a message that starts no
-step is acknowledged at once."""
+the loop's next read or send; and a message that starts no step is acknowledged at once."""
 
 from __future__ import annotations
 
@@ -28,8 +27,8 @@ def test_admissions_are_acknowledged_with_their_first_tokens_and_idle_messages_a
     service = WorkerService(engine, link, names, "0", status_interval_s=0.5, maxlen=1000)
     # (message types sent, acknowledgements, steps launched), in order, from sends and inbox reads
     sends: list[tuple[list[str], int, int]] = []
-    real_send = service.outbox.writer.send_many
-    real_read = service.inbox.reader.read
+    real_send = service.writer.send_many
+    real_read = service.reader.read
 
     def recording(items, acks=(), **kw):
         items, acks = list(items), list(acks)
@@ -42,8 +41,8 @@ def test_admissions_are_acknowledged_with_their_first_tokens_and_idle_messages_a
             sends.append(([], len(acks), engine.steps))
         return real_read(*a, acks=acks, **kw)
 
-    service.outbox.writer.send_many = recording  # type: ignore[method-assign]
-    service.inbox.reader.read = reading  # type: ignore[method-assign]
+    service.writer.send_many = recording  # type: ignore[method-assign]
+    service.reader.read = reading  # type: ignore[method-assign]
     worker_stream = StreamReader(link, names.worker("0"), GROUP_WORKER, consumer="observer")
     detok = StreamReader(link, names.detok("detok"), GROUP_DETOK, consumer="observer")
     thread = threading.Thread(target=service.run, daemon=True)
