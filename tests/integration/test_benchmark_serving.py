@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import statistics
 
 import pytest
@@ -14,61 +15,31 @@ from tools import benchmark_serving
 from tools.redis_server import RedisServer
 
 
+def _bench(url: str, out: pathlib.Path, *flags: str) -> list[dict]:
+    """benchmark_serving's results for six requests over a 1000-token vocabulary, written to out."""
+    args = ["--url", url, "--out", str(out), "--requests", "6", "--vocab", "1000", *flags, "--quiet"]
+    return benchmark_serving.main(args)
+
+
+def _assert_sound(r: dict) -> None:
+    """One run's figures: every request done, and each latency's median at most its p99."""
+    assert r["completed"] == 6 and r["failed"] == 0, r["errors"]
+    assert r["req_per_s"] > 0 and r["output_tok_per_s"] > 0
+    for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert 0 < r[metric]["median"] <= r[metric]["p99"], (metric, r[metric])
+    assert r["e2e_ms"]["median"] >= r["ttft_ms"]["median"]
+
+
 def test_benchmark_serving_on_the_tiny_model(long_context_model: str, redis_server: RedisServer, tmp_path) -> None:
     stack = start_stack(long_context_model, redis_server, str(tmp_path / "logs"))
     try:
         out = tmp_path / "bench.json"
         png = tmp_path / "latency.png"
-        results = benchmark_serving.main(
-            [
-                "--url",
-                stack.url,
-                "--out",
-                str(out),
-                "--requests",
-                "6",
-                "--vocab",
-                "1000",
-                "--rates",
-                "inf,20",
-                "--plot",
-                str(png),
-                "--quiet",
-            ]
-        )
+        results = _bench(stack.url, out, "--rates", "inf,20", "--plot", str(png))
         # one at a time: each request on the connection the last one left
-        one_by_one = benchmark_serving.main(
-            [
-                "--url",
-                stack.url,
-                "--out",
-                str(tmp_path / "one.json"),
-                "--requests",
-                "6",
-                "--vocab",
-                "1000",
-                "--max-concurrency",
-                "1",
-                "--per-request",
-                "--quiet",
-            ]
-        )
+        one_by_one = _bench(stack.url, tmp_path / "one.json", "--max-concurrency", "1", "--per-request")
         # through aiohttp, as vLLM's client
-        through_aiohttp = benchmark_serving.main(
-            [
-                "--url",
-                stack.url,
-                "--out",
-                str(tmp_path / "aiohttp.json"),
-                "--requests",
-                "6",
-                "--vocab",
-                "1000",
-                "--client",
-                "aiohttp",
-                "--quiet",
-            ]
-        )
+        through_aiohttp = _bench(stack.url, tmp_path / "aiohttp.json", "--client", "aiohttp")
     finally:
         stack.stop()
     assert len(results) == 2 and len(one_by_one) == 1 and len(through_aiohttp) == 1
@@ -77,11 +48,7 @@ def test_benchmark_serving_on_the_tiny_model(long_context_model: str, redis_serv
     tokens = [r["output_tok_per_s"] * r["duration_s"] for r in (results[0], one_by_one[0], through_aiohttp[0])]
     assert tokens == pytest.approx([tokens[0]] * 3)  # the same output tokens, from the usage chunk, either client
     for r in [*results, *one_by_one, *through_aiohttp]:
-        assert r["completed"] == 6 and r["failed"] == 0, r["errors"]
-        assert r["req_per_s"] > 0 and r["output_tok_per_s"] > 0
-        for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
-            assert 0 < r[metric]["median"] <= r[metric]["p99"], (metric, r[metric])
-        assert r["e2e_ms"]["median"] >= r["ttft_ms"]["median"]
+        _assert_sound(r)
     assert json.loads(out.read_text())[0]["request_rate"] == "inf"
     each = one_by_one[0]["per_request_ttft_ms"]  # in the workload's order
     assert len(each) == 6 and all(t > 0 for t in each)

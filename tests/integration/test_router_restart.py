@@ -19,6 +19,7 @@ from tests.integration.router_live import (  # noqa: F401 (_long_llama: a fixtur
     worker_beats,
 )
 from tools.redis_server import RedisServer, free_port
+from tools.stack import Stack
 
 HOG = 8_000  # output tokens of a request that runs until its client leaves
 # the third running request: long enough that the queued ones are still waiting when the
@@ -39,42 +40,7 @@ def test_router_killed_and_restarted_under_load(long_llama: str, redis_server: R
     )
     probe = RouterProbe(metrics_port)
     try:
-
-        async def scenario() -> tuple[list, list, tuple[int, dict], dict]:
-            async with httpx.AsyncClient(base_url=stack.url, timeout=90) as client:
-                started = [asyncio.Event() for _ in range(3)]
-                lengths = (HOG, HOG, SHORT)
-                running = [
-                    asyncio.create_task(stream_generate(client, f"Tale {i} opens", n, started[i]))
-                    for i, n in enumerate(lengths)
-                ]
-                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
-                queued = [asyncio.create_task(plain_generate(client, f"Queued {i}", 12)) for i in range(3)]
-                await asyncio.to_thread(probe.wait_for, lambda f: f["waiting_requests"] == 3, 30, "3 queued")
-
-                stack.kill_service("router")
-                stack.start_service("router")
-                # the new router knows the running requests from the worker's status alone
-                rebuilt = await asyncio.to_thread(
-                    probe.wait_for,
-                    lambda f: f["worker_groups"] == 1 and f["running_requests"] >= 2,
-                    60,
-                    "the new router learnt the running requests",
-                )
-                # the clients of the two long ones go away: the new router must route their aborts
-                for task in running[:2]:
-                    task.cancel()
-                for task in running[:2]:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-                short_one = await asyncio.wait_for(running[2], 120)
-                # claimed from the dead router's pending entries once its lease ran out, then served
-                queued_results = await asyncio.wait_for(asyncio.gather(*queued), 120)
-                await asyncio.to_thread(stack.wait_ready, 60)
-                new = await plain_generate(client, "A new request after the restart", 6)
-                return [short_one], queued_results, new, rebuilt
-
-        finished, queued, new, rebuilt = asyncio.run(scenario())
+        finished, queued, new, rebuilt = asyncio.run(_restart_under_load(stack, probe))
         print(f"the restarted router's first figures: {rebuilt}")
         (last, tokens, _), *_ = finished
         assert (last["finish_reason"], tokens) == ("length", SHORT) or last["finish_reason"] == "error", last
@@ -93,3 +59,41 @@ def test_router_killed_and_restarted_under_load(long_llama: str, redis_server: R
         )
     finally:
         stack.stop()
+
+
+async def _restart_under_load(stack: Stack, probe: RouterProbe) -> tuple[list, list, tuple[int, dict], dict]:
+    """Three running requests and three queued; the router killed and restarted; the two long
+    ones' clients leave. Returns the short one's result, the queued ones', a new request's
+    after the restart, and the new router's first figures that show the running requests."""
+    async with httpx.AsyncClient(base_url=stack.url, timeout=90) as client:
+        started = [asyncio.Event() for _ in range(3)]
+        lengths = (HOG, HOG, SHORT)
+        running = [
+            asyncio.create_task(stream_generate(client, f"Tale {i} opens", n, started[i]))
+            for i, n in enumerate(lengths)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
+        queued = [asyncio.create_task(plain_generate(client, f"Queued {i}", 12)) for i in range(3)]
+        await asyncio.to_thread(probe.wait_for, lambda f: f["waiting_requests"] == 3, 30, "3 queued")
+
+        stack.kill_service("router")
+        stack.start_service("router")
+        # the new router knows the running requests from the worker's status alone
+        rebuilt = await asyncio.to_thread(
+            probe.wait_for,
+            lambda f: f["worker_groups"] == 1 and f["running_requests"] >= 2,
+            60,
+            "the new router learnt the running requests",
+        )
+        # the clients of the two long ones go away: the new router must route their aborts
+        for task in running[:2]:
+            task.cancel()
+        for task in running[:2]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        short_one = await asyncio.wait_for(running[2], 120)
+        # claimed from the dead router's pending entries once its lease ran out, then served
+        queued_results = await asyncio.wait_for(asyncio.gather(*queued), 120)
+        await asyncio.to_thread(stack.wait_ready, 60)
+        new = await plain_generate(client, "A new request after the restart", 6)
+        return [short_one], queued_results, new, rebuilt

@@ -12,8 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.tokenizer.lightllm.params import GREEDY_TEMPERATURE, MAX_N, MAX_STOPS, TokenId
-from services.tokenizer.openai.params import MAX_TOP_LOGPROBS
+from services.tokenizer.limits import GREEDY_TEMPERATURE, MAX_N, MAX_STOPS, MAX_TOP_LOGPROBS, TokenId
 from shared.messages import SamplingParams
 
 DEFAULT_MAX_NEW_TOKENS = 256  # FastChat's workers' default

@@ -25,10 +25,18 @@ from services.tokenizer.fanout import collect_all, first_items, unless_disconnec
 from services.tokenizer.fastchat.chunks import Progress, encode, error_chunk, failed_chunk
 from services.tokenizer.fastchat.params import WorkerParams
 from services.tokenizer.fastchat.worker import FastChatWorker, Slot
-from services.tokenizer.generation import Generation, Job, abandon, check_token_ids, seeds, submit_all
+from services.tokenizer.generation import (
+    FrontContext,
+    Generation,
+    Job,
+    abandon,
+    check_token_ids,
+    seeds,
+    submit_all,
+)
 from services.tokenizer.post_routes import PostRoute
 from services.tokenizer.streaming import EventStream
-from shared.messages import FINISH_ERROR
+from shared.messages import FINISH_ERROR, TextItem
 
 
 class WorkerStream(EventStream):
@@ -43,83 +51,104 @@ class WorkerStream(EventStream):
 def fastchat_post_routes(worker: FastChatWorker) -> dict[str, PostRoute]:
     """The two routes that generate (post_routes.py); they read their bodies themselves, as
     FastChat's parameters are checked in two steps (params.py)."""
-    ctx = worker.ctx
-
-    async def start(request: Request, stream: bool, arrival: float) -> tuple[WorkerParams, Slot, list[Generation]]:
-        """Parse, take a slot, submit; the slot is released here if anything fails."""
-        params = await _params(request)
-        check_token_ids(params.stop_token_ids or [], ctx.vocab_size, "stop_token_ids")
-        if stream and params.sequences > 1:
-            raise APIError(400, "best_of: a stream returns one sequence, must be 1", param="best_of")
-        slot = await unless_disconnected(request, worker.slots.take())
-        try:
-            ids = await ctx.tok.encode(params.prompt)
-            jobs = [Job(ids, params.sampling(seed), params.stops(), True) for seed in seeds(None, params.sequences)]
-            gens = await submit_all(ctx, jobs, arrival, "max_new_tokens", "prompt")
-        except BaseException:
-            slot.release()
-            raise
-        return params, slot, gens
 
     async def generate_stream(request: Request, _: None, arrival: float) -> Response:
-        try:
-            params, slot, gens = await start(request, True, arrival)
-        except APIError as e:
-            return Response(encode(error_chunk(e)))
-        try:
-            stream, first = await first_items(ctx, gens, request)
-        except APIError as e:
-            slot.release()
-            return Response(encode(error_chunk(e)))
-        except BaseException:
-            slot.release()
-            raise
-        progress = Progress.start(params.prompt, params.echo, gens[0].pending.prompt_tokens, ctx.tok, params.logprobs)
-        route = request.url.path
-
-        async def chunks() -> AsyncIterator[bytes]:
-            async with contextlib.aclosing(stream):
-                nxt: tuple | None = first
-                while nxt is not None:
-                    item = nxt[1]
-                    if item.finish_reason == FINISH_ERROR:
-                        ctx.metrics.error(route, pipeline_status(item.error_kind))
-                        yield encode(failed_chunk(item))
-                        return
-                    if progress.add(item):
-                        yield encode(progress.chunk())
-                    if item.finish_reason:  # the final text once more, with its finish reason
-                        yield encode(progress.chunk(item.finish_reason))
-                    nxt = await anext(stream, None)
-
-        def close() -> None:
-            abandon(ctx, gens)
-            slot.release()
-
-        return WorkerStream(chunks(), on_close=close)
+        return await _generate_stream(worker, request, arrival)
 
     async def generate(request: Request, _: None, arrival: float) -> JSONResponse:
-        """The last chunk /worker_generate_stream would send; with best_of, of the best sequence."""
-        try:
-            params, slot, gens = await start(request, False, arrival)
-        except APIError as e:
-            return JSONResponse(error_chunk(e))
-        try:
-            chosen = best(await collect_all(ctx, gens, request), 1)[0]
-        except APIError as e:
-            return JSONResponse(error_chunk(e))
-        finally:
-            slot.release()
-        progress = Progress.start(params.prompt, params.echo, chosen.prompt_tokens, ctx.tok, params.logprobs)
-        if progress.logprobs is not None:
-            progress.lp = progress.logprobs.of(chosen.token_ids, chosen.logprobs, chosen.top_logprobs)
-        progress.text, progress.completion_tokens = chosen.text, chosen.output_tokens
-        return JSONResponse(progress.chunk(chosen.finish_reason))
+        return await _generate(worker, request, arrival)
 
     return {
         "/worker_generate_stream": PostRoute(None, generate_stream),
         "/worker_generate": PostRoute(None, generate),
     }
+
+
+async def _start(
+    worker: FastChatWorker, request: Request, stream: bool, arrival: float
+) -> tuple[WorkerParams, Slot, list[Generation]]:
+    """Parse, take a slot, submit; the slot is released here if anything fails."""
+    ctx = worker.ctx
+    params = await _params(request)
+    check_token_ids(params.stop_token_ids or [], ctx.vocab_size, "stop_token_ids")
+    if stream and params.sequences > 1:
+        raise APIError(400, "best_of: a stream returns one sequence, must be 1", param="best_of")
+    slot = await unless_disconnected(request, worker.slots.take())
+    try:
+        ids = await ctx.tok.encode(params.prompt)
+        jobs = [Job(ids, params.sampling(seed), params.stops(), True) for seed in seeds(None, params.sequences)]
+        gens = await submit_all(ctx, jobs, arrival, "max_new_tokens", "prompt")
+    except BaseException:
+        slot.release()
+        raise
+    return params, slot, gens
+
+
+async def _generate_stream(worker: FastChatWorker, request: Request, arrival: float) -> Response:
+    """/worker_generate_stream: the text so far after every item; the slot is held until the stream ends."""
+    ctx = worker.ctx
+    try:
+        params, slot, gens = await _start(worker, request, True, arrival)
+    except APIError as e:
+        return Response(encode(error_chunk(e)))
+    try:
+        stream, first = await first_items(ctx, gens, request)
+    except APIError as e:
+        slot.release()
+        return Response(encode(error_chunk(e)))
+    except BaseException:
+        slot.release()
+        raise
+    progress = Progress.start(params.prompt, params.echo, gens[0].pending.prompt_tokens, ctx.tok, params.logprobs)
+
+    def close() -> None:
+        abandon(ctx, gens)
+        slot.release()
+
+    return WorkerStream(_chunks(ctx, stream, first, progress, request.url.path), on_close=close)
+
+
+async def _chunks(
+    ctx: FrontContext,
+    stream: AsyncIterator[tuple[int, TextItem]],
+    first: tuple[int, TextItem],
+    progress: Progress,
+    route: str,
+) -> AsyncIterator[bytes]:
+    """One generation's items as FastChat's cumulative chunks, ending at its finish or error."""
+    async with contextlib.aclosing(stream):
+        nxt: tuple[int, TextItem] | None = first
+        while nxt is not None:
+            item = nxt[1]
+            if item.finish_reason == FINISH_ERROR:
+                ctx.metrics.error(route, pipeline_status(item.error_kind))
+                yield encode(failed_chunk(item))
+                return
+            if progress.add(item):
+                yield encode(progress.chunk())
+            if item.finish_reason:  # the final text once more, with its finish reason
+                yield encode(progress.chunk(item.finish_reason))
+            nxt = await anext(stream, None)
+
+
+async def _generate(worker: FastChatWorker, request: Request, arrival: float) -> JSONResponse:
+    """/worker_generate: the last chunk /worker_generate_stream would send; with best_of, of the best sequence."""
+    ctx = worker.ctx
+    try:
+        params, slot, gens = await _start(worker, request, False, arrival)
+    except APIError as e:
+        return JSONResponse(error_chunk(e))
+    try:
+        chosen = best(await collect_all(ctx, gens, request), 1)[0]
+    except APIError as e:
+        return JSONResponse(error_chunk(e))
+    finally:
+        slot.release()
+    progress = Progress.start(params.prompt, params.echo, chosen.prompt_tokens, ctx.tok, params.logprobs)
+    if progress.logprobs is not None:
+        progress.lp = progress.logprobs.of(chosen.token_ids, chosen.logprobs, chosen.top_logprobs)
+    progress.text, progress.completion_tokens = chosen.text, chosen.output_tokens
+    return JSONResponse(progress.chunk(chosen.finish_reason))
 
 
 def fastchat_router(worker: FastChatWorker) -> APIRouter:

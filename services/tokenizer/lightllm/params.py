@@ -6,35 +6,12 @@ is an error, and each message names the parameter it is about.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.tokenizer.limits import GREEDY_TEMPERATURE, MAX_N, TokenId, check_stops, check_top_k
 from shared.messages import SamplingParams
-
-GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (as in LightLLM)
-MAX_N = 16  # most sequences one request may ask for (n, best_of)
-MAX_STOPS = 16
-
-
-def check_top_k(v: int | None) -> int | None:
-    """top_k is -1 (the whole vocabulary) or at least 1; None (not given) passes."""
-    if v is not None and (v == 0 or v < -1):
-        raise ValueError("must be -1 (the whole vocabulary) or >= 1")
-    return v
-
-
-def check_stops(v: str | list[str] | None) -> str | list[str] | None:
-    """Stop strings: none empty, at most MAX_STOPS of them."""
-    stops = [v] if isinstance(v, str) else (v or [])
-    if any(s == "" for s in stops):
-        raise ValueError("must not contain an empty string")
-    if len(stops) > MAX_STOPS:
-        raise ValueError(f"at most {MAX_STOPS} stop sequences")
-    return v
-
-
-TokenId = Annotated[int, Field(ge=0)]
 
 
 class GenerateParameters(BaseModel):

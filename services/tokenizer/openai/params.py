@@ -14,10 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from services.tokenizer.errors import APIError
-from services.tokenizer.lightllm.params import GREEDY_TEMPERATURE, MAX_N, TokenId, check_stops, check_top_k
+from services.tokenizer.limits import GREEDY_TEMPERATURE, MAX_N, MAX_TOP_LOGPROBS, TokenId, check_stops, check_top_k
 from shared.messages import SamplingParams
 
-MAX_TOP_LOGPROBS = 20
 MAX_GENERATIONS = 64  # prompts x best_of of one completions request
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 
