@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from services.worker.build import build_engine
-from services.worker.kernels import decode_attention as decode_attention_kernels
+from services.worker.kernels import decode_combine, decode_split
 from services.worker.runtime.piecewise_graphs import PiecewiseGraphs
 from services.worker.runtime.warmup import ALONE, TOGETHER, warm_up
 from shared.config import WorkerConfig
@@ -80,7 +80,7 @@ def test_after_the_warm_up_mixed_steps_compile_no_decode_attention(tiny_llama: s
     engine = build_engine(cfg)
     vocab = engine.runner.model.cfg.vocab_size
     warm_up(engine, vocab)
-    launchers = (decode_attention_kernels._decode_split_launch, decode_attention_kernels._decode_reduce_launch)
+    launchers = (decode_split.split_launch, decode_combine._decode_reduce_launch)
     before = [set(launcher.compiled) for launcher in launchers]
     mixed = 0
     for length in (300, 900):  # the first decodes alone in a few splits, then beside the second
