@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
 
 import pytest
 
@@ -15,6 +16,15 @@ SKIP = {".venv", ".venv-fastchat", ".git", ".peer", ".whl", ".redis", ".models"}
 
 
 def _sources() -> list[pathlib.Path]:
+    """The repository's Python files: those git tracks or would (not what it ignores), else all."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if listed.returncode == 0 and listed.stdout.strip():
+        return sorted(ROOT / name for name in listed.stdout.split() if (ROOT / name).exists())
     return [p for p in sorted(ROOT.rglob("*.py")) if not SKIP.intersection(p.relative_to(ROOT).parts)]
 
 

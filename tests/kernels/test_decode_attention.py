@@ -15,116 +15,9 @@ from services.worker.kernels.decode_attention import (
     decode_scratch,
 )
 from services.worker.kernels.launch import Launcher
-from services.worker.models.layers.ops import RowNorm, TorchOps, scale_rows
+from services.worker.models.layers.ops import RowNorm
 from services.worker.models.layers.rope import cos_sin_table
-
-
-def _check(
-    lens: list[int],
-    hq: int,
-    hkv: int,
-    d: int,
-    dtype: torch.dtype,
-    quantized: bool,
-    num_splits: int,
-    device: torch.device,
-    pooled,
-    reference,
-    tol,
-    fused: bool = False,
-    rotary: bool = False,
-    norm: bool = False,
-    **config: int,
-) -> None:
-    """norm (with rotary): the new tokens come with a RowNorm, whose factor scales q, k and v."""
-    req = pooled(lens, hkv, d, dtype, quantized, device)
-    bsz = len(lens)
-    qkv = torch.randn(bsz, hq + 2 * hkv, d, device=device).to(dtype)
-    q = qkv[:, :hq]  # a strided view, as from qkv
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
-    out = torch.full((bsz, hq, d), float("nan"), dtype=dtype, device=device)
-    # poisoned scratch: splits the reduce should ignore hold NaN
-    mid_o, mid_lse = decode_scratch(bsz, hq, d, num_splits, device)
-    mid_o.fill_(float("nan"))
-    mid_lse.fill_(float("nan"))
-    scale = d**-0.5
-    keys, values, rq, new = req.keys, req.values, q, None
-    if rotary:  # the new tokens as projected: the kernel rotates q and k and stores k and v
-        row_norm = None
-        if norm:  # a residual whose rows' RMS runs from 0.2 to 5, 40 wide
-            spread = torch.linspace(0.2, 5.0, bsz, device=device)[:, None]
-            row_norm = RowNorm((torch.randn(bsz, 40, device=device) * spread).to(dtype), 1e-5)
-        new, rq, keys, values = _new_tokens(req, qkv, lens, hq, hkv, row_norm)
-    before = qkv.clone()
-    # fused: the last split of each (request, KV head) combines them, counting here (left zero)
-    counts = torch.zeros(bsz * hkv + 3, dtype=torch.int32, device=device) if fused else None
-    for _ in range(2 if fused else 1):  # the second launch finds the counts as the first left them
-        decode_attention(
-            q,
-            req.k_pool,
-            req.v_pool,
-            req.req_table,
-            req.rows,
-            seq_lens,
-            scale,
-            num_splits,
-            out=out,
-            k_scale=req.k_scale,
-            v_scale=req.v_scale,
-            mid_o=mid_o,
-            mid_lse=mid_lse,
-            counts=counts,
-            new=new,
-            **config,
-        )
-        for b, n in enumerate(lens):
-            if n == 0:  # an empty request (a padded graph row): zeros
-                assert torch.equal(out[b], torch.zeros_like(out[b]))
-                continue
-            ref = reference(rq[b : b + 1], keys[b], values[b], n - 1, scale)[0]
-            torch.testing.assert_close(out[b], ref.to(dtype), **tol(dtype), msg=lambda m, b=b: f"request {b}: {m}")
-        if counts is not None:
-            assert not counts.any()
-        out.fill_(float("nan"))
-    assert torch.equal(qkv, before)  # q, k and v are read, never written
-    if new is not None:  # each new token's k (rotated) and v went to its slot, and nothing else changed
-        stored = new.slots[seq_lens > 0].long()
-        torch.testing.assert_close(req.k_pool[stored], torch.stack([k[-1] for k in keys if len(k)]), **tol(dtype))
-        stored_v = torch.stack([v[-1] for v in values if len(v)])
-        if norm:  # the kernel's inverse RMS, summed in its own order, may round a v differently
-            torch.testing.assert_close(req.v_pool[stored], stored_v, **tol(dtype))
-        else:
-            assert torch.equal(req.v_pool[stored], stored_v)
-        assert req.k_pool[new.slots[seq_lens == 0].long()].isnan().all()
-    if num_splits == 1:  # one split: stage 1 writes the output, and the scratch stays as it was
-        assert mid_o.isnan().all() and mid_lse.isnan().all()
-
-
-def _new_tokens(req, qkv: torch.Tensor, lens: list[int], hq: int, hkv: int, norm: RowNorm | None = None):
-    """Make each request's last token a new one: its pool slot emptied (NaN), its k and v the
-    unrotated qkv rows (to be scaled by norm's factor first, given one). -> (NewTokens, q
-    rotated, the keys and values the kernel should see)."""
-    device, d = qkv.device, qkv.shape[-1]
-    cos_sin = cos_sin_table(d, 500000.0, {}, max(lens) + 8, device)
-    positions = torch.tensor([max(n - 1, 0) for n in lens], dtype=torch.int64, device=device)
-    slots = req.req_table[req.rows.long(), positions].clone()  # where the table says the new token sits
-    free = req.k_pool.flatten(1).isnan().all(1).nonzero()[0].to(torch.int32)  # a slot no request uses
-    slots[torch.tensor(lens, device=device) == 0] = free  # an empty request's (never written)
-    k_new, v_new = qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
-    rq, rk, rv = qkv[:, :hq].clone(), k_new.clone(), v_new
-    if norm is not None:
-        r = norm.inv_rms()
-        rq, rk, rv = scale_rows(rq, r), scale_rows(rk, r), scale_rows(v_new, r)
-    TorchOps().rotary_(rq, rk, positions, cos_sin)
-    keys, values = [], []
-    for b, n in enumerate(lens):
-        if n > 0:
-            req.k_pool[slots[b].long()] = float("nan")
-            req.v_pool[slots[b].long()] = float("nan")
-        keys.append(torch.cat([req.keys[b][: n - 1], rk[b : b + 1]]) if n else req.keys[b])
-        values.append(torch.cat([req.values[b][: n - 1], rv[b : b + 1]]) if n else req.values[b])
-    return NewTokens(k_new, v_new, cos_sin, slots, norm), rq, keys, values
-
+from tests.kernels.decode_check import check
 
 # lengths around the CPU tile (16): a single token, a partial tile, several tiles
 LENS = [1, 17, 70, 33, 5]
@@ -136,7 +29,7 @@ LENS = [1, 17, 70, 33, 5]
 def test_decode_small(
     hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int, fused: bool, device, pooled, reference, tol
 ) -> None:
-    _check(LENS, hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused)
+    check(LENS, hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -147,7 +40,7 @@ def test_decode_rotates_and_stores_the_new_tokens(
 ) -> None:
     # the new token alone in its split (17 = one 16-token tile + 1), at the start of a context
     # (1), and an empty request whose slot must stay untouched
-    _check([1, 17, 70, 0, 33], hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused, True)
+    check([1, 17, 70, 0, 33], hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused, True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -156,7 +49,7 @@ def test_decode_rotates_and_stores_the_new_tokens(
 def test_decode_applies_a_folded_norm_to_the_new_tokens(
     hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int, fused: bool, device, pooled, reference, tol
 ) -> None:
-    _check(
+    check(
         [1, 17, 70, 0, 33], hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused, True, norm=True
     )
 
@@ -167,7 +60,7 @@ def test_decode_folded_norm_wider_than_one_load(
 ) -> None:
     """A residual row wider than NORM_BLOCK (40 against 16) is read in several tiles, summed alike."""
     monkeypatch.setattr(decode_attention_module, "NORM_BLOCK", 16)
-    _check(
+    check(
         [1, 17, 70, 0, 33],
         4,
         2,
@@ -230,20 +123,20 @@ def test_decode_new_tokens_need_a_float_pool(device, pooled) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, False), (3, True)])
 def test_decode_small_int8(dtype: torch.dtype, num_splits: int, fused: bool, device, pooled, reference, tol) -> None:
-    _check(LENS, 4, 2, 32, dtype, True, num_splits, device, pooled, reference, tol, fused)
+    check(LENS, 4, 2, 32, dtype, True, num_splits, device, pooled, reference, tol, fused)
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_decode_more_splits_than_tiles(fused: bool, device, pooled, reference, tol) -> None:
     # 8 splits of a 70-token context: only 5 have a 16-token tile, the rest exit early
-    _check(LENS, 4, 2, 32, torch.float32, False, 8, device, pooled, reference, tol, fused)
+    check(LENS, 4, 2, 32, torch.float32, False, 8, device, pooled, reference, tol, fused)
 
 
 @pytest.mark.parametrize("rotary", [False, True])
 def test_decode_fused_combine_of_more_splits_than_one_load(rotary: bool, device, pooled, reference, tol) -> None:
     # 12 splits of 16-token tiles for the 192- and 250-token requests: the last split combines
     # them in two loads of COMBINE_SPLITS (8), as one kernel serves every split count
-    _check([192, 250, 17, 1], 4, 2, 32, torch.float32, False, 12, device, pooled, reference, tol, True, rotary)
+    check([192, 250, 17, 1], 4, 2, 32, torch.float32, False, 12, device, pooled, reference, tol, True, rotary)
 
 
 @pytest.mark.parametrize("split_tokens", [20, 40, 1000])
@@ -254,20 +147,18 @@ def test_decode_short_contexts_use_fewer_splits(
 ) -> None:
     # a grid of 4 splits; each request uses as many as keep split_tokens a split (the 1-token
     # request one, the 70-token one 2 or 4 or 1), and the reduce combines just those
-    _check(
-        LENS, 4, 2, 32, torch.float32, quantized, 4, device, pooled, reference, tol, fused, split_tokens=split_tokens
-    )
+    check(LENS, 4, 2, 32, torch.float32, quantized, 4, device, pooled, reference, tol, fused, split_tokens=split_tokens)
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_decode_empty_request_gets_zeros(fused: bool, device, pooled, reference, tol) -> None:
     # a padded graph row has no context: its output is zeros, never NaN, either way
-    _check([0, 17, 40], 4, 2, 32, torch.float32, False, 3, device, pooled, reference, tol, fused)
+    check([0, 17, 40], 4, 2, 32, torch.float32, False, 3, device, pooled, reference, tol, fused)
 
 
 @pytest.mark.parametrize("group", [16, 32])
 def test_decode_large_group(group: int, device, pooled, reference, tol) -> None:
-    _check([9, 40], group, 1, 16, torch.float32, False, 2, device, pooled, reference, tol)
+    check([9, 40], group, 1, 16, torch.float32, False, 2, device, pooled, reference, tol)
 
 
 def test_choose_num_splits() -> None:
@@ -293,12 +184,12 @@ def test_decode_rejects_bad_group(device) -> None:
 def test_decode_llama3_8b(quantized: bool, pooled, reference, tol) -> None:
     lens = [2048] * 60 + [1, 100, 1000, 2047]
     splits = choose_num_splits(len(lens), 8, 2048, torch.cuda.get_device_properties(0).multi_processor_count)
-    _check(lens, 32, 8, 128, torch.bfloat16, quantized, splits, torch.device("cuda"), pooled, reference, tol)
+    check(lens, 32, 8, 128, torch.bfloat16, quantized, splits, torch.device("cuda"), pooled, reference, tol)
     # a few requests over a grid of many splits, short ones using fewer (as in a captured graph),
     # combined by the reduce kernel and by each group's last split
     few = [1, 100, 300, 1000, 2047, 4000]
     for fused in (False, True):
-        _check(
+        check(
             few,
             32,
             8,
