@@ -6,7 +6,8 @@ captured once over static input buffers; a step copies its inputs into the buffe
 for a batch built in their layout, graph_inputs.py) and replays the smallest bucket that
 holds it. Rows past the real batch are padding: they read and write only the pool's scratch
 slot through the table's scratch row. Before a bucket is captured, what runs each projection
-(a BLAS library, or one cuBLASLt algorithm) is chosen by timing (blas_choice.py).
+(a BLAS library, or one cuBLASLt algorithm) is chosen by timing (blas_choice.py); small buckets
+check those choices in the whole captured step, and keep one only where the step is faster with it.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ import torch
 
 from services.worker.forward_batch import ForwardBatch
 from services.worker.models.layers.projection import plain
-from services.worker.runtime.blas_choice import LIBRARIES, Choice, choose, describe, projector
+from services.worker.runtime.blas_choice import DEFAULT, LIBRARIES, Choice, choose, describe, projector, refine_in_step
 from services.worker.runtime.cublaslt import CublasLt
 from services.worker.runtime.folding import StepForward
 from services.worker.runtime.graph_inputs import DecodeInputs
 
 log = logging.getLogger(__name__)
 
+# buckets up to this size check their BLAS choices in the whole step (blas_choice.refine_in_step):
+# a step of a few requests is mostly reading weights, where one product's choice shows
+REFINE_MAX_BATCH = 16
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
@@ -112,13 +116,12 @@ class DecodeGraphs:
         # None where cuBLASLt cannot be bound, was never tested or fails its self-test: libraries only
         self.lt = CublasLt.checked(device) if gemm_search else None  # kept while its graphs live
         for bs in reversed(self.buckets):  # largest first: the smaller ones reuse its memory
-            adds = self.step.accumulating(bs)
-            self.blas[bs] = choose(self.model.projections(), bs, self.lt, accumulate=adds)
-            self.model.project = projector(self.blas[bs], self.lt)
-            try:
-                self.graphs[bs] = self._capture(bs, pool, stream, device)
-            finally:
-                self.model.project = plain  # eager steps: nothing to look up on the hot path
+            chosen = choose(self.model.projections(), bs, self.lt, accumulate=self.step.accumulating(bs))
+            if bs <= REFINE_MAX_BATCH and any(c != DEFAULT for c in chosen.values()):
+                self.blas[bs], (self.graphs[bs], self.logits[bs]) = self._refined(bs, chosen, pool, stream, device)
+            else:
+                self.blas[bs] = chosen
+                self.graphs[bs], self.logits[bs] = self._capture(bs, chosen, pool, stream, device)
         torch.cuda.synchronize(device)
         kinds = [c if c in LIBRARIES else "algorithm" for choice in self.blas.values() for c in choice.values()]
         log.info(
@@ -131,16 +134,61 @@ class DecodeGraphs:
             *(kinds.count(k) for k in (*LIBRARIES, "algorithm")),
         )
 
+    def _refined(
+        self, bs: int, chosen: dict[str, Choice], pool: tuple[int, int], stream: torch.cuda.Stream, device: torch.device
+    ) -> tuple[dict[str, Choice], tuple[torch.cuda.CUDAGraph, torch.Tensor]]:
+        """The choices refine_in_step keeps, timing whole captured steps; -> (them, their capture).
+        The other captures are released to the pool for the next bucket."""
+        captured: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+        def key(choice: dict[str, Choice]) -> str:
+            return repr(sorted((name, describe(c)) for name, c in choice.items()))
+
+        def step_ms(choice: dict[str, Choice]) -> float:
+            if key(choice) not in captured:
+                captured[key(choice)] = self._capture(bs, choice, pool, stream, device)
+            return replay_ms(captured[key(choice)][0])
+
+        kept = refine_in_step(chosen, step_ms)
+        graph = captured.pop(key(kept))
+        for other, _ in captured.values():
+            other.reset()
+        return kept, graph
+
     def _capture(
-        self, bs: int, pool: tuple[int, int], stream: torch.cuda.Stream, device: torch.device
-    ) -> torch.cuda.CUDAGraph:
+        self,
+        bs: int,
+        choice: dict[str, Choice],
+        pool: tuple[int, int],
+        stream: torch.cuda.Stream,
+        device: torch.device,
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """A graph of one decode step of bs requests, its projections run by choice; -> (graph,
+        its logits [bs, V])."""
         batch = self._batch(bs)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # compile kernels and settle allocations outside the graph
-                self.step(batch)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
-            self.logits[bs] = self.step(batch)
-        return graph
+        self.model.project = projector(choice, self.lt)
+        try:
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # compile kernels and settle allocations outside the graph
+                    self.step(batch)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                logits = self.step(batch)
+        finally:
+            self.model.project = plain  # eager steps: nothing to look up on the hot path
+        return graph, logits
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, warm: int = 3, reps: int = 20) -> float:
+    """Device ms of one replay of graph, over reps replays after warm ones."""
+    for _ in range(warm):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
