@@ -1,7 +1,7 @@
 """Argmax of each row of the logits [S, V]: a greedy step's token choice, split over the row.
 
 PyTorch's argmax reduces a row in one thread block: on an H200 a row of Llama 3's 128,256
-logits took 27.5 µs at batch 1 and 40 µs at batch 64 (docs/benchmarks.md, r105), longer than
+logits took 27.5 µs at batch 1 and 40 µs at batch 64, longer than
 the rest of the step outside its CUDA graph. Here stage 1 runs a program per (row, split),
 each scanning its share of the row in BLOCK-wide tiles and keeping a running maximum and its
 first index per lane; it writes its split's maximum and index. Stage 2 (a program a row) takes
@@ -23,7 +23,7 @@ from services.worker.kernels.launch import cdiv, launcher, next_pow2
 BLOCK = 1024
 # 8 warps: each thread loads one 16-byte vector of a float32 tile. With 4 (two vectors a thread)
 # 64 rows of 128,256 logits took 29.8 µs, with 8 12.4 µs, and one row 6.2 and 3.3 µs
-# (r109, a sweep of tiles 1024-4096, 4 or 8 warps, 4-32 programs an SM)
+# (a sweep of tiles 1024-4096, 4 or 8 warps, 4-32 programs an SM, on an H200)
 WARPS = 8
 MAX_SPLITS = 64
 _NO_INDEX = 2**31 - 1
@@ -88,7 +88,7 @@ _combine_launch = launcher(_argmax_combine_kernel)
 def num_splits(rows: int, cols: int, num_sms: int) -> int:
     """Splits per row: about eight programs an SM in all, none with under two tiles to scan. A
     program's scan is bound by its loads' latency, not by bandwidth: with two programs an SM,
-    64 rows of 128,256 logits took 80 µs (r106)."""
+    64 rows of 128,256 logits took 80 µs on an H200."""
     return max(1, min(cdiv(8 * num_sms, max(rows, 1)), cols // (2 * BLOCK), MAX_SPLITS))
 
 
