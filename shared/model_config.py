@@ -1,4 +1,4 @@
-"""What a Hugging Face model directory's config.json says, for the Llama family.
+"""What a Hugging Face model directory's config.json says, for the families the worker runs.
 
 Parsed without torch so the front end and the worker agree on the context length and
 the end-of-sequence ids. Both spellings of rotary scaling are read: the classic
@@ -20,6 +20,7 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -30,7 +31,7 @@ class ModelConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # llama | mistral | qwen2
+    family: str  # llama | mistral | qwen2 | qwen3
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -81,12 +82,14 @@ class ModelConfig:
         archs = raw.get("architectures") or []
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if family is None:
-            family = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}.get(raw.get("model_type", ""))
+            family = {n: n for n in SUPPORTED_ARCHITECTURES.values()}.get(raw.get("model_type", ""))
         if family is None:
             raise ModelConfigError(
                 f"architecture {archs or raw.get('model_type')!r} is not supported; "
                 f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
             )
+        if family == "qwen3":
+            _refuse_sliding_window(raw)
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         rope_params = dict(raw.get("rope_parameters") or {})
@@ -122,6 +125,19 @@ class ModelConfig:
             rope_scaling=scaling,
             eos_token_ids=eos,
             bos_token_id=raw.get("bos_token_id"),
+        )
+
+
+def _refuse_sliding_window(raw: dict[str, Any]) -> None:
+    """Qwen3 turns a sliding window on with use_sliding_window (on the layers from
+    max_window_layers) or names it per layer in layer_types; the attention kernels take no
+    window, so a config that does either, or names a layer type not known here, is refused."""
+    types = set(raw.get("layer_types") or ["full_attention"])
+    if raw.get("use_sliding_window") or types != {"full_attention"}:
+        raise ModelConfigError(
+            f"Qwen3 with a sliding window or other layer types (use_sliding_window "
+            f"{raw.get('use_sliding_window')!r}, layer types {sorted(types)}) is not supported: "
+            "the attention kernels take full attention only"
         )
 
 

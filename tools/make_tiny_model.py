@@ -1,9 +1,12 @@
 """Write a tiny Hugging Face-format model directory: random weights from a seed and a
 byte-level BPE tokenizer trained here on tools/data/corpus.txt.
 
-    python tools/make_tiny_model.py --out DIR [--seed N] [--arch llama|qwen2]
+    python tools/make_tiny_model.py --out DIR [--seed N] [--arch llama|qwen2|qwen3]
         [--hidden 64] [--layers 2] [--heads 4] [--kv-heads 2] [--intermediate 128]
         [--vocab 1000] [--max-positions 1024] [--dtype float32]
+
+qwen3's heads are twice hidden / heads wide (its config.json gives head_dim, which need not
+be hidden / heads), and each layer has its per-head q and k norms.
 
 The output layer is scaled up so the next-token distribution is peaked: greedy choices
 then do not hinge on the order of floating-point sums, which lets tests compare token
@@ -32,11 +35,19 @@ CHATML = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+QWEN_TOKENS = {"specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "bos": None, "eos": "<|endoftext|>"}
 ARCHS = {
     # specials in id order; bos (or None), eos, the extra end-of-turn token
     "llama": {"specials": ["<s>", "</s>", "<|im_start|>", "<|im_end|>"], "bos": "<s>", "eos": "</s>"},
-    "qwen2": {"specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "bos": None, "eos": "<|endoftext|>"},
+    "qwen2": QWEN_TOKENS,
+    "qwen3": QWEN_TOKENS,
 }
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+TIED = ("qwen2", "qwen3")  # the output layer is the embedding, as in the small Qwen checkpoints
+
+
+def head_dim(args: argparse.Namespace) -> int:
+    return args.hidden // args.heads * (2 if args.arch == "qwen3" else 1)
 
 
 def train_tokenizer(vocab_size: int, specials: list[str], bos: str | None) -> Tokenizer:
@@ -63,7 +74,7 @@ def train_tokenizer(vocab_size: int, specials: list[str], bos: str | None) -> To
 
 def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(args.seed)
-    head_dim = args.hidden // args.heads
+    d = head_dim(args)
 
     def normal(*shape: int, std: float) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * std
@@ -78,25 +89,28 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
     for i in range(args.layers):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm()
-        w[p + "self_attn.q_proj.weight"] = linear(args.heads * head_dim, args.hidden)
-        w[p + "self_attn.k_proj.weight"] = linear(args.kv_heads * head_dim, args.hidden)
-        w[p + "self_attn.v_proj.weight"] = linear(args.kv_heads * head_dim, args.hidden)
-        w[p + "self_attn.o_proj.weight"] = linear(args.hidden, args.heads * head_dim)
+        w[p + "self_attn.q_proj.weight"] = linear(args.heads * d, args.hidden)
+        w[p + "self_attn.k_proj.weight"] = linear(args.kv_heads * d, args.hidden)
+        w[p + "self_attn.v_proj.weight"] = linear(args.kv_heads * d, args.hidden)
+        w[p + "self_attn.o_proj.weight"] = linear(args.hidden, args.heads * d)
         if args.arch == "qwen2":
-            w[p + "self_attn.q_proj.bias"] = normal(args.heads * head_dim, std=0.1)
-            w[p + "self_attn.k_proj.bias"] = normal(args.kv_heads * head_dim, std=0.1)
-            w[p + "self_attn.v_proj.bias"] = normal(args.kv_heads * head_dim, std=0.1)
+            w[p + "self_attn.q_proj.bias"] = normal(args.heads * d, std=0.1)
+            w[p + "self_attn.k_proj.bias"] = normal(args.kv_heads * d, std=0.1)
+            w[p + "self_attn.v_proj.bias"] = normal(args.kv_heads * d, std=0.1)
+        if args.arch == "qwen3":
+            w[p + "self_attn.q_norm.weight"] = 1.0 + normal(d, std=0.1)
+            w[p + "self_attn.k_norm.weight"] = 1.0 + normal(d, std=0.1)
         w[p + "post_attention_layernorm.weight"] = norm()
         w[p + "mlp.gate_proj.weight"] = linear(args.intermediate, args.hidden)
         w[p + "mlp.up_proj.weight"] = linear(args.intermediate, args.hidden)
         w[p + "mlp.down_proj.weight"] = linear(args.hidden, args.intermediate)
     # with tied embeddings a positive final norm makes each token its own best successor
     # (logit = |embedding|^2); random signs break that self-attraction
-    w["model.norm.weight"] = normal(args.hidden, std=1.0) if args.arch == "qwen2" else norm()
+    w["model.norm.weight"] = normal(args.hidden, std=1.0) if args.arch in TIED else norm()
     # peaked logits: each logit has a standard deviation of about args.logit_scale
     head = normal(vocab, args.hidden, std=args.logit_scale * args.hidden**-0.5)
     head[eos_id] *= args.eos_boost
-    if args.arch == "qwen2":  # tied: the output layer is the embedding
+    if args.arch in TIED:
         w["model.embed_tokens.weight"] = head
     else:
         w["lm_head.weight"] = head
@@ -105,9 +119,8 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
 
 
 def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_id: int) -> dict:
-    head_dim = args.hidden // args.heads
     cfg = {
-        "architectures": ["Qwen2ForCausalLM" if args.arch == "qwen2" else "LlamaForCausalLM"],
+        "architectures": [ARCHITECTURES[args.arch]],
         "model_type": args.arch,
         "vocab_size": vocab,
         "hidden_size": args.hidden,
@@ -115,12 +128,12 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
         "num_hidden_layers": args.layers,
         "num_attention_heads": args.heads,
         "num_key_value_heads": args.kv_heads,
-        "head_dim": head_dim,
+        "head_dim": head_dim(args),
         "hidden_act": "silu",
         "max_position_embeddings": args.max_positions,
-        "rms_norm_eps": 1e-6 if args.arch == "qwen2" else 1e-5,
-        "rope_theta": 10000.0 if args.arch == "qwen2" else 500000.0,
-        "tie_word_embeddings": args.arch == "qwen2",
+        "rms_norm_eps": 1e-5 if args.arch == "llama" else 1e-6,
+        "rope_theta": {"llama": 500000.0, "qwen2": 10000.0, "qwen3": 1000000.0}[args.arch],
+        "tie_word_embeddings": args.arch in TIED,
         "attention_bias": False,
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,

@@ -4,6 +4,8 @@ single-rank model is unchanged by the sharding support."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 import torch
 
@@ -14,13 +16,13 @@ from shared.model_config import ModelConfig
 
 def _shapes(w) -> list[tuple]:
     out = [tuple(w.embed.shape), tuple(w.lm_head.shape), tuple(w.final_norm.shape), w.vocab_start]
-    for layer in w.layers:
-        parts = (layer.attn_norm, layer.qkv, layer.qkv_bias, layer.o, layer.mlp_norm, layer.gate_up, layer.down)
-        out += [tuple(t.shape) if t is not None else None for t in parts]
+    for layer in w.layers:  # every field, a family's own too (qwen3's head norms)
+        parts = [(f.name, getattr(layer, f.name)) for f in fields(layer)]
+        out += [(name, tuple(t.shape) if t is not None else None) for name, t in parts]
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("size", [1, 2])
 def test_a_ranks_random_shard_has_the_loaded_shards_shapes(tiny_models: dict[str, str], arch: str, size: int) -> None:
     cfg = ModelConfig.from_dir(tiny_models[arch])
