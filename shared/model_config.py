@@ -21,8 +21,9 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
 }
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 class ModelConfigError(ValueError):
@@ -31,7 +32,7 @@ class ModelConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # llama | mistral | qwen2 | qwen3
+    family: str  # llama | mistral | qwen2 | qwen3 | phi3
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -57,6 +58,13 @@ class ModelConfig:
         rope_type = self.rope_scaling.get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ModelConfigError(f"rope scaling type {rope_type!r} is not supported ({SUPPORTED_ROPE_TYPES})")
+        if rope_type == "longrope":
+            for name in ("short_factor", "long_factor"):
+                factors = self.rope_scaling.get(name)
+                if not isinstance(factors, list) or len(factors) != self.head_dim // 2:
+                    raise ModelConfigError(
+                        f"longrope's {name} must list one factor per rotary frequency ({self.head_dim // 2})"
+                    )
 
     @property
     def context_length(self) -> int:
@@ -99,11 +107,18 @@ class ModelConfig:
         scaling = rope_scaling or rope_params
         if "type" in scaling and "rope_type" not in scaling:
             scaling["rope_type"] = scaling.pop("type")
+        if scaling.get("rope_type") == "su":  # LongRoPE's name in the first Phi-3 configs
+            scaling["rope_type"] = "longrope"
         if scaling.get("rope_type", "default") == "default":
             scaling = {}
+        _refuse_partial_rotary(raw, rope_params, scaling)
         max_pos = int(raw.get("max_position_embeddings", 2048))
+        if scaling.get("rope_type") == "longrope":
+            max_pos = _longrope(raw, scaling, max_pos)
         window = raw.get("sliding_window")
-        if window and (family == "mistral" or raw.get("use_sliding_window")) and int(window) < max_pos:
+        # Phi-3's attention takes its window whenever config.json gives one (no use_sliding_window)
+        slides = family in ("mistral", "phi3") or raw.get("use_sliding_window")
+        if window and slides and int(window) < max_pos:
             log.warning("sliding window %s < context %s: serving contexts up to the window only", window, max_pos)
             max_pos = int(window)
         eos = _ids((generation or {}).get("eos_token_id")) or _ids(raw.get("eos_token_id"))
@@ -120,7 +135,8 @@ class ModelConfig:
             rope_theta=float(theta),
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
+            # Phi-3's projections have no bias whatever attention_bias says
+            qkv_bias=family == "qwen2" or (family != "phi3" and bool(raw.get("attention_bias", False))),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
             rope_scaling=scaling,
             eos_token_ids=eos,
@@ -139,6 +155,41 @@ def _refuse_sliding_window(raw: dict[str, Any]) -> None:
             f"{raw.get('use_sliding_window')!r}, layer types {sorted(types)}) is not supported: "
             "the attention kernels take full attention only"
         )
+
+
+def _refuse_partial_rotary(raw: dict[str, Any], rope_params: dict[str, Any], scaling: dict[str, Any]) -> None:
+    """Rotary over part of each head (partial_rotary_factor < 1, e.g. Phi-4-mini's 0.75) is not
+    what the rotary kernels do: they rotate the whole head."""
+    for where in (raw, rope_params, scaling):
+        factor = where.get("partial_rotary_factor")
+        if factor is not None and float(factor) != 1.0:
+            raise ModelConfigError(
+                f"partial_rotary_factor {factor} is not supported: the rotary kernels rotate whole heads"
+            )
+
+
+def _longrope(raw: dict[str, Any], scaling: dict[str, Any], max_pos: int) -> int:
+    """LongRoPE's fields resolved as Hugging Face resolves them, into scaling (the original
+    context: config.json's top-level field first, as Phi-3 writes it; factor, where config.json
+    gives none: the extended context over the original), and the context served: at most the
+    original. Hugging Face switches from the short factors to the long ones once a sequence
+    outgrows the original context, rotating every cached key again; a rotary table fixed per
+    position cannot, so only the short factors' contexts are served (models/layers/rope.py)."""
+    original = raw.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+    if not original:
+        raise ModelConfigError("longrope scaling without original_max_position_embeddings")
+    original = int(original)
+    scaling["original_max_position_embeddings"] = original
+    if scaling.get("factor") is None:
+        scaling["factor"] = max_pos / original
+    if max_pos > original:
+        log.warning(
+            "longrope: serving contexts up to original_max_position_embeddings %s, not %s (the short factors; "
+            "the long ones apply to whole sequences beyond it, which a fixed rotary table cannot follow)",
+            original,
+            max_pos,
+        )
+    return min(max_pos, original)
 
 
 def _ids(value: Any) -> tuple[int, ...]:

@@ -1,12 +1,14 @@
 """Write a tiny Hugging Face-format model directory: random weights from a seed and a
 byte-level BPE tokenizer trained here on tools/data/corpus.txt.
 
-    python tools/make_tiny_model.py --out DIR [--seed N] [--arch llama|qwen2|qwen3]
+    python tools/make_tiny_model.py --out DIR [--seed N] [--arch llama|qwen2|qwen3|phi3]
         [--hidden 64] [--layers 2] [--heads 4] [--kv-heads 2] [--intermediate 128]
         [--vocab 1000] [--max-positions 1024] [--dtype float32]
 
 qwen3's heads are twice hidden / heads wide (its config.json gives head_dim, which need not
-be hidden / heads), and each layer has its per-head q and k norms.
+be hidden / heads), and each layer has its per-head q and k norms. phi3 stores q, k and v as
+one tensor and gate and up as another, and has LongRoPE scaling (Phi-3-mini-128k's shape,
+shrunk: the context four times the original, a factor per rotary frequency).
 
 The output layer is scaled up so the next-token distribution is peaked: greedy choices
 then do not hinge on the order of floating-point sums, which lets tests compare token
@@ -35,14 +37,21 @@ CHATML = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+LLAMA_TOKENS = {"specials": ["<s>", "</s>", "<|im_start|>", "<|im_end|>"], "bos": "<s>", "eos": "</s>"}
 QWEN_TOKENS = {"specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "bos": None, "eos": "<|endoftext|>"}
 ARCHS = {
     # specials in id order; bos (or None), eos, the extra end-of-turn token
-    "llama": {"specials": ["<s>", "</s>", "<|im_start|>", "<|im_end|>"], "bos": "<s>", "eos": "</s>"},
+    "llama": LLAMA_TOKENS,
     "qwen2": QWEN_TOKENS,
     "qwen3": QWEN_TOKENS,
+    "phi3": LLAMA_TOKENS,
 }
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+}
 TIED = ("qwen2", "qwen3")  # the output layer is the embedding, as in the small Qwen checkpoints
 
 
@@ -104,6 +113,11 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
         w[p + "mlp.gate_proj.weight"] = linear(args.intermediate, args.hidden)
         w[p + "mlp.up_proj.weight"] = linear(args.intermediate, args.hidden)
         w[p + "mlp.down_proj.weight"] = linear(args.hidden, args.intermediate)
+        if args.arch == "phi3":  # the same draws, stored fused as Phi-3's checkpoints are
+            qkv = [w.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+            w[p + "self_attn.qkv_proj.weight"] = torch.cat(qkv)
+            gate_up = [w.pop(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
+            w[p + "mlp.gate_up_proj.weight"] = torch.cat(gate_up)
     # with tied embeddings a positive final norm makes each token its own best successor
     # (logit = |embedding|^2); random signs break that self-attraction
     w["model.norm.weight"] = normal(args.hidden, std=1.0) if args.arch in TIED else norm()
@@ -131,8 +145,8 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
         "head_dim": head_dim(args),
         "hidden_act": "silu",
         "max_position_embeddings": args.max_positions,
-        "rms_norm_eps": 1e-5 if args.arch == "llama" else 1e-6,
-        "rope_theta": {"llama": 500000.0, "qwen2": 10000.0, "qwen3": 1000000.0}[args.arch],
+        "rms_norm_eps": 1e-5 if args.arch in ("llama", "phi3") else 1e-6,
+        "rope_theta": {"llama": 500000.0, "qwen2": 10000.0, "qwen3": 1000000.0, "phi3": 10000.0}[args.arch],
         "tie_word_embeddings": args.arch in TIED,
         "attention_bias": False,
         "bos_token_id": bos_id,
@@ -149,10 +163,29 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
             "high_freq_factor": 4.0,
             "original_max_position_embeddings": max(16, args.max_positions // 8),
         }
+    elif args.arch == "phi3":
+        cfg.update(
+            phi3_fields(args), pad_token_id=eos_id
+        )  # Hugging Face's default pad id, 32000, is past the vocabulary
     else:
         cfg["use_sliding_window"] = False
         cfg["sliding_window"] = None
     return cfg
+
+
+def phi3_fields(args: argparse.Namespace) -> dict:
+    """LongRoPE over a context four times the original, with factors that grow with the
+    wavelength as Phi-3's do, and a window as long as the whole context (Phi-3-mini-128k's)."""
+    n = head_dim(args) // 2
+    return {
+        "original_max_position_embeddings": args.max_positions // 4,
+        "rope_scaling": {
+            "type": "longrope",
+            "short_factor": [round(1.0 + 0.5 * i / n, 4) for i in range(n)],
+            "long_factor": [round(1.0 + 8.0 * i / n, 4) for i in range(n)],
+        },
+        "sliding_window": args.max_positions,
+    }
 
 
 def tokenizer_config(arch: dict, max_positions: int) -> dict:

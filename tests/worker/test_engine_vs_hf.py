@@ -32,7 +32,7 @@ def _requests(model_dir: str, eos: bool = True):
     return reqs, expected
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3"])
 @pytest.mark.parametrize("prefill_budget", [8192, 16])
 def test_greedy_matches_hf(tiny_models: dict[str, str], arch: str, prefill_budget: int) -> None:
     model_dir = tiny_models[arch]

@@ -195,6 +195,13 @@ def load(ckpt: Checkpoint, cfg: ModelConfig, shard: Shard) -> ModelWeights:
                 down=put(shard.cols(ckpt.get(p + "mlp.down_proj.weight"))),
             )
         )
+    return assemble(ckpt, cfg, shard, layers)
+
+
+def assemble(ckpt: Checkpoint, cfg: ModelConfig, shard: Shard, layers: list[LayerWeights]) -> ModelWeights:
+    """The layers with the embedding, the output layer and the final norm by Hugging Face's
+    names, which the dense families share."""
+    put = ckpt.put
     embed, vocab_start = shard.vocab(ckpt.get("model.embed_tokens.weight"))
     embed = put(embed)
     if cfg.tie_word_embeddings or not ckpt.has("lm_head.weight"):
