@@ -6,6 +6,10 @@ underscore spelling LightLLM users type is accepted too) and the environment var
 A ``tuple[str, ...]`` field such as ``api_keys`` is a repeatable flag, named in the
 singular too (``--api-key a --api-key b``), and a comma-separated variable
 (``LS_API_KEYS=a,b``). Only a service's ``__main__`` calls this, passing ``os.environ`` in.
+
+A field declares its help text, other flag spellings and whether it is also the positional
+argument in its metadata (``option()`` below); ``--help`` shows each flag with its text, its
+variable and its default.
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ from typing import Any, TypeVar
 from shared.config import ConfigError
 
 C = TypeVar("C")
+
+
+def option(default: Any, help: str, *aliases: str, positional: str = "") -> Any:
+    """A config field with its help text and other flag spellings (``--tensor-parallel-size``
+    beside ``--tp``); ``positional``: its name as the command's optional positional argument too."""
+    meta = {"help": help, "aliases": aliases, "positional": positional}
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def _parse_bool(text: str) -> bool:
@@ -63,37 +74,55 @@ def _flags(name: str, repeatable: bool) -> list[str]:
     return flags
 
 
-def build_parser(cls: type, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description)
+def _help(f: dataclasses.Field) -> str:
+    text = f.metadata.get("help", "")
+    default = "none" if f.default in ("", ()) else repr(f.default)
+    tail = f"[{_env_name(f)}; default: {default}]"
+    return (f"{text} {tail}" if text else tail).replace("%", "%%")
+
+
+def _env_name(f: dataclasses.Field) -> str:
+    return "LS_" + f.name.upper()
+
+
+def build_parser(cls: type, description: str, prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     for f in dataclasses.fields(cls):
-        help_text = f"(default: {f.default!r})"
+        aliases = list(f.metadata.get("aliases", ()))
+        if f.metadata.get("positional"):
+            parser.add_argument(f"_{f.name}", metavar=f.metadata["positional"], nargs="?", default=None, help=_help(f))
         if _is_list(f):
-            names = _flags(f.name, repeatable=True)
-            parser.add_argument(*names, dest=f.name, action="append", type=str, default=None, help=help_text)
+            names = _flags(f.name, repeatable=True) + aliases
+            parser.add_argument(*names, dest=f.name, action="append", type=str, default=None, help=_help(f))
         else:
-            parser.add_argument(*_flags(f.name, False), dest=f.name, type=_field_type(f), default=None, help=help_text)
+            names = _flags(f.name, False) + aliases
+            parser.add_argument(*names, dest=f.name, type=_field_type(f), default=None, help=_help(f))
     return parser
 
 
-def parse_config(cls: type[C], argv: Sequence[str] | None, env: Mapping[str, str], description: str = "") -> C:
+def parse_config(
+    cls: type[C], argv: Sequence[str] | None, env: Mapping[str, str], description: str = "", prog: str | None = None
+) -> C:
     """Build ``cls`` from flags, then ``LS_*`` environment variables, then defaults."""
-    parser = build_parser(cls, description or cls.__doc__ or cls.__name__)
+    parser = build_parser(cls, description or cls.__doc__ or cls.__name__, prog)
     args = parser.parse_args(argv)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         value = getattr(args, f.name)
+        if value is None and f.metadata.get("positional"):
+            value = getattr(args, f"_{f.name}")
         if value is not None and _is_list(f):
             value = tuple(value)
         if value is None:
-            raw = env.get("LS_" + f.name.upper())
+            raw = env.get(_env_name(f))
             if raw is not None:
                 try:
                     value = _field_type(f)(raw)
                 except (ValueError, argparse.ArgumentTypeError) as e:
-                    raise ConfigError(f"LS_{f.name.upper()}={raw!r}: {e}") from e
+                    raise ConfigError(f"{_env_name(f)}={raw!r}: {e}") from e
         if value is not None:
             values[f.name] = value
-    if not values.get("replica"):
+    if "replica" in {f.name for f in dataclasses.fields(cls)} and not values.get("replica"):
         values["replica"] = f"{socket.gethostname()}-{os.getpid()}"
     try:
         return cls(**values)

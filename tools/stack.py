@@ -1,5 +1,5 @@
 """Run LightStream's services as local processes: redis-server (optional), detokenizer,
-router, worker group(s) and front end. Used by tools/run_local.py and the tests."""
+router, worker group(s) and front end. Used by ``lightstream serve`` and the tests."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ class StackOptions:
     model_dir: str
     redis_url: str
     port: int
+    host: str = "127.0.0.1"  # the front ends' listening address
     workers: int = 1
     detokenizers: int = 1
     fronts: int = 1  # front-end processes; more than one share the port (--reuse-port)
@@ -79,7 +81,7 @@ class Stack:
                     "--port",
                     str(opts.port),
                     "--host",
-                    "127.0.0.1",
+                    opts.host,
                     "--replica",
                     f"front-{f}",
                     *shared_port,
@@ -89,7 +91,10 @@ class Stack:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.opts.port}"
+        host = self.opts.host
+        if host in ("0.0.0.0", "::", ""):  # every address: this machine reaches it on loopback
+            host = "127.0.0.1"
+        return f"http://[{host}]:{self.opts.port}" if ":" in host else f"http://{host}:{self.opts.port}"
 
     def _add(self, name: str, module: str, args: list[str]) -> None:
         self.services[name] = Service(name, module, args)
@@ -128,14 +133,15 @@ class Stack:
         if proc is not None and proc.poll() is None:
             proc.send_signal(sig)
 
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
+    def wait_ready(self, timeout_s: float = 120.0, stopping: threading.Event | None = None) -> None:
         """Until /health says ready; fails early if a service exits. Front ends sharing the port
         each see the other services on their own clock, and the kernel picks one per connection:
-        ready is then several answers in a row, each on a new connection."""
+        ready is then several answers in a row, each on a new connection. Returns early once
+        ``stopping`` is set."""
         end = time.monotonic() + timeout_s
         needed = 1 if self.opts.fronts == 1 else 4 * self.opts.fronts
         in_a_row = 0
-        while time.monotonic() < end:
+        while time.monotonic() < end and not (stopping is not None and stopping.is_set()):
             for svc in self.services.values():
                 if svc.proc is not None and svc.proc.poll() is not None:
                     raise RuntimeError(f"{svc.name} exited with {svc.proc.returncode} while starting")
@@ -146,6 +152,8 @@ class Stack:
             if in_a_row >= needed:
                 return
             time.sleep(0.25 if in_a_row == 0 else 0.02)
+        if stopping is not None and stopping.is_set():
+            return
         raise TimeoutError(f"LightStream at {self.url} not ready within {timeout_s}s")
 
     def stop(self, timeout_s: float = 10.0) -> None:

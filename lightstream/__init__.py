@@ -1,0 +1,1 @@
+"""The ``lightstream`` command: ``lightstream serve [MODEL]`` runs the whole stack on this machine."""

@@ -1,0 +1,112 @@
+"""``lightstream serve [MODEL] [flags]``: the whole stack on this machine as processes.
+
+Checks the model first (lightstream/model_check.py: a problem is one line and exit status
+2, before anything starts), then starts redis-server on a free port unless ``REDIS_URL`` is
+set, the detokenizer(s), the router, the worker group(s) and the HTTP front end(s); waits
+until /health is ready, prints the URL, and stops everything on Ctrl-C or SIGTERM. Without
+a model it makes the tiny demo model (tools/make_tiny_model.py) and serves it on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import threading
+
+from lightstream.model_check import ModelCheckError, check_model
+from lightstream.serve_config import ServeConfig, service_args
+from shared.cli import parse_config
+from shared.config import ConfigError
+
+USAGE = "usage: lightstream serve [MODEL] [flags]   (lightstream serve --help: every flag)"
+DESCRIPTION = "Serve a model with the whole LightStream stack on this machine; each flag also reads its LS_* variable."
+DEMO_DIR = os.path.join(tempfile.gettempdir(), "lightstream-tiny-llama")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] != "serve":
+        print(USAGE, file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return serve(argv[1:], os.environ)
+
+
+def serve(argv: list[str], env: os._Environ[str] | dict[str, str]) -> int:
+    try:
+        cfg = parse_config(ServeConfig, argv, env, DESCRIPTION, prog="lightstream serve")
+    except ConfigError as e:  # an LS_* variable that does not parse
+        return _fail(str(e))
+    worker_first: list[str] = []
+    if cfg.model_dir:
+        try:
+            check_model(cfg.model_dir, cfg)
+        except ModelCheckError as e:
+            return _fail(str(e))
+        model_dir = cfg.model_dir
+    else:
+        model_dir = _demo_model()
+        worker_first = ["--device", "cpu"]
+    return _run(cfg, model_dir, worker_first, env.get("REDIS_URL", ""))
+
+
+def _fail(message: str) -> int:
+    print(f"lightstream serve: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _demo_model() -> str:
+    from tools import make_tiny_model
+
+    if not os.path.exists(os.path.join(DEMO_DIR, "model.safetensors")):
+        make_tiny_model.main(["--out", DEMO_DIR])
+    return DEMO_DIR
+
+
+def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: str) -> int:
+    from tools.redis_server import RedisServer
+    from tools.stack import Stack, StackOptions
+
+    redis_server = None
+    if not redis_url:
+        redis_server = RedisServer().start()
+        redis_url = redis_server.url
+    args = service_args(cfg)
+    stack = Stack(
+        StackOptions(
+            model_dir=model_dir,
+            redis_url=redis_url,
+            host=cfg.host,
+            port=cfg.port,
+            workers=cfg.dp,
+            detokenizers=cfg.detokenizers,
+            fronts=cfg.fronts,
+            log_dir=cfg.log_dir,
+            worker_args=[*worker_first, *args["worker"]],
+            router_args=args["router"],
+            tokenizer_args=args["tokenizer"],
+            detokenizer_args=args["detokenizer"],
+        )
+    )
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    try:
+        stack.start()
+        stack.wait_ready(stopping=stopping)
+        if not stopping.is_set():
+            print(f"LightStream is serving {model_dir} at {stack.url} (redis {redis_url})", flush=True)
+            print(
+                f"try: curl {stack.url}/generate -H 'Content-Type: application/json' "
+                '-d \'{"inputs": "What is AI?", "parameters": {"max_new_tokens": 17}}\'',
+                flush=True,
+            )
+            stopping.wait()
+    except (RuntimeError, TimeoutError) as e:  # a service that exited while starting, or never got ready
+        return _fail(str(e))
+    finally:
+        stack.stop()
+        if redis_server is not None:
+            redis_server.stop()
+    return 0

@@ -1,0 +1,88 @@
+"""A model directory checked before any service starts: config.json and its architecture,
+weight files, tokenizer, and the serve settings against the model. A problem is one line
+that says what was found and what is supported. Reads headers and small JSON files only, no
+torch, so it answers well within two seconds."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+
+from lightstream.serve_config import ServeConfig
+from shared.model_config import ModelConfig, ModelConfigError
+
+LAYOUT = "a Hugging Face model directory: config.json, *.safetensors weights, tokenizer.json or tokenizer.model"
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own bound on a header
+
+
+class ModelCheckError(ValueError):
+    pass
+
+
+def check_model(model_dir: str, cfg: ServeConfig) -> ModelConfig:
+    if not os.path.isdir(model_dir):
+        raise ModelCheckError(f"{model_dir!r} is not a directory; supported: {LAYOUT}")
+    if not os.path.exists(os.path.join(model_dir, "config.json")):
+        raise ModelCheckError(f"{model_dir}: no config.json; supported: {LAYOUT}")
+    try:
+        model = ModelConfig.from_dir(model_dir)
+    except ModelConfigError as e:
+        raise ModelCheckError(f"{model_dir}: {e}") from None
+    except (KeyError, TypeError, ValueError) as e:  # config.json that is not JSON, or lacks a field
+        raise ModelCheckError(f"{model_dir}/config.json cannot be read ({type(e).__name__}: {e}); {LAYOUT}") from None
+    _check_weights(model_dir)
+    _check_tokenizer(model_dir)
+    _check_settings(model, cfg)
+    return model
+
+
+def _check_weights(model_dir: str) -> None:
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_dir, "*.bin")))
+        found = f"only {', '.join(others[:3])}" if others else "no weight files"
+        raise ModelCheckError(f"{model_dir}: {found}; supported: *.safetensors (one file or shards with an index)")
+    for path in files:
+        _check_safetensors_header(path)
+
+
+def _check_safetensors_header(path: str) -> None:
+    """The 8-byte length and the JSON header that open every safetensors file."""
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if not 0 < n <= min(size - 8, MAX_HEADER_BYTES):
+                raise ValueError(f"header length {n} in a file of {size} bytes")
+            header = json.loads(f.read(n))
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+        if max(ends, default=0) > size - 8 - n:
+            raise ValueError(f"tensors end at byte {max(ends)} of {size - 8 - n}")
+    except (struct.error, ValueError, KeyError, TypeError, IndexError) as e:
+        raise ModelCheckError(f"{path} is not a readable safetensors file ({e})") from None
+
+
+def _check_tokenizer(model_dir: str) -> None:
+    fast = os.path.join(model_dir, "tokenizer.json")
+    if os.path.exists(fast):
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(fast)
+        except Exception as e:  # the Rust library's own error type, whatever it is
+            raise ModelCheckError(f"{fast} cannot be loaded ({e})") from None
+        return
+    if not os.path.exists(os.path.join(model_dir, "tokenizer.model")):
+        raise ModelCheckError(f"{model_dir}: no tokenizer; supported: tokenizer.json or tokenizer.model")
+
+
+def _check_settings(model: ModelConfig, cfg: ServeConfig) -> None:
+    if cfg.max_req_total_len > model.context_length:
+        raise ModelCheckError(
+            f"--max-model-len {cfg.max_req_total_len} is longer than the model's context ({model.context_length})"
+        )
+    for name, n in (("attention heads", model.num_heads), ("KV heads", model.num_kv_heads)):
+        if n % cfg.tp:
+            raise ModelCheckError(f"--tp {cfg.tp} does not divide the model's {n} {name}")

@@ -1,0 +1,107 @@
+"""``lightstream serve``'s settings: each field is a flag (in LightLLM's and vLLM's spelling where
+they differ), an ``LS_*`` variable and a help text, declared once here (shared/cli.py reads
+them); ``service_args`` hands each on to the services' own flags (shared/config.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.cli import option
+from shared.config import ConfigError
+
+# what --dtype accepts -> the worker's spelling
+DTYPES = {
+    "auto": "auto",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+    "float": "float32",
+}
+KV_DTYPES = ("auto", "int8")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_dir: str = option(
+        "",
+        "Hugging Face model directory (config.json, safetensors, tokenizer); none: the tiny demo model on the CPU",
+        "--model",
+        positional="MODEL",
+    )
+    host: str = option("0.0.0.0", "address the HTTP API listens on")
+    port: int = option(8000, "port of the HTTP API")
+    model_name: str = option("", "the model's name in the API; none: the model directory's name", "--served-model-name")
+    api_keys: tuple[str, ...] = option((), "clients must send 'Authorization: Bearer KEY' (repeatable)")
+    tp: int = option(
+        1, "tensor-parallel ranks per worker group, one process per GPU (gloo on the CPU)", "--tensor-parallel-size"
+    )
+    dp: int = option(
+        1, "worker groups (data parallelism), each with its own KV pool", "--data-parallel-size", "--workers"
+    )
+    dtype: str = option("auto", f"weights and activations: {', '.join(DTYPES)}; auto: the model's (float32 on the CPU)")
+    kv_dtype: str = option("auto", "KV cache: auto (the model dtype) or int8", "--kv-cache-dtype")
+    mem_fraction: float = option(0.9, "share of GPU memory for weights plus KV cache", "--gpu-memory-utilization")
+    max_total_token_num: int = option(
+        0, "tokens in each group's KV pool; 0: sized from free memory", "--max-total-tokens"
+    )
+    max_req_total_len: int = option(
+        0, "most prompt + output tokens of a request; 0: the model's context length", "--max-model-len"
+    )
+    running_max_req_size: int = option(256, "most requests running at once in a worker group", "--max-num-seqs")
+    chunked_prefill_size: int = option(8192, "most prompt tokens one step prefills (longer prompts go in chunks)")
+    log_dir: str = option("", "write each service's log to DIR/<service>.log; none: this terminal")
+    detokenizers: int = option(1, "detokenizer processes")
+    fronts: int = option(1, "HTTP front-end processes sharing --port (SO_REUSEPORT)")
+    worker_args: tuple[str, ...] = option((), "extra flag for each worker, e.g. --worker-arg=--cuda-graph-max-bs=64")
+    router_args: tuple[str, ...] = option((), "extra flag for the router (repeatable)")
+    tokenizer_args: tuple[str, ...] = option((), "extra flag for each HTTP front end (repeatable)")
+    detokenizer_args: tuple[str, ...] = option((), "extra flag for each detokenizer (repeatable)")
+
+    def __post_init__(self) -> None:
+        _check(0 < self.port < 65536, f"--port must be in 1..65535, got {self.port}")
+        _check(self.tp >= 1 and self.dp >= 1, f"--tp and --dp must be >= 1, got {self.tp} and {self.dp}")
+        _check(self.dtype in DTYPES, f"--dtype {self.dtype!r} is not supported; supported: {', '.join(DTYPES)}")
+        _check(
+            self.kv_dtype in KV_DTYPES, f"--kv-cache-dtype {self.kv_dtype!r} is not supported; supported: auto, int8"
+        )
+        _check(0.0 < self.mem_fraction <= 1.0, f"--mem-fraction must be in (0, 1], got {self.mem_fraction}")
+        _check(self.max_total_token_num >= 0, "--max-total-token-num must be >= 0")
+        _check(self.max_req_total_len >= 0, "--max-model-len must be >= 0")
+        _check(self.running_max_req_size >= 1, "--max-num-seqs must be >= 1")
+        _check(self.chunked_prefill_size >= 16, "--chunked-prefill-size must be >= 16")
+        _check(self.detokenizers >= 1 and self.fronts >= 1, "--detokenizers and --fronts must be >= 1")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def service_args(cfg: ServeConfig) -> dict[str, list[str]]:
+    """Each service's own flags for these settings (the pass-through flags last, so they win)."""
+    worker = [
+        "--tp", str(cfg.tp),
+        "--dtype", DTYPES[cfg.dtype],
+        "--kv-dtype", cfg.kv_dtype,
+        "--mem-fraction", str(cfg.mem_fraction),
+        "--max-total-token-num", str(cfg.max_total_token_num),
+        "--max-req-total-len", str(cfg.max_req_total_len),
+        "--running-max-req-size", str(cfg.running_max_req_size),
+        "--batch-max-tokens", str(cfg.chunked_prefill_size),
+    ]  # fmt: skip
+    tokenizer = ["--max-req-total-len", str(cfg.max_req_total_len)]
+    if cfg.model_name:
+        tokenizer += ["--model-name", cfg.model_name]
+    for key in cfg.api_keys:
+        tokenizer += ["--api-key", key]
+    router = ["--running-max-req-size", str(cfg.running_max_req_size)]
+    return {
+        "worker": [*worker, *cfg.worker_args],
+        "router": [*router, *cfg.router_args],
+        "tokenizer": [*tokenizer, *cfg.tokenizer_args],
+        "detokenizer": list(cfg.detokenizer_args),
+    }
