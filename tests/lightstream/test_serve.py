@@ -1,0 +1,125 @@
+"""``lightstream serve`` as a user runs it: a model that cannot be served is refused in one
+line, exit status 2, within two seconds and before anything starts; the tiny model behind
+--tp 2 --dp 2 (gloo on the CPU), a served name and an API key answers Hugging Face's greedy
+text, and SIGTERM stops the whole stack with status 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests import hf_reference
+from tools.redis_server import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _serve(*args: str, **popen) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LS_") and k != "REDIS_URL"}
+    return subprocess.Popen([sys.executable, "-m", "lightstream", "serve", *args], cwd=ROOT, env=env, **popen)
+
+
+def _refused(model_dir: str) -> str:
+    """The one line ``lightstream serve`` answers for a model it cannot serve."""
+    started = time.monotonic()
+    proc = _serve(model_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=30)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, (out, err)
+    assert elapsed < 2.0, elapsed
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _copy(src: str, dst: str) -> str:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_a_directory_without_config_json_is_refused(tiny_llama: str, tmp_path) -> None:
+    model = _copy(tiny_llama, str(tmp_path / "m"))
+    os.remove(os.path.join(model, "config.json"))
+    line = _refused(model)
+    assert "no config.json" in line and "supported:" in line, line
+
+
+def test_an_unsupported_architecture_is_refused(tiny_llama: str, tmp_path) -> None:
+    model = _copy(tiny_llama, str(tmp_path / "m"))
+    path = os.path.join(model, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config.update(architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    line = _refused(model)
+    assert "GPT2LMHeadModel" in line and "LlamaForCausalLM" in line, line
+
+
+def test_missing_and_corrupt_weights_are_refused(tiny_llama: str, tmp_path) -> None:
+    model = _copy(tiny_llama, str(tmp_path / "m"))
+    weights = os.path.join(model, "model.safetensors")
+    with open(weights, "r+b") as f:
+        f.truncate(os.path.getsize(weights) // 2)
+    assert "not a readable safetensors file" in _refused(model)
+    os.rename(weights, os.path.join(model, "pytorch_model.bin"))
+    line = _refused(model)
+    assert "only pytorch_model.bin" in line and "supported: *.safetensors" in line, line
+
+
+def test_a_path_that_is_not_a_directory_is_refused(tmp_path) -> None:
+    assert "is not a directory" in _refused(str(tmp_path / "meta-llama/Llama-3-8B"))
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        assert proc.poll() is None, f"lightstream serve exited with {proc.returncode}"
+        try:
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready within {timeout_s}s")
+
+
+@pytest.mark.slow
+def test_tp2_dp2_with_a_served_name_and_a_key_answers_hf_greedy_text(tiny_llama: str, tmp_path) -> None:
+    port = free_port()
+    flags = ["--port", str(port), "--host", "127.0.0.1", "--tp", "2", "--dp", "2", "--served-model-name", "demo"]
+    proc = _serve(tiny_llama, *flags, "--api-key", "K", "--log-dir", str(tmp_path))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc)
+        key = {"Authorization": "Bearer K"}
+        with httpx.Client(base_url=url, timeout=120) as client:
+            assert client.post("/generate", json={"inputs": "Hello"}).status_code == 401
+            models = client.get("/v1/models", headers=key).json()
+            assert [m["id"] for m in models["data"]] == ["demo"], models
+            tok = hf_reference.tokenizer(tiny_llama)
+            for prompt in ("Hello", "The quick brown fox jumps over the lazy dog."):
+                body = {"inputs": prompt, "parameters": {"max_new_tokens": 12, "return_details": True}}
+                r = client.post("/generate", json=body, headers=key)
+                assert r.status_code == 200, r.text
+                want = hf_reference.greedy(tiny_llama, tok(prompt)["input_ids"], 12)
+                assert [t["id"] for t in r.json()["tokens"]] == want, prompt
+                r = client.post(
+                    "/v1/completions",
+                    json={"model": "demo", "prompt": prompt, "max_tokens": 12, "temperature": 0},
+                    headers=key,
+                )
+                assert r.json()["choices"][0]["text"] == tok.decode(want, skip_special_tokens=True), r.text
+        logs = sorted(os.listdir(tmp_path))
+        assert logs == ["detokenizer-0.log", "router.log", "tokenizer.log", "worker-0.log", "worker-1.log"], logs
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
