@@ -28,4 +28,4 @@ if [ ! -x .venv-fastchat/bin/python ]; then
   "$python" -m venv .venv-fastchat
 fi
 .venv-fastchat/bin/python -m pip install -q -r requirements-fastchat.txt
-echo "LightStream is set up: .venv/bin/python tools/run_local.py"
+echo "LightStream is set up: .venv/bin/python -m lightstream serve"
