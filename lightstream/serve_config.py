@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.cli import option
-from shared.config import ConfigError
+from shared.config import ConfigError, option
 
 # what --dtype accepts -> the worker's spelling
 DTYPES = {

@@ -8,7 +8,7 @@ singular too (``--api-key a --api-key b``), and a comma-separated variable
 (``LS_API_KEYS=a,b``). Only a service's ``__main__`` calls this, passing ``os.environ`` in.
 
 A field declares its help text, other flag spellings and whether it is also the positional
-argument in its metadata (``option()`` below); ``--help`` shows each flag with its text, its
+argument in its metadata (shared/config.py's ``option()``); ``--help`` shows each flag with its text, its
 variable and its default.
 """
 
@@ -18,19 +18,13 @@ import argparse
 import dataclasses
 import os
 import socket
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from shared.config import ConfigError
 
 C = TypeVar("C")
-
-
-def option(default: Any, help: str, *aliases: str, positional: str = "") -> Any:
-    """A config field with its help text and other flag spellings (``--tensor-parallel-size``
-    beside ``--tp``); ``positional``: its name as the command's optional positional argument too."""
-    meta = {"help": help, "aliases": aliases, "positional": positional}
-    return dataclasses.field(default=default, metadata=meta)
 
 
 def _parse_bool(text: str) -> bool:
@@ -85,8 +79,14 @@ def _env_name(f: dataclasses.Field) -> str:
     return "LS_" + f.name.upper()
 
 
+def _prog() -> str | None:
+    """``python -m services.router`` rather than argparse's ``__main__.py``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return f"python -m {spec.parent}" if spec is not None and spec.name.endswith(".__main__") else None
+
+
 def build_parser(cls: type, description: str, prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = argparse.ArgumentParser(prog=prog or _prog(), description=description)
     for f in dataclasses.fields(cls):
         aliases = list(f.metadata.get("aliases", ()))
         if f.metadata.get("positional"):

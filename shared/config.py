@@ -7,11 +7,20 @@ bad setting stops the service at start with a message naming it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 
 class ConfigError(ValueError):
     pass
+
+
+def option(default: Any, help: str, *aliases: str, positional: str = "") -> Any:
+    """A config field with its help text and other flag spellings (``--tensor-parallel-size``
+    beside ``--tp``); ``positional``: its name as the command's optional positional argument too."""
+    meta = {"help": help, "aliases": aliases, "positional": positional}
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -21,20 +30,25 @@ def _check(ok: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class CommonConfig:
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    namespace: str = "ls"
-    replica: str = ""  # this replica's name; empty: derived from host name and pid
-    log_level: str = "INFO"
-    stream_maxlen: int = 100_000  # XADD MAXLEN ~ for every stream this service writes
-    metrics_port: int = 0  # Prometheus /metrics on this port; 0: none (the tokenizer serves its own)
-    # poll Redis instead of sleeping in a blocking read while requests are in flight and this
-    # long after the last one (shared/busy_poll.py); 0: never; below 0: 200 on a host with 8
-    # CPUs or more, else never
-    busy_poll_ms: float = -1.0
+    """What every service takes."""
+
+    redis_url: str = option("redis://127.0.0.1:6379/0", "the Redis every service of the stack shares")
+    namespace: str = option("ls", "key prefix, so stacks can share one Redis")
+    replica: str = option("", "this replica's name; none: derived from host name and pid")
+    log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
+    stream_maxlen: int = option(100_000, "XADD MAXLEN ~ for every stream this service writes")
+    metrics_port: int = option(0, "Prometheus /metrics on this port; 0: none (the front end serves its own)")
+    busy_poll_ms: float = option(
+        -1.0,
+        "poll Redis instead of a blocking read while requests are in flight and this long after the last one "
+        "(shared/busy_poll.py); 0: never; below 0: 200 on a host with 8 CPUs or more, else never",
+    )
 
 
 @dataclass(frozen=True)
 class TokenizerConfig(CommonConfig):
+    """The HTTP front end: tokenizes, submits to the router, streams the replies back."""
+
     model_dir: str = ""
     model_name: str = ""  # the name clients use; empty: the model directory's base name
     host: str = "0.0.0.0"
@@ -83,17 +97,22 @@ class TokenizerConfig(CommonConfig):
 
 @dataclass(frozen=True)
 class RouterConfig(CommonConfig):
-    # LightLLM's admission knobs: a pool whose KV usage is at or above router_token_ratio is
-    # 'busy' and every request is counted at its full max_new_tokens (0.0, the default: always);
-    # below it, a request without ignore_eos is counted at a guess of its output length
-    router_token_ratio: float = 0.0
-    router_max_new_token_len: int = 1024  # the guess for a request's output when not busy
-    running_max_req_size: int = 1000  # most requests placed on one worker group at once (also capped by the group's)
-    batch_max_tokens: int = 0  # most prefill tokens placed on a group and not started yet; 0: no limit
-    worker_dead_after_s: float = 3.0  # a group with no status for this long is dead
-    max_waiting: int = 10_000  # waiting-queue bound; past it requests are rejected ("overloaded", 503)
-    max_queue_time_s: float = 0.0  # a request still queued this long after arrival ends ("deadline"); 0: none
-    status_log_every_s: float = 10.0
+    """The router: the global queue and admission onto worker groups."""
+
+    router_token_ratio: float = option(
+        0.0,
+        "LightLLM's admission knob: a pool whose KV usage is at or above this is busy and every request counts at "
+        "its full max_new_tokens (0.0: always); below it a request without ignore_eos counts at a guess",
+    )
+    router_max_new_token_len: int = option(1024, "the guess of a request's output length when not busy")
+    running_max_req_size: int = option(
+        1000, "most requests placed on one worker group at once (also capped by the group's own)"
+    )
+    batch_max_tokens: int = option(0, "most prefill tokens placed on a group and not started yet; 0: no limit")
+    worker_dead_after_s: float = option(3.0, "a group with no status for this long is dead")
+    max_waiting: int = option(10_000, "waiting-queue bound; past it requests are rejected (overloaded, 503)")
+    max_queue_time_s: float = option(0.0, "a request still queued this long after arrival ends (deadline); 0: none")
+    status_log_every_s: float = option(10.0, "seconds between the router's status log lines")
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.router_token_ratio <= 1.0, "router_token_ratio must be in [0, 1]")
@@ -108,31 +127,39 @@ class RouterConfig(CommonConfig):
 
 @dataclass(frozen=True)
 class WorkerConfig(CommonConfig):
-    model_dir: str = ""
-    group: str = "0"  # this worker group's name; the router places requests by it; auto: the replica's name
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto (the model's, float32 on the CPU) | float32 | bfloat16 | float16
-    kv_dtype: str = "auto"  # auto (the model dtype) | int8
-    max_total_token_num: int = 0  # KV pool tokens; 0: sized from free memory
-    mem_fraction: float = 0.9  # of the device memory, for weights plus KV pool
-    cpu_kv_tokens: int = 32_768  # KV pool tokens on the CPU when max_total_token_num is 0
-    batch_max_tokens: int = 8192  # prefill tokens per step
-    running_max_req_size: int = 256
-    max_req_total_len: int = 0  # 0: the model's context length
-    status_interval_s: float = 0.5
-    cuda_graph_max_bs: int = 512  # decode batches up to this size replay CUDA graphs; 0: none
-    # steps with prompt tokens, up to this many tokens in all, replay CUDA graphs of everything but attention; 0: none
-    # (one-GPU groups only, for now)
-    cuda_graph_max_tokens: int = 2048
-    # decode graphs: time cuBLASLt's algorithms (and each without its split-K) beside PyTorch's matmul for each
-    # projection and bucket, and capture the fastest (services/worker/blas_choice.py); false: PyTorch's libraries only
-    gemm_search: bool = True
-    # on CUDA, one GPU, a float KV pool and no QKV bias: fold each layer's norm weights into its QKV and gate|up
-    # weights, so a decode step runs no norm kernel in a layer (services/worker/models/fold.py); false: as loaded
-    fold_norms: bool = True
-    random_weights: bool = False  # draw weights from a seed on the device (benchmarks: no checkpoint needed)
-    warmup: bool = True  # on CUDA, run a few prompts before serving so no request waits for a compile
-    tp: int = 1  # tensor-parallel ranks of this group: one process per GPU (gloo on the CPU)
+    """A worker group: the model, its KV pool and the step loop."""
+
+    model_dir: str = option("", "Hugging Face model directory (required)")
+    group: str = option("0", "this worker group's name; the router places requests by it; auto: the replica's name")
+    device: str = option("auto", "auto, cpu or cuda")
+    dtype: str = option("auto", "auto (the model's, float32 on the CPU), float32, bfloat16 or float16")
+    kv_dtype: str = option("auto", "KV cache: auto (the model dtype) or int8")
+    max_total_token_num: int = option(0, "KV pool tokens; 0: sized from free memory")
+    mem_fraction: float = option(0.9, "share of the device memory for weights plus KV pool")
+    cpu_kv_tokens: int = option(32_768, "KV pool tokens on the CPU when max_total_token_num is 0")
+    batch_max_tokens: int = option(8192, "prefill tokens per step (longer prompts go in chunks)")
+    running_max_req_size: int = option(256, "most requests running at once")
+    max_req_total_len: int = option(0, "most prompt + output tokens of a request; 0: the model's context length")
+    status_interval_s: float = option(0.5, "seconds between statuses to the router")
+    cuda_graph_max_bs: int = option(512, "decode batches up to this size replay CUDA graphs; 0: none")
+    cuda_graph_max_tokens: int = option(
+        2048,
+        "steps with prompt tokens, up to this many tokens in all, replay CUDA graphs of everything but attention "
+        "(one-GPU groups only, for now); 0: none",
+    )
+    gemm_search: bool = option(
+        True,
+        "decode graphs: time cuBLASLt's algorithms beside PyTorch's matmul for each projection and bucket and "
+        "capture the fastest (services/worker/blas_choice.py); false: PyTorch's libraries only",
+    )
+    fold_norms: bool = option(
+        True,
+        "on CUDA, one GPU, a float KV pool and no QKV bias: fold each layer's norm weights into its QKV and gate|up "
+        "weights (services/worker/models/fold.py); false: as loaded",
+    )
+    random_weights: bool = option(False, "draw weights from a seed on the device (benchmarks: no checkpoint needed)")
+    warmup: bool = option(True, "on CUDA, run a few prompts before serving so no request waits for a compile")
+    tp: int = option(1, "tensor-parallel ranks of this group: one process per GPU (gloo on the CPU)")
 
     def __post_init__(self) -> None:
         _check(bool(self.model_dir), "model_dir is required")
@@ -154,7 +181,9 @@ class WorkerConfig(CommonConfig):
 
 @dataclass(frozen=True)
 class DetokenizerConfig(CommonConfig):
-    model_dir: str = ""
+    """A detokenizer shard: token ids to text, stop strings."""
+
+    model_dir: str = option("", "Hugging Face model directory (required)")
 
     def __post_init__(self) -> None:
         _check(bool(self.model_dir), "model_dir is required")
