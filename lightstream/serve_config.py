@@ -80,27 +80,34 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+# serve's field -> (the services that take it, their flag); a value left at its default is not
+# passed, so a service keeps its own default or its own LS_* variable
+SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "tp": (("worker",), "--tp"),
+    "dtype": (("worker",), "--dtype"),
+    "kv_dtype": (("worker",), "--kv-dtype"),
+    "mem_fraction": (("worker",), "--mem-fraction"),
+    "max_total_token_num": (("worker",), "--max-total-token-num"),
+    "max_req_total_len": (("worker", "tokenizer"), "--max-req-total-len"),
+    "running_max_req_size": (("worker", "router"), "--running-max-req-size"),
+    "chunked_prefill_size": (("worker",), "--batch-max-tokens"),
+    "model_name": (("tokenizer",), "--model-name"),
+}
+
+
 def service_args(cfg: ServeConfig) -> dict[str, list[str]]:
     """Each service's own flags for these settings (the pass-through flags last, so they win)."""
-    worker = [
-        "--tp", str(cfg.tp),
-        "--dtype", DTYPES[cfg.dtype],
-        "--kv-dtype", cfg.kv_dtype,
-        "--mem-fraction", str(cfg.mem_fraction),
-        "--max-total-token-num", str(cfg.max_total_token_num),
-        "--max-req-total-len", str(cfg.max_req_total_len),
-        "--running-max-req-size", str(cfg.running_max_req_size),
-        "--batch-max-tokens", str(cfg.chunked_prefill_size),
-    ]  # fmt: skip
-    tokenizer = ["--max-req-total-len", str(cfg.max_req_total_len)]
-    if cfg.model_name:
-        tokenizer += ["--model-name", cfg.model_name]
+    args: dict[str, list[str]] = {"worker": [], "router": [], "tokenizer": [], "detokenizer": []}
+    defaults = ServeConfig()
+    for name, (services, flag) in SERVICE_FLAGS.items():
+        value = getattr(cfg, name)
+        if value != getattr(defaults, name):
+            for service in services:
+                args[service] += [flag, DTYPES[value] if name == "dtype" else str(value)]
     for key in cfg.api_keys:
-        tokenizer += ["--api-key", key]
-    router = ["--running-max-req-size", str(cfg.running_max_req_size)]
-    return {
-        "worker": [*worker, *cfg.worker_args],
-        "router": [*router, *cfg.router_args],
-        "tokenizer": [*tokenizer, *cfg.tokenizer_args],
-        "detokenizer": list(cfg.detokenizer_args),
-    }
+        args["tokenizer"] += ["--api-key", key]
+    args["worker"] += cfg.worker_args
+    args["router"] += cfg.router_args
+    args["tokenizer"] += cfg.tokenizer_args
+    args["detokenizer"] += cfg.detokenizer_args
+    return args

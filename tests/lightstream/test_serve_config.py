@@ -86,7 +86,6 @@ def test_both_spellings_reach_the_services_flags() -> None:
         "--dtype": "bfloat16",
         "--kv-dtype": "int8",
         "--mem-fraction": "0.5",
-        "--max-total-token-num": "0",
         "--max-req-total-len": "512",
         "--running-max-req-size": "8",
         "--batch-max-tokens": "64",
@@ -94,6 +93,12 @@ def test_both_spellings_reach_the_services_flags() -> None:
     assert args["worker"][-1] == "--cuda-graph-max-bs=0"  # a pass-through flag comes last: it wins
     assert args["tokenizer"] == ["--max-req-total-len", "512", "--model-name", "demo", "--api-key", "K"]
     assert args["router"] == ["--running-max-req-size", "8"]
+
+
+def test_a_setting_left_at_its_default_leaves_the_service_its_own() -> None:
+    """A service then keeps its default or its own LS_* variable (LS_CPU_KV_TOKENS, say)."""
+    args = service_args(parse_config(ServeConfig, ["m", "--api-key", "K"], {}))
+    assert args == {"worker": [], "router": [], "tokenizer": ["--api-key", "K"], "detokenizer": []}
 
 
 def test_variables_stand_in_for_flags() -> None:
