@@ -14,6 +14,7 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 
 from lightstream.model_check import ModelCheckError, check_model
 from lightstream.serve_config import ServeConfig, service_args
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     return serve(argv[1:], os.environ)
 
 
-def serve(argv: list[str], env: os._Environ[str] | dict[str, str]) -> int:
+def serve(argv: list[str], env: Mapping[str, str]) -> int:
     try:
         cfg = parse_config(ServeConfig, argv, env, DESCRIPTION, prog="lightstream serve")
     except ConfigError as e:  # an LS_* variable that does not parse
@@ -70,7 +71,10 @@ def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: s
 
     redis_server = None
     if not redis_url:
-        redis_server = RedisServer().start()
+        try:
+            redis_server = RedisServer().start()
+        except (OSError, RuntimeError) as e:
+            return _fail(f"cannot start redis-server ({e}); install it (apt-get install redis-server) or set REDIS_URL")
         redis_url = redis_server.url
     args = service_args(cfg)
     stack = Stack(
