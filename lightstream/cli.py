@@ -45,7 +45,7 @@ def serve(argv: list[str], env: Mapping[str, str]) -> int:
             check_model(cfg.model_dir, cfg)
         except ModelCheckError as e:
             return _fail(str(e))
-        model_dir = cfg.model_dir
+        model_dir = os.path.abspath(cfg.model_dir)  # the services run in the package's directory
     else:
         model_dir = _demo_model()
         worker_first = ["--device", "cpu"]

@@ -22,9 +22,10 @@ from tools.redis_server import free_port
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _serve(*args: str, **popen) -> subprocess.Popen:
+def _serve(*args: str, cwd: str = ROOT, **popen) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LS_") and k != "REDIS_URL"}
-    return subprocess.Popen([sys.executable, "-m", "lightstream", "serve", *args], cwd=ROOT, env=env, **popen)
+    env["PYTHONPATH"] = ROOT
+    return subprocess.Popen([sys.executable, "-m", "lightstream", "serve", *args], cwd=cwd, env=env, **popen)
 
 
 def _refused(model_dir: str) -> str:
@@ -96,7 +97,9 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> N
 def test_tp2_dp2_with_a_served_name_and_a_key_answers_hf_greedy_text(tiny_llama: str, tmp_path) -> None:
     port = free_port()
     flags = ["--port", str(port), "--host", "127.0.0.1", "--tp", "2", "--dp", "2", "--served-model-name", "demo"]
-    proc = _serve(tiny_llama, *flags, "--api-key", "K", "--log-dir", str(tmp_path))
+    # the model named relative to where the command runs, as a user would
+    model = os.path.basename(tiny_llama)
+    proc = _serve(model, *flags, "--api-key", "K", "--log-dir", str(tmp_path), cwd=os.path.dirname(tiny_llama))
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc)
