@@ -98,7 +98,8 @@ def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: s
         signal.signal(sig, lambda *_: stopping.set())
     try:
         stack.start()
-        stack.wait_ready(stopping=stopping)
+        # a large model loads, captures its graphs and warms up for minutes; a service that exits ends the wait
+        stack.wait_ready(timeout_s=3600.0, stopping=stopping)
         if not stopping.is_set():
             print(f"LightStream is serving {model_dir} at {stack.url} (redis {redis_url})", flush=True)
             print(

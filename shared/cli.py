@@ -8,8 +8,8 @@ singular too (``--api-key a --api-key b``), and a comma-separated variable
 (``LS_API_KEYS=a,b``). Only a service's ``__main__`` calls this, passing ``os.environ`` in.
 
 A field declares its help text, other flag spellings and whether it is also the positional
-argument in its metadata (shared/config.py's ``option()``); ``--help`` shows each flag with its text, its
-variable and its default.
+argument in its metadata (shared/config.py's ``option()``); ``--help`` shows each flag with
+its text, its variable and its default.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Frozen configuration of each service, built once in its ``__main__`` and passed down.
 
 Every field is also a command-line flag (``--field-name``) and an environment variable
-(``LS_FIELD_NAME``), see shared/cli.py. Invariants are checked in ``__post_init__`` so a
+(``LS_FIELD_NAME``), see shared/cli.py; a field declared with ``option()`` carries its help
+text (and any other flag spellings) with it, into ``--help``. Invariants are checked in ``__post_init__`` so a
 bad setting stops the service at start with a message naming it.
 """
 
