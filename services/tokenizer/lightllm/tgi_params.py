@@ -17,7 +17,8 @@ from services.tokenizer.limits import GREEDY_TEMPERATURE, MAX_N, MAX_TOP_LOGPROB
 from shared.messages import SamplingParams
 
 # parameters only TGI spells (LightLLM's are return_details, stop_sequences, ...): a body on
-# /generate or /generate_stream that has one, or a null parameter, is TGI's
+# /generate or /generate_stream that has one (TGI's clients send them all, null or not) is
+# TGI's; a null is no sign, as LightLLM's body takes null for seed, best_of, stops
 TGI_ONLY = frozenset(
     {
         "details",
@@ -35,11 +36,12 @@ TGI_ONLY = frozenset(
 
 
 def is_tgi(body: Any) -> bool:
-    """Whether a parsed /generate body is TGI's rather than LightLLM's."""
+    """Whether a parsed /generate body is TGI's rather than LightLLM's ("parameters": null is
+    TGI's: LightLLM's refuses it)."""
     p = body.get("parameters") if isinstance(body, dict) else None
     if not isinstance(p, dict):
         return p is None and isinstance(body, dict) and "parameters" in body
-    return any(k in TGI_ONLY or v is None for k, v in p.items())
+    return any(k in TGI_ONLY for k in p)
 
 
 def _unsupported(name: str) -> ValueError:

@@ -74,7 +74,8 @@ def test_what_cannot_be_honoured_is_named(given: dict, named: str) -> None:
 
 def test_generate_tells_the_dialects_apart() -> None:
     assert is_tgi({"inputs": "x", "parameters": CLIENT_PARAMETERS})
-    assert is_tgi({"inputs": "x", "parameters": {"max_new_tokens": None}})
+    assert is_tgi({"inputs": "x", "parameters": {"max_new_tokens": 5, "details": None}})
+    assert not is_tgi({"inputs": "x", "parameters": {"max_new_tokens": 5, "seed": None}})
     assert is_tgi({"inputs": "x", "parameters": None})
     assert not is_tgi({"inputs": "x", "parameters": {"max_new_tokens": 5, "return_details": True}})
     assert not is_tgi({"inputs": "x"})
