@@ -122,3 +122,16 @@ def test_continuous_usage_stats_put_usage_in_every_chunk(stack: Stack) -> None:
     assert all(c.usage is not None for c in chunks)
     counts = [c.usage.completion_tokens for c in chunks]
     assert counts == sorted(counts) and counts[-1] == 6
+
+
+def test_include_stop_str_in_output_in_chat(stack: Stack) -> None:
+    client = sync_client(stack)
+    kw = {"model": stack.model_name, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}
+    text = client.chat.completions.create(**kw, temperature=0).choices[0].message.content
+    stop = text.strip()[2:4]
+    kw |= {"temperature": 0, "stop": [stop]}
+    cut = client.chat.completions.create(**kw).choices[0].message.content
+    whole = client.chat.completions.create(**kw, extra_body={"include_stop_str_in_output": True})
+    chunks = client.chat.completions.create(**kw, stream=True, extra_body={"include_stop_str_in_output": True})
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert cut == text[: text.index(stop)] and whole.choices[0].message.content == streamed == cut + stop
