@@ -19,6 +19,7 @@ from services.tokenizer.fastchat.worker import FastChatWorker
 from services.tokenizer.gates import Gates
 from services.tokenizer.generation import FrontContext
 from services.tokenizer.lightllm.routes import lightllm_post_routes
+from services.tokenizer.lightllm.tgi import tgi_router
 from services.tokenizer.metrics import CONTENT_TYPE, CountRequests
 from services.tokenizer.openai.routes import openai_post_routes, openai_router
 from services.tokenizer.post_routes import PostRoutes
@@ -42,6 +43,7 @@ def create_app(ctx: FrontContext) -> ASGIApp:
     app.add_exception_handler(APIError, api_error_handler)
     app.include_router(openai_router(ctx))
     app.include_router(fastchat_router(fastchat))
+    app.include_router(tgi_router(ctx))
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -1,9 +1,11 @@
-"""LightLLM's routes: POST /generate, POST /generate_stream, and TGI's POST / that picks by
-"stream" (served by post_routes.py)."""
+"""LightLLM's routes: POST /generate and POST /generate_stream, which serve TGI's body in
+TGI's shapes when the body is TGI's (tgi_params.is_tgi), and TGI's POST / (tgi.py); all
+served by post_routes.py."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -23,7 +25,9 @@ from services.tokenizer.generation import (
 )
 from services.tokenizer.lightllm.params import GenerateBody
 from services.tokenizer.lightllm.responses import generate_response, stream_events
-from services.tokenizer.post_routes import PostRoute
+from services.tokenizer.lightllm.tgi import TGIRoutes
+from services.tokenizer.lightllm.tgi_params import TGIRequest, is_tgi
+from services.tokenizer.post_routes import Handler, PostRoute
 from services.tokenizer.streaming import EventStream
 from shared.messages import FINISH_ERROR
 
@@ -70,13 +74,26 @@ def lightllm_post_routes(ctx: FrontContext) -> dict[str, PostRoute]:
         stream, first = await first_items(ctx, gens, request)
         return response
 
-    async def tgi_compat(request: Request, body: GenerateBody, arrival: float) -> JSONResponse | EventStream:
-        if body.stream:
-            return await generate_stream(request, body, arrival)
-        return await generate(request, body, arrival)
+    tgi = TGIRoutes(ctx)
 
     return {
-        "/generate": PostRoute(GenerateBody, generate),
-        "/generate_stream": PostRoute(GenerateBody, generate_stream),
-        "/": PostRoute(GenerateBody, tgi_compat),
+        "/generate": PostRoute(None, dialect(generate, tgi.generate)),
+        "/generate_stream": PostRoute(None, dialect(generate_stream, tgi.generate_stream)),
+        "/": PostRoute(TGIRequest, tgi.root),
     }
+
+
+def dialect(lightllm: Handler, tgi_handler: Handler) -> Handler:
+    """/generate and /generate_stream: TGI's body to TGI's handler, LightLLM's to LightLLM's."""
+
+    async def handle(request: Request, _: None, arrival: float) -> JSONResponse | EventStream:
+        raw = await request.body()
+        try:
+            tgi_body = is_tgi(json.loads(raw))
+        except ValueError:  # not JSON: LightLLM's model says so, as before
+            tgi_body = False
+        if tgi_body:
+            return await tgi_handler(request, TGIRequest.model_validate_json(raw), arrival)
+        return await lightllm(request, GenerateBody.model_validate_json(raw), arrival)
+
+    return handle

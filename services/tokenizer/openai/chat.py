@@ -24,8 +24,9 @@ from services.tokenizer.generation import (
 )
 from services.tokenizer.openai import responses as shape
 from services.tokenizer.openai.params import ChatCompletionRequest
+from services.tokenizer.openai.stop_strings import StopEcho, stop_string_hit
 from services.tokenizer.streaming import EventStream, sse
-from shared.messages import FINISH_ERROR
+from shared.messages import FINISH_ERROR, FINISH_STOP
 
 
 async def chat_completions(
@@ -61,7 +62,10 @@ async def chat_completions(
     choices = []
     for i, c in enumerate(outs):
         lp = shape.chat_logprobs(ctx.tok, c.token_ids, c.logprobs, c.top_logprobs, k) if body.logprobs else None
-        choices.append(shape.chat_choice(i, c.text, lp, c.finish_reason))
+        text = c.text
+        if body.include_stop_str_in_output and c.finish_reason == FINISH_STOP:
+            text += await stop_string_hit(ctx.tok, c.token_ids, c.text, body.stops(), bool(body.skip_special_tokens))
+        choices.append(shape.chat_choice(i, text, lp, c.finish_reason))
     use = shape.usage(len(ids), sum(c.output_tokens for c in outs))
     return JSONResponse(shape.chat(rid, created, ctx.model_name, choices, use, chunk=False, usage_key=True))
 
@@ -71,8 +75,11 @@ async def _stream(
 ) -> EventStream:
     k, route, with_usage = body.top_logprobs or 0, request.url.path, body.include_usage()
     output_tokens = [0] * len(gens)
+    stop_echo = StopEcho(ctx.tok, body.stops(), bool(body.skip_special_tokens), len(gens))
 
     def chunk(choices: list[dict], use: dict | None = None) -> bytes:
+        if use is None and body.continuous_usage():
+            use = shape.usage(gens[0].pending.prompt_tokens, sum(output_tokens))
         return sse(shape.chat(rid, created, ctx.model_name, choices, use, chunk=True, usage_key=with_usage))
 
     async def events() -> AsyncIterator[bytes]:
@@ -91,8 +98,9 @@ async def _stream(
                 lp = None
                 if body.logprobs and item.token_ids:
                     lp = shape.chat_logprobs(ctx.tok, item.token_ids, item.logprobs, item.top_logprobs, k)
-                if item.text or item.token_ids:  # every step with tokens, as in completions
-                    yield chunk([shape.chat_delta(i, {"content": item.text}, lp, "")])
+                text = await stop_echo.text(i, item) if body.include_stop_str_in_output else item.text
+                if text or item.token_ids:  # every step with tokens, as in completions
+                    yield chunk([shape.chat_delta(i, {"content": text}, lp, "")])
                 if item.finish_reason:
                     yield chunk([shape.chat_delta(i, {}, None, item.finish_reason)])
                 nxt = await anext(stream, None)

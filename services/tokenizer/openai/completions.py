@@ -24,8 +24,9 @@ from services.tokenizer.generation import (
 )
 from services.tokenizer.openai import responses as shape
 from services.tokenizer.openai.params import DEFAULT_COMPLETION_TOKENS, CompletionRequest
+from services.tokenizer.openai.stop_strings import StopEcho, stop_string_hit
 from services.tokenizer.streaming import EventStream, sse
-from shared.messages import FINISH_ERROR, TextItem
+from shared.messages import FINISH_ERROR, FINISH_STOP, TextItem
 
 
 async def completions(
@@ -66,7 +67,12 @@ async def completions(
             lp = None
             if k is not None:
                 lp = shape.CompletionLogprobs(ctx.tok, k, len(echo[pi])).of(c.token_ids, c.logprobs, c.top_logprobs)
-            choices.append(shape.completion_choice(pi * n + j, echo[pi] + c.text, lp, c.finish_reason))
+            text = c.text
+            if body.include_stop_str_in_output and c.finish_reason == FINISH_STOP:
+                text += await stop_string_hit(
+                    ctx.tok, c.token_ids, c.text, body.stops(), bool(body.skip_special_tokens)
+                )
+            choices.append(shape.completion_choice(pi * n + j, echo[pi] + text, lp, c.finish_reason))
     use = shape.usage(sum(len(ids) for ids in prompt_ids), sum(c.output_tokens for c in outs))
     return JSONResponse(shape.completion(rid, created, ctx.model_name, choices, use))
 
@@ -84,8 +90,12 @@ async def _stream(
     builders = [shape.CompletionLogprobs(ctx.tok, k or 0, len(echo[i // n])) for i in range(len(gens))]
     echoed = [False] * len(gens)
     output_tokens = [0] * len(gens)
+    stop_echo = StopEcho(ctx.tok, body.stops(), bool(body.skip_special_tokens), len(gens))
+    prompt_tokens = sum(g.pending.prompt_tokens for g in gens[::n])
 
     def chunk(choices: list[dict], use: dict | None = None) -> bytes:
+        if use is None and body.continuous_usage():
+            use = shape.usage(prompt_tokens, sum(output_tokens))
         return sse(shape.completion(rid, created, ctx.model_name, choices, use, body.include_usage()))
 
     async def events() -> AsyncIterator[bytes]:
@@ -99,7 +109,7 @@ async def _stream(
                     yield sse(openai_error_body(status, f"generation failed: {item.error}", item.error_kind, None))
                     break
                 output_tokens[i] = max(output_tokens[i], item.output_tokens)
-                text = item.text
+                text = await stop_echo.text(i, item) if body.include_stop_str_in_output else item.text
                 if not echoed[i]:
                     echoed[i] = True
                     text = echo[i // n] + text
@@ -109,7 +119,6 @@ async def _stream(
                 nxt = await anext(stream, None)
             else:
                 if body.include_usage():
-                    prompt_tokens = sum(g.pending.prompt_tokens for g in gens[::n])
                     yield chunk([], shape.usage(prompt_tokens, sum(output_tokens)))
             yield sse("[DONE]")
 

@@ -3,15 +3,17 @@
 Bounds follow OpenAI's API reference; an unknown key is an error, and so is an OpenAI
 parameter this server does not implement (tools, logit_bias, ...), with a message that
 says so. Checks across fields are in ``check()`` so the error can name its parameter.
-top_k, repetition_penalty, min_tokens, ignore_eos, stop_token_ids and
-skip_special_tokens are accepted as extensions, spelled as vLLM spells them.
+top_k, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens and
+include_stop_str_in_output are accepted as extensions, spelled as vLLM spells them. Fields
+SDKs send that change no output (NO_OPS) are accepted and ignored, with a debug line.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.tokenizer.errors import APIError
 from services.tokenizer.limits import GREEDY_TEMPERATURE, MAX_N, MAX_TOP_LOGPROBS, TokenId, check_stops, check_top_k
@@ -19,6 +21,23 @@ from shared.messages import SamplingParams
 
 MAX_GENERATIONS = 64  # prompts x best_of of one completions request
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+
+log = logging.getLogger(__name__)
+
+# fields that change nothing this server returns: storage, billing, tracing and scheduling
+# hints of OpenAI's API and vLLM's; parallel_tool_calls matters only with tools, refused apart
+NO_OPS = (
+    "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "safety_identifier",
+    "priority",
+    "request_id",
+    "cache_salt",
+)
 
 
 def _not_supported(name: str, value: Any) -> Any:
@@ -31,6 +50,7 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, usage so far in every chunk
 
 
 class OpenAISampling(BaseModel):
@@ -48,8 +68,18 @@ class OpenAISampling(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)
-    user: str | None = None
     logit_bias: dict[str, float] | None = None
+    # accepted and ignored (NO_OPS)
+    user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    priority: int | None = None
+    request_id: str | None = None
+    cache_salt: str | None = None
     # extensions
     top_k: int | None = None
     repetition_penalty: float | None = Field(None, gt=0.0)
@@ -57,6 +87,8 @@ class OpenAISampling(BaseModel):
     ignore_eos: bool | None = False
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = True
+    spaces_between_special_tokens: bool | None = True
+    include_stop_str_in_output: bool | None = False
 
     @field_validator("stop")
     @classmethod
@@ -73,6 +105,21 @@ class OpenAISampling(BaseModel):
     def _no_logit_bias(cls, v: Any) -> Any:
         return _not_supported("logit_bias", v)
 
+    @field_validator("spaces_between_special_tokens")
+    @classmethod
+    def _spaces(cls, v: bool | None) -> bool | None:
+        # the fast tokenizers' decode (the detokenizer's) has no such option: only its default
+        if v is False:
+            raise ValueError("only true is supported (the detokenizer decodes as the fast tokenizer does)")
+        return v
+
+    @model_validator(mode="after")
+    def _log_no_ops(self) -> OpenAISampling:
+        ignored = [name for name in NO_OPS if getattr(self, name) is not None]
+        if ignored:
+            log.debug("ignored, as they change no output: %s", ", ".join(ignored))
+        return self
+
     @property
     def sequences(self) -> int:
         return self.n or 1
@@ -83,6 +130,10 @@ class OpenAISampling(BaseModel):
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        """vLLM's continuous_usage_stats: every chunk carries the usage so far (with include_usage)."""
+        return self.include_usage() and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     def check(self) -> None:
         """Rules across fields; each error names the parameter to change."""
@@ -204,6 +255,12 @@ class ChatCompletionRequest(OpenAISampling):
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_template_kwargs(cls, v: Any) -> Any:
+        return _not_supported("chat_template_kwargs", v)
 
     @field_validator("tools", "tool_choice", "functions", "function_call")
     @classmethod

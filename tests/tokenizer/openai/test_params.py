@@ -88,6 +88,9 @@ def test_chat_rules_across_fields() -> None:
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content"),
         ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+        ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+        ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
+        ({"stream_options": {"continuous": True}}, "stream_options.continuous"),
         ({"stop": 3}, "stop"),
         ({"bogus": 1}, "bogus"),
     ],
@@ -98,3 +101,19 @@ def test_unsupported_and_unknown_are_named(body: dict, param: str) -> None:
     errors = e.value.errors()
     assert validation_param(errors) == param
     assert describe_validation(errors).startswith(param)
+
+
+def test_fields_that_change_nothing_are_accepted_with_a_debug_line(caplog: pytest.LogCaptureFixture) -> None:
+    no_ops = {"parallel_tool_calls": True, "store": False, "service_tier": "auto", "user": "u", "metadata": {"k": "v"}}
+    with caplog.at_level("DEBUG", logger="services.tokenizer.openai.params"):
+        sp = _chat(**no_ops).sampling(seed=1, max_new_tokens=4, logprobs=False, top_logprobs=0)
+    assert sp == _chat().sampling(seed=1, max_new_tokens=4, logprobs=False, top_logprobs=0)
+    assert "parallel_tool_calls" in caplog.text and "metadata" in caplog.text
+    _completion(**no_ops, priority=1, prompt_cache_key="c", safety_identifier="s")
+
+
+def test_vllm_extras_that_change_the_output() -> None:
+    body = _completion(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    assert body.continuous_usage()
+    assert not _completion(stream=True, stream_options={"continuous_usage_stats": True}).continuous_usage()
+    assert _chat(include_stop_str_in_output=True, spaces_between_special_tokens=True).include_stop_str_in_output

@@ -1,0 +1,137 @@
+"""The OpenAI routes with what SDKs and vLLM clients send beyond OpenAI's core: fields that
+change nothing are accepted (parallel_tool_calls, store, service_tier, user, metadata), and
+vLLM's include_stop_str_in_output, min_tokens and continuous_usage_stats change the output as
+vLLM's do, against Hugging Face's greedy output."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import torch
+
+from tests import hf_reference
+from tests.integration.openai_helpers import (  # noqa: F401 (_stack: a fixture)
+    _stack,
+    sync_client,
+)
+from tools.stack import Stack
+
+PROMPT = "Once upon a time there was a small town by the sea."
+# greedy ends on EOS within 40 tokens for one of these, for each tiny model
+EOS_CANDIDATES = ["Mathematics is the study of numbers, shapes and patterns. One plus one is", "x", "a b c"]
+NO_OPS = {
+    "parallel_tool_calls": False,
+    "store": False,
+    "service_tier": "auto",
+    "user": "u-1",
+    "metadata": {"team": "a"},
+}
+
+
+def _hf_text(stack: Stack, prompt: str, new: int, min_new: int = 0) -> tuple[list[int], str]:
+    tok, model = hf_reference._load(stack.model_dir)
+    ids = torch.tensor([tok(prompt)["input_ids"]])
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=min_new,
+            do_sample=False,
+            pad_token_id=model.config.vocab_size - 1,
+        )
+    got = out[0, ids.shape[1] :].tolist()
+    return got, tok.decode(got, skip_special_tokens=True)
+
+
+def test_fields_that_change_nothing_are_accepted(stack: Stack) -> None:
+    client = sync_client(stack)
+    _, want = _hf_text(stack, PROMPT, 8)
+    whole = client.completions.create(
+        model=stack.model_name, prompt=PROMPT, max_tokens=8, temperature=0, extra_body=NO_OPS
+    )
+    assert whole.choices[0].text == want
+    chat = client.chat.completions.create(
+        model=stack.model_name,
+        messages=[{"role": "user", "content": "Hello"}],
+        max_completion_tokens=4,
+        **NO_OPS,
+    )
+    assert chat.choices[0].message.content is not None
+
+
+def test_tools_are_still_refused_by_name(stack: Stack) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError, match="tool"):
+        sync_client(stack).chat.completions.create(
+            model=stack.model_name, messages=[{"role": "user", "content": "hi"}], tools=[tool]
+        )
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        sync_client(stack).chat.completions.create(
+            model=stack.model_name,
+            messages=[{"role": "user", "content": "hi"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+        )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_stop_str_in_output(stack: Stack, stream: bool) -> None:
+    _, text = _hf_text(stack, PROMPT, 16)
+    stop = text.strip()[4:7]
+    cut = text[: text.index(stop)]
+    client = sync_client(stack)
+
+    def complete(**extra) -> str:
+        kw = {"model": stack.model_name, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "stop": [stop]}
+        if not stream:
+            return client.completions.create(**kw, extra_body=extra).choices[0].text
+        return "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True, extra_body=extra))
+
+    assert complete() == cut
+    assert complete(include_stop_str_in_output=True) == cut + stop
+
+
+def test_min_tokens_holds_back_the_end_as_hf_does(stack: Stack) -> None:
+    client = sync_client(stack)
+    for prompt in EOS_CANDIDATES:
+        ids, _ = _hf_text(stack, prompt, 40)
+        if len(ids) < 40:
+            break
+    else:
+        raise AssertionError("no candidate prompt ends on EOS")
+    at_least = len(ids) + 3
+    want_ids, want = _hf_text(stack, prompt, 40, min_new=at_least)
+    got = client.completions.create(
+        model=stack.model_name, prompt=prompt, max_tokens=40, temperature=0, extra_body={"min_tokens": at_least}
+    )
+    assert len(want_ids) >= at_least and got.choices[0].text == want
+    assert got.usage.completion_tokens == len(want_ids)
+
+
+def test_continuous_usage_stats_put_usage_in_every_chunk(stack: Stack) -> None:
+    chunks = list(
+        sync_client(stack).completions.create(
+            model=stack.model_name,
+            prompt=PROMPT,
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+        )
+    )
+    assert all(c.usage is not None for c in chunks)
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6
+
+
+def test_include_stop_str_in_output_in_chat(stack: Stack) -> None:
+    client = sync_client(stack)
+    kw = {"model": stack.model_name, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}
+    text = client.chat.completions.create(**kw, temperature=0).choices[0].message.content
+    stop = text.strip()[2:4]
+    kw |= {"temperature": 0, "stop": [stop]}
+    cut = client.chat.completions.create(**kw).choices[0].message.content
+    whole = client.chat.completions.create(**kw, extra_body={"include_stop_str_in_output": True})
+    chunks = client.chat.completions.create(**kw, stream=True, extra_body={"include_stop_str_in_output": True})
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert cut == text[: text.index(stop)] and whole.choices[0].message.content == streamed == cut + stop
