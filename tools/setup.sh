@@ -22,6 +22,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements-test.txt
+# TGI's client for the tests, without its dependencies (requirements-tgi.txt says why)
+.venv/bin/python -m pip install -q --no-deps -r requirements-tgi.txt
 # FastChat's servers, for the tests that put LightStream behind them, in their own virtualenv:
 # FastChat's API server streams only with pydantic 1 (requirements-fastchat.txt)
 if [ ! -x .venv-fastchat/bin/python ]; then
