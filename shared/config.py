@@ -65,6 +65,9 @@ class TokenizerConfig(CommonConfig):
     tokenizer_threads: int = 2
     # clients must send one of these as "Authorization: Bearer <key>"; empty: no keys asked
     api_keys: tuple[str, ...] = ()
+    protect_metrics: bool = False  # /metrics asks for the API key too; false: open (Prometheus scrapers carry none)
+    # on SIGTERM, requests in flight get this long to finish before they end with an error and the process exits
+    drain_timeout_s: float = 30.0
     # FastChat (docs/fastchat.md): the controller to register with as a model worker; empty: none
     fastchat_controller: str = ""
     worker_address: str = ""  # the URL FastChat reaches this front end at; empty: http://<host>:<port>
@@ -80,6 +83,7 @@ class TokenizerConfig(CommonConfig):
         _check(self.request_timeout_s > 0, "request_timeout_s must be > 0")
         _check(self.pipeline_check_s > 0, "pipeline_check_s must be > 0")
         _check(self.tokenizer_threads >= 1, "tokenizer_threads must be >= 1")
+        _check(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
         for name in ("fastchat_controller", "worker_address"):
             url = getattr(self, name)
             _check(not url or url.startswith(("http://", "https://")), f"{name} must be an http(s) URL, got {url!r}")

@@ -10,6 +10,7 @@ import time
 import uvicorn
 
 from services.tokenizer.app import create_app
+from services.tokenizer.drain import CLOSE_S, Drain, DrainingServer
 from services.tokenizer.generation import FrontContext
 from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.pipeline import Pipeline
@@ -57,22 +58,23 @@ def main() -> None:
         link, names, SERVICE_TOKENIZER, cfg.replica, info=lambda: {"in_flight": len(pipeline.pending)}
     )
     log.info("serving %s on %s:%d (max request length %d tokens)", ctx.model_name, cfg.host, cfg.port, max_total_len)
-    app = create_app(ctx)
+    drain = Drain(cfg.drain_timeout_s)
+    app = create_app(ctx, drain)
     # no access log: uvicorn writes its line when the response starts, ahead of a stream's
     # first event, and the front end logs each request itself, with its request id
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=cfg.host,
-            port=cfg.port,
-            log_level=cfg.log_level.lower(),
-            log_config=None,
-            access_log=False,
-            interface="asgi3",  # the app is plain ASGI middleware (app.py): no guessing from its __call__
-        )
+    config = uvicorn.Config(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        log_level=cfg.log_level.lower(),
+        log_config=None,
+        access_log=False,
+        interface="asgi3",  # the app is plain ASGI middleware (app.py): no guessing from its __call__
+        timeout_graceful_shutdown=CLOSE_S,  # after the drain (drain.py)
     )
+    server = DrainingServer(config, drain, fail_pending=pipeline.fail_all)
     sockets = [shared_listener(cfg.host, cfg.port)] if cfg.reuse_port else None
-    # uvicorn handles SIGTERM and SIGINT itself
+    # SIGTERM and SIGINT start a drain (drain.py), then the server stops and the process exits 0
     run_beating("front end", beat, lambda: server.run(sockets=sockets))
 
 

@@ -13,12 +13,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.tokenizer.errors import error_body
 
-OPEN_PATHS = frozenset({"/health"})  # answered without a key: load balancers probe it
+PROBES = frozenset({"/health", "/readiness"})  # answered without a key: load balancers probe them
+METRICS = "/metrics"  # answered without a key unless protect_metrics: Prometheus scrapers carry none
+
+
+def open_paths(protect_metrics: bool) -> frozenset[str]:
+    return PROBES if protect_metrics else PROBES | {METRICS}
 
 
 class Gates:
-    def __init__(self, app: ASGIApp, max_body_bytes: int, api_keys: tuple[str, ...]) -> None:
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, api_keys: tuple[str, ...], open_paths: frozenset[str] = PROBES
+    ) -> None:
         self.app = app
+        self.open_paths = open_paths
         self.max_body_bytes = max_body_bytes
         self.api_keys = tuple(k.encode() for k in api_keys)
 
@@ -28,7 +36,7 @@ class Gates:
             return
         headers = dict(scope.get("headers", ()))
         path = scope.get("path", "")
-        if self.api_keys and path not in OPEN_PATHS and not self._key_ok(headers.get(b"authorization", b"")):
+        if self.api_keys and path not in self.open_paths and not self._key_ok(headers.get(b"authorization", b"")):
             await _refuse(
                 send, path, 401, "a valid API key is required (Authorization: Bearer <key>)", "invalid_api_key"
             )

@@ -166,6 +166,15 @@ class Pipeline:
         log.info("aborting: %s", reason, extra={"rid": rid})
         self._io.submit(self.writer.send, self.names.router, AbortReq(rid, reason))
 
+    def fail_all(self, why: str) -> int:
+        """End every generation in flight with an error item and abort it (on the loop: the
+        drain's last step). Returns how many there were."""
+        failing = [p for p in self.pending.values() if not p.finished]
+        for p in failing:
+            p.queue.put_nowait((p.index, _error_item(p, why)))
+            self.abort(p.rid, why)
+        return len(failing)
+
     def done(self, rid: str) -> None:
         pending = self.pending.pop(rid, None)
         if pending is not None:
@@ -266,19 +275,14 @@ class Pipeline:
                 why = f"detokenizer {p.detok} died"
             else:
                 continue
-            failures.append(
-                (
-                    p,
-                    TextItem(
-                        p.rid,
-                        "",
-                        finish_reason=FINISH_ERROR,
-                        error=why,
-                        error_kind=ERR_FAILED,
-                        prompt_tokens=p.prompt_tokens,
-                    ),
-                )
-            )
+            failures.append((p, _error_item(p, why)))
         if failures:
             log.error("failing %d in-flight requests: %s", len(failures), failures[0][1].error)
             self._deliver(failures)
+
+
+def _error_item(p: PendingRequest, why: str) -> TextItem:
+    """The last item of a generation the front end ends itself."""
+    return TextItem(
+        p.rid, "", finish_reason=FINISH_ERROR, error=why, error_kind=ERR_FAILED, prompt_tokens=p.prompt_tokens
+    )

@@ -1,0 +1,64 @@
+"""What operators and their tools ask of the front end: GET /readiness (ready to take
+requests, unlike /health's liveness) and GET /version."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import pathlib
+import tomllib
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from services.tokenizer.drain import Drain
+from services.tokenizer.generation import FrontContext
+
+PACKAGE = "lightstream"
+PYPROJECT = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+@functools.cache
+def package_version() -> str:
+    """The installed package's version; in a checkout run without installing, pyproject's."""
+    try:
+        return importlib.metadata.version(PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        return str(tomllib.loads(PYPROJECT.read_text())["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
+def not_ready_because(ctx: FrontContext, drain: Drain) -> list[str]:
+    """Why the front end cannot take a request now; empty when it can."""
+    live = ctx.pipeline.live
+    why = []
+    if drain.draining:
+        why.append("the server is shutting down (draining)")
+    if not live.workers:
+        why.append("no worker group is alive")
+    if not live.detoks:
+        why.append("no detokenizer is alive")
+    if not live.routers:
+        why.append("the router is not alive")
+    return why
+
+
+def ops_router(ctx: FrontContext, drain: Drain) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/readiness")
+    async def readiness() -> JSONResponse:
+        why = not_ready_because(ctx, drain)
+        if not why:
+            return JSONResponse({"status": "ready"})
+        status = "draining" if drain.draining else "unavailable"
+        return JSONResponse({"status": status, "reasons": why}, status_code=503, headers={"Retry-After": "1"})
+
+    @router.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": package_version(), "model": ctx.model_name})
+
+    return router
