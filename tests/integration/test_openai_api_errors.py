@@ -117,7 +117,8 @@ def test_api_keys(stack: Stack) -> None:
         assert r.status_code == 401 and r.json()["error"]["type"] == "invalid_request_error"
         r = http.post("/generate", json={"inputs": "hi"}, headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401 and r.json()["error_type"] == "invalid_api_key"
-        assert http.get("/metrics").status_code == 401
+        # open to scrapers without the key by default (--protect-metrics puts it behind the key)
+        assert http.get("/metrics").status_code == 200
         assert http.get("/health").status_code == 200  # load balancers probe it without a key
         other = http.post("/generate", json={"inputs": "hi", "parameters": {"max_new_tokens": 2}}, headers=AUTH)
         assert other.status_code == 200

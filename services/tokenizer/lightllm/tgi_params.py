@@ -70,6 +70,9 @@ class TGIParameters(BaseModel):
     best_of: int | None = Field(None, ge=1, le=MAX_N)
     grammar: Any = None
     adapter_id: str | None = None
+    # LightLLM's own extension, kept on TGI's routes (POST / took LightLLM's body before): decode
+    # to max_new_tokens past the end-of-sequence token, as benchmarks ask
+    ignore_eos: bool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -131,6 +134,7 @@ class TGIParameters(BaseModel):
             seed=seed,
             logprobs=bool(self.details) or self.sequences > 1,
             top_logprobs=self.top_n_tokens or 0,
+            ignore_eos=bool(self.ignore_eos),
         )
 
 
