@@ -47,7 +47,13 @@ def graph_ms(fn: Callable[[], object], reps: int = 10) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         fn()
-    graph.replay()
+    return replay_ms(graph, warm=1, reps=reps)
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, warm: int = 3, reps: int = 20) -> float:
+    """Device ms of one replay of graph, over reps replays after warm ones."""
+    for _ in range(warm):
+        graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):

@@ -19,7 +19,16 @@ import torch
 
 from services.worker.forward_batch import ForwardBatch
 from services.worker.models.layers.projection import plain
-from services.worker.runtime.blas_choice import DEFAULT, LIBRARIES, Choice, choose, describe, projector, refine_in_step
+from services.worker.runtime.blas_choice import (
+    DEFAULT,
+    LIBRARIES,
+    Choice,
+    choose,
+    describe,
+    projector,
+    refine_in_step,
+    replay_ms,
+)
 from services.worker.runtime.cublaslt import CublasLt
 from services.worker.runtime.folding import StepForward
 from services.worker.runtime.graph_inputs import DecodeInputs
@@ -179,16 +188,3 @@ class DecodeGraphs:
         finally:
             self.model.project = plain  # eager steps: nothing to look up on the hot path
         return graph, logits
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph, warm: int = 3, reps: int = 20) -> float:
-    """Device ms of one replay of graph, over reps replays after warm ones."""
-    for _ in range(warm):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
