@@ -52,6 +52,12 @@ class ServeConfig:
     )
     running_max_req_size: int = option(256, "most requests running at once in a worker group", "--max-num-seqs")
     chunked_prefill_size: int = option(8192, "most prompt tokens one step prefills (longer prompts go in chunks)")
+    disable_prompt_cache: bool = option(
+        False,
+        "recompute every prompt from its first token (no prefix reuse across requests)",
+        "--disable_dynamic_prompt_cache",
+        "--no-enable-prefix-caching",
+    )
     log_dir: str = option("", "write each service's log to DIR/<service>.log; none: this terminal")
     detokenizers: int = option(1, "detokenizer processes")
     fronts: int = option(1, "HTTP front-end processes sharing --port (SO_REUSEPORT)")
@@ -91,6 +97,7 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "max_req_total_len": (("worker", "tokenizer"), "--max-req-total-len"),
     "running_max_req_size": (("worker", "router"), "--running-max-req-size"),
     "chunked_prefill_size": (("worker",), "--batch-max-tokens"),
+    "disable_prompt_cache": (("worker",), "--disable-prompt-cache"),
     "model_name": (("tokenizer",), "--model-name"),
 }
 

@@ -96,7 +96,9 @@ def build_parser(cls: type, description: str, prog: str | None = None) -> argpar
             parser.add_argument(*names, dest=f.name, action="append", type=str, default=None, help=_help(f))
         else:
             names = _flags(f.name, False) + aliases
-            parser.add_argument(*names, dest=f.name, type=_field_type(f), default=None, help=_help(f))
+            # a bare boolean flag (--disable-prompt-cache) means true; a value may still follow it
+            bare = {"nargs": "?", "const": True} if _field_type(f) is _parse_bool else {}
+            parser.add_argument(*names, dest=f.name, type=_field_type(f), default=None, help=_help(f), **bare)
     return parser
 
 

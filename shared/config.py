@@ -165,6 +165,12 @@ class WorkerConfig(CommonConfig):
     random_weights: bool = option(False, "draw weights from a seed on the device (benchmarks: no checkpoint needed)")
     warmup: bool = option(True, "on CUDA, run a few prompts before serving so no request waits for a compile")
     tp: int = option(1, "tensor-parallel ranks of this group: one process per GPU (gloo on the CPU)")
+    disable_prompt_cache: bool = option(
+        False,
+        "recompute every prompt from its first token: no radix tree of finished and running requests' tokens over "
+        "the KV pool (services/worker/memory/prompt_cache.py)",
+        "--disable_dynamic_prompt_cache",
+    )
 
     def __post_init__(self) -> None:
         _check(bool(self.model_dir), "model_dir is required")

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import msgpack
 
-SCHEMA_VERSION = 2  # 2: WorkerStatus.running as columns (RunningTable)
+SCHEMA_VERSION = 3  # 2: WorkerStatus.running as columns (RunningTable); 3: the prompt cache's counts
 
 # finish reasons shared by every stage; "" means still running
 FINISH_STOP = "stop"  # EOS, a stop token or a stop string
@@ -83,6 +83,9 @@ class RunningReq:
     held_tokens: int  # KV tokens the request owns now (prompt + output so far)
     remaining_tokens: int  # at most this many more output tokens
     paused: bool = False  # preempted: holds no KV now, resumes by recomputation
+    # of held_tokens, those in the prompt cache's tree (shared with other requests, and counted
+    # once in WorkerStatus.cache_locked_tokens instead)
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,7 @@ class RunningTable:
     held_tokens: list[int]
     remaining_tokens: list[int]
     paused: list[bool]
+    cached_tokens: list[int]
 
     def __post_init__(self) -> None:
         lengths = [len(c) for c in self.columns()]
@@ -108,7 +112,15 @@ class RunningTable:
 
     def columns(self) -> tuple[list, ...]:
         """The columns in RunningReq's field order: zip(*columns()) gives its rows' fields."""
-        return (self.rids, self.detoks, self.prompt_tokens, self.held_tokens, self.remaining_tokens, self.paused)
+        return (
+            self.rids,
+            self.detoks,
+            self.prompt_tokens,
+            self.held_tokens,
+            self.remaining_tokens,
+            self.paused,
+            self.cached_tokens,
+        )
 
     def rows(self) -> list[RunningReq]:
         return [RunningReq(*row) for row in zip(*self.columns(), strict=True)]
@@ -122,6 +134,7 @@ class RunningTable:
             [r.held_tokens for r in rows],
             [r.remaining_tokens for r in rows],
             [r.paused for r in rows],
+            [r.cached_tokens for r in rows],
         )
 
 
@@ -138,6 +151,7 @@ class TokenItem:
     error_kind: str = ""  # one of ERROR_KINDS when finish_reason is "error"
     prompt_tokens: int = 0
     output_tokens: int = 0  # total output tokens so far, this step's included
+    cached_tokens: int = 0  # prompt tokens whose KV the prompt cache held when the request started
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +168,7 @@ class TextItem:
     error_kind: str = ""
     prompt_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0
 
 
 # ---------------------------------------------------------------- router inbox
@@ -191,6 +206,10 @@ class WorkerStatus:
     admit_seq: int  # the last AdmitReqs.seq this instance has taken in
     running: RunningTable  # every request it holds: running, waiting to start, or paused
     time: float
+    # the prompt cache: tokens no request holds (freed on demand, so as good as free) and tokens
+    # of the tree that running requests hold (each counted once, however many share it)
+    evictable_tokens: int = 0
+    cache_locked_tokens: int = 0
 
 
 # ---------------------------------------------------------------- worker inbox

@@ -66,7 +66,7 @@ class GroupState:
             del self.placed[rid]
         learnt = []
         placed = self.placed
-        for rid, detok, prompt, held, remaining, paused in zip(*t.columns(), strict=True):
+        for rid, detok, prompt, held, remaining, paused, _cached in zip(*t.columns(), strict=True):
             p = placed.get(rid)
             if p is None:  # admitted by a predecessor router, or before the group was declared dead
                 p = Placed(None, 0, detok, prompt, remaining + held - prompt, False)

@@ -160,6 +160,7 @@ class Engine:
             [len(r.tokens) for r in reqs],
             [r.remaining for r in reqs],
             [id(r) in waiting and r.output_len > 0 for r in reqs],
+            [r.cached_len for r in reqs],
         )
 
     def fail_all(self, why: str) -> list[tuple[str, TokenItem]]:

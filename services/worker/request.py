@@ -9,6 +9,9 @@ class Req:
     __slots__ = (
         "admit_order",
         "alloc_len",
+        "cache_node",
+        "cached_len",
+        "cached_prompt",
         "closing",
         "deadline",
         "detok",
@@ -37,6 +40,12 @@ class Req:
         self.kv_len = 0  # tokens whose K and V are in the pool
         self.alloc_len = 0  # positions that have a slot (>= kv_len while a step is in flight)
         self.row: int | None = None  # request-table row while it holds KV
+        # the prompt cache (memory/prompt_cache.py): positions [0, cached_len) of the row are the
+        # tree's slots, held through the locked node cache_node; cached_prompt: the prompt tokens
+        # the cache held when the request first started (reported to the client)
+        self.cached_len = 0
+        self.cache_node = None
+        self.cached_prompt = 0
         self.finish_reason = ""
         self.error = ""  # why it failed, when finish_reason is "error"
         self.error_kind = ""

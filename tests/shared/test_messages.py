@@ -36,9 +36,11 @@ EXAMPLES = [
         max_running=64,
         admit_seq=12,
         running=m.RunningTable.of(
-            [m.RunningReq("r1", "detok-0", 3, 10, 6, False), m.RunningReq("r2", "detok-1", 4, 4, 16, True)]
+            [m.RunningReq("r1", "detok-0", 3, 10, 6, False, 3), m.RunningReq("r2", "detok-1", 4, 4, 16, True)]
         ),
         time=1.5,
+        evictable_tokens=500,
+        cache_locked_tokens=3,
     ),
     m.AdmitReqs("abc", 13, [GEN, GEN]),
     m.AbortReqs(["r1", "r2"], "aborted"),
@@ -46,7 +48,9 @@ EXAMPLES = [
     m.TokenBatch(
         "worker:0",
         [
-            m.TokenItem("r1", [42], [-0.5], [[[42.0, -0.5], [7.0, -1.5]]], prompt_tokens=3, output_tokens=1),
+            m.TokenItem(
+                "r1", [42], [-0.5], [[[42.0, -0.5], [7.0, -1.5]]], prompt_tokens=3, output_tokens=1, cached_tokens=2
+            ),
             m.TokenItem(
                 "r2",
                 [],
@@ -91,7 +95,20 @@ def test_unknown_type_and_bad_shapes_are_refused() -> None:
         m.decode(b"\xc1")
     with pytest.raises(m.WireError, match="not a wire message"):
         m.encode(SP)
-    ragged = [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, [["r1", "r2"], ["d0"], [5], [9], [7], [True]], 1.5]
+    ragged = [
+        m.SCHEMA_VERSION,
+        "wstat",
+        "0",
+        "x",
+        100,
+        40,
+        8,
+        3,
+        [["r1", "r2"], ["d0"], [5], [9], [7], [True], [0]],
+        1.5,
+        0,
+        0,
+    ]
     with pytest.raises(m.WireError, match="columns of different lengths"):
         m.decode(msgpack.packb(ragged))
 
@@ -106,9 +123,9 @@ def test_the_wire_layout_is_fields_in_declaration_order_nested_as_arrays() -> No
     # pinned by hand: a service built before or after a change to the codec reads the same bytes
     running = m.RunningTable.of([m.RunningReq("r1", "d0", 5, 9, 7, True), m.RunningReq("r2", "d1", 6, 6, 3, False)])
     status = m.WorkerStatus("0", "x", 100, 40, 8, 3, running, 1.5)
-    columns = [["r1", "r2"], ["d0", "d1"], [5, 6], [9, 6], [7, 3], [True, False]]
+    columns = [["r1", "r2"], ["d0", "d1"], [5, 6], [9, 6], [7, 3], [True, False], [0, 0]]
     assert m.encode(status) == msgpack.packb(
-        [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, columns, 1.5], use_bin_type=True
+        [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, columns, 1.5, 0, 0], use_bin_type=True
     )
     assert running.rows()[1] == m.RunningReq("r2", "d1", 6, 6, 3, False)
     gen = m.GenerateReq("r", "f", "d", [1, 2], m.SamplingParams(max_new_tokens=4), 1.0, 2.0)
