@@ -17,8 +17,8 @@ import torch
 
 from services.worker.forward_batch import ForwardBatch, HostIndex
 from services.worker.host_copy import to_device
-from services.worker.request import Req
-from services.worker.scheduler import PLACEHOLDER, StepPlan
+from services.worker.request import PLACEHOLDER, Req
+from services.worker.scheduler import StepPlan
 
 if TYPE_CHECKING:
     from services.worker.runtime.graph_inputs import DecodeInputs

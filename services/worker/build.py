@@ -12,6 +12,7 @@ import torch
 from services.worker.engine import Engine
 from services.worker.memory.kv_cache import KVCache, KVLayout
 from services.worker.memory.kv_manager import KVManager
+from services.worker.memory.prompt_cache import PromptCache
 from services.worker.memory.req_table import ReqTable
 from services.worker.memory.token_allocator import TokenAllocator
 from services.worker.models.attention.torch_backend import TorchAttention
@@ -158,7 +159,12 @@ def build_engine(
     """Rank 0's engine (the only one with a scheduler and a sampler); channel sends each
     step's batch to the other ranks of a tensor-parallel group."""
     s = build_model_stack(cfg, tp or TensorParallel(), weights, model_cfg, channel)
-    kv = KVManager(TokenAllocator(s.cache.capacity, s.device), s.table)
+    allocator = TokenAllocator(s.cache.capacity, s.device)
+    prompt_cache = None if cfg.disable_prompt_cache else PromptCache(allocator, s.table)
+    if prompt_cache is not None and channel is not None:
+        s.table.mirror = []  # the other ranks repeat the cache's writes into rows (channel.py)
+        channel.table = s.table
+    kv = KVManager(allocator, s.table, prompt_cache)
     eos = frozenset(s.model_cfg.eos_token_ids)
     limits = SchedulerLimits(
         max_running=cfg.running_max_req_size,

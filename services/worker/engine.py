@@ -192,4 +192,5 @@ def _item(
         error_kind=req.error_kind,
         prompt_tokens=req.prompt_len,
         output_tokens=produced if produced is not None else req.output_len - req.unresolved,
+        cached_tokens=req.cached_prompt,
     )

@@ -79,6 +79,7 @@ class WorkerCollector(Collector):
         yield _gauge(
             "kv_usage", "Fraction of the KV pool in use", group, (capacity - free) / capacity if capacity else 0
         )
+        yield from _prefix_cache(kv, group)
         running = len(sched.running)
         waiting = list(sched.waiting)  # one copy in C: the step loop may change the queue meanwhile
         paused = sum(1 for r in waiting if r.output_len > 0)
@@ -90,6 +91,21 @@ class WorkerCollector(Collector):
         for reason, n in sorted(m.finished.items()):
             ended.add_metric([m.group, reason], n)
         yield ended
+
+
+def _prefix_cache(kv, group: list[str]) -> Iterator[Metric]:
+    """The prompt cache's series (vLLM's names for queries and hits, counted in tokens)."""
+    if kv.cache is None:
+        return
+    st = kv.cache.stats
+    yield _counter(
+        "prefix_cache_queries", "Prompt tokens looked up in the prompt cache as requests started", group, st.queries
+    )
+    yield _counter("prefix_cache_hits", "Of those, tokens found cached (their prefill skipped)", group, st.hits)
+    yield _counter("prefix_cache_evicted_tokens", "Cached tokens evicted to make room", group, st.evicted)
+    held = kv.evictable_tokens + kv.cache_locked_tokens
+    yield _gauge("prefix_cache_tokens", "KV tokens the prompt cache's tree holds", group, held)
+    yield _gauge("prefix_cache_evictable_tokens", "Cached tokens no running request holds", group, kv.evictable_tokens)
 
 
 def _gauge(name: str, doc: str, labels: list[str], value: float) -> GaugeMetricFamily:

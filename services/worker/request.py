@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from shared.messages import GenerateReq, SamplingParams
 
+PLACEHOLDER = -1  # a token sampled by a step still in flight
+
 
 class Req:
     __slots__ = (
@@ -69,6 +71,12 @@ class Req:
     def decoding(self) -> bool:
         """Prefilled: one new token per step from here on."""
         return self.kv_len > 0 and self.pending == 1
+
+    @property
+    def computed_len(self) -> int:
+        """Leading tokens whose K and V launched steps compute from known ids: not the placeholders
+        at the tail (tokens still in flight), nor positions past a token that ended it."""
+        return min(self.kv_len, len(self.tokens) - self.unresolved)
 
     @property
     def remaining(self) -> int:

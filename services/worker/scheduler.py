@@ -25,13 +25,10 @@ from dataclasses import dataclass, field
 import torch
 
 from services.worker.memory.kv_manager import KVManager
-from services.worker.request import Req
+from services.worker.request import PLACEHOLDER, Req
 from shared.messages import ERR_DEADLINE, ERR_TOO_LARGE, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 
 log = logging.getLogger(__name__)
-
-
-PLACEHOLDER = -1  # a token sampled by a step still in flight
 
 
 @dataclass
@@ -127,16 +124,21 @@ class Scheduler:
             req = self.waiting[0]
             if req.unresolved:  # paused while a token of it was in flight: wait for the token
                 break
-            n = min(req.pending, budget)
+            hit = self.kv.lookup(req)  # its cached prefix, if any, is reused rather than recomputed
+            cached, pinned = (hit.length, hit.unlocked) if hit is not None else (0, 0)
+            n = min(len(req.tokens) - cached, budget)
             # keep room for this step's decodes and the next step's
-            if not self.kv.can_allocate(n + 2 * len(decodes) + 1, new_rows=1):
-                if not self.running and not self.kv.can_allocate(req.pending, new_rows=1):
+            if not self.kv.can_allocate(n + 2 * len(decodes) + 1, new_rows=1, pinned=pinned):
+                alone = len(req.tokens) - cached
+                if not self.running and not self.kv.can_allocate(alone, new_rows=1, pinned=pinned):
                     self.waiting.popleft()
                     self._fail(req, "the request needs more KV tokens than the pool has")
                     continue
                 break
             self.waiting.popleft()
             self.running.append(req)
+            self.kv.start(req, hit)
+            plan.new_rows.append(req)
             self._plan_extend(plan, req, n)
             budget -= n
         plan.decodes = decodes
@@ -145,8 +147,6 @@ class Scheduler:
         return plan
 
     def _plan_extend(self, plan: StepPlan, req: Req, n: int) -> None:
-        if req.row is None:
-            plan.new_rows.append(req)
         plan.extends.append((req, n))
         plan.extend_slots.append(self.kv.allocate(req, n))
 
@@ -175,6 +175,7 @@ class Scheduler:
         token; -> each placeholder's index in its request's tokens."""
         for req, n in plan.extends:
             req.kv_len += n
+            self.kv.cache_progress(req)
         for req in plan.decodes:
             req.kv_len += 1
         positions = []

@@ -168,6 +168,8 @@ class WorkerService:
             admit_seq=self.admit_seq,
             running=self.engine.running_reqs(),
             time=time.time(),
+            evictable_tokens=kv.evictable_tokens,
+            cache_locked_tokens=kv.cache_locked_tokens,
         )
         self._send([(self.names.router, status)])
         self._last_status = time.monotonic()

@@ -124,3 +124,19 @@ def test_a_rank_killed_under_load_fails_its_requests_and_the_group_comes_back(
             assert r.status_code == 200 and r.json()["count_output_tokens"] >= 1, r.text
     finally:
         stack.stop()
+
+
+def test_tp2_prompt_cache_reuse_equals_hf(tp_stack: Stack) -> None:
+    """Prompts that extend or cut a cached one: every rank must read the cached prefix's slots
+    through rows that only rank 0's cache wrote (tp/channel.py carries those writes)."""
+    tok = hf_reference.tokenizer(tp_stack.model_dir)
+    base = PROMPTS[-1]
+    prompts = [base, base + "and then the boats came back", base[:20] + " xyz", base]
+
+    with httpx.Client(base_url=tp_stack.url, timeout=120) as client:
+        for prompt in prompts:  # one at a time: each finds the ones before it cached
+            body = {"inputs": prompt, "parameters": {"max_new_tokens": 5, "ignore_eos": True, "return_details": True}}
+            r = client.post("/generate", json=body)
+            assert r.status_code == 200, r.text
+            want = hf_reference.greedy(tp_stack.model_dir, tok(prompt)["input_ids"], 5, eos=False)
+            assert [t["id"] for t in r.json()["tokens"]] == want, prompt

@@ -14,23 +14,31 @@ class Outcome:
     finish_reason: str = ""
     error: str = ""
     logprobs: list[float] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens the prompt cache held when the request started
 
 
 def request(rid: str, ids: list[int], **params) -> GenerateReq:
     return GenerateReq(rid, "front", "detok", ids, SamplingParams(**params), 0.0, 0.0)
 
 
-def run(engine: Engine, reqs: list[GenerateReq], max_steps: int = 10_000) -> dict[str, Outcome]:
-    out = {r.rid: Outcome() for r in reqs}
+def run(
+    engine: Engine, reqs: list[GenerateReq], max_steps: int = 10_000, later: dict[int, list[GenerateReq]] | None = None
+) -> dict[str, Outcome]:
+    """later: requests added just before the given step (0 is the first)."""
+    later = dict(later or {})
+    out = {r.rid: Outcome() for r in [*reqs, *(r for rs in later.values() for r in rs)]}
     for r in reqs:
         engine.add(r)
-    for _ in range(max_steps):
-        if not engine.has_work():
+    for step in range(max_steps):
+        for r in later.pop(step, []):
+            engine.add(r)
+        if not engine.has_work() and not later:
             return out
         for _shard, item in engine.step().items:
             o = out[item.rid]
             o.tokens += item.token_ids
             o.logprobs += item.logprobs
+            o.cached_tokens = max(o.cached_tokens, item.cached_tokens)
             if item.finish_reason:
                 o.finish_reason, o.error = item.finish_reason, item.error
     raise AssertionError(f"engine still busy after {max_steps} steps")

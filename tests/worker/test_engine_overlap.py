@@ -57,7 +57,9 @@ def test_abort_while_a_step_is_in_flight(tiny_llama: str) -> None:
     assert ends == {"a": "abort", "b": "length"}
     assert len(seen["b"]) == 5
     assert len(seen["a"]) < 40
-    assert engine.kv.free_tokens == engine.kv.capacity and engine.kv.table.num_free_rows == engine.kv.table.max_rows
+    assert (
+        engine.kv.available_tokens == engine.kv.capacity and engine.kv.table.num_free_rows == engine.kv.table.max_rows
+    )
 
 
 def test_an_end_token_finishes_the_request_despite_the_step_in_flight(tiny_llama: str) -> None:
@@ -71,4 +73,4 @@ def test_an_end_token_finishes_the_request_despite_the_step_in_flight(tiny_llama
     engine = build_engine(WorkerConfig(model_dir=tiny_llama))
     got = run(engine, [request("e", ids, max_new_tokens=40)])["e"]
     assert got.tokens == want and got.finish_reason == "stop"
-    assert engine.kv.free_tokens == engine.kv.capacity
+    assert engine.kv.available_tokens == engine.kv.capacity

@@ -42,19 +42,26 @@ def test_greedy_matches_hf(tiny_models: dict[str, str], arch: str, prefill_budge
     for rid, want in expected.items():
         assert got[rid].tokens == want, f"request {rid}"
         assert got[rid].finish_reason == ("stop" if len(want) < reqs[int(rid)].params.max_new_tokens else "length")
-    assert engine.kv.free_tokens == engine.kv.capacity  # every slot came back
+    assert engine.kv.available_tokens == engine.kv.capacity  # every slot came back
 
 
-def test_preempted_requests_finish_with_the_same_output(tiny_llama: str) -> None:
-    """A pool far too small for the batch forces pauses and re-prefills; outputs must not change."""
+@pytest.mark.parametrize("pool, cache", [(160, False), (120, True)])
+def test_preempted_requests_finish_with_the_same_output(tiny_llama: str, pool: int, cache: bool) -> None:
+    """A pool far too small for the batch forces pauses and re-prefills (with the prompt cache,
+    evictions on most steps first); outputs must not change."""
     reqs, expected = _requests(tiny_llama, eos=False)
-    engine = build_engine(WorkerConfig(model_dir=tiny_llama, max_total_token_num=160, batch_max_tokens=64))
+    cfg = WorkerConfig(
+        model_dir=tiny_llama, max_total_token_num=pool, batch_max_tokens=64, disable_prompt_cache=not cache
+    )
+    engine = build_engine(cfg)
     got = run(engine, reqs)
     assert engine.scheduler.num_paused_total > 0
+    if cache:
+        assert engine.kv.cache is not None and engine.kv.cache.stats.evicted > pool
     for rid, want in expected.items():
         assert got[rid].tokens == want, f"request {rid}"
         assert got[rid].finish_reason == "length"
-    assert engine.kv.free_tokens == engine.kv.capacity
+    assert engine.kv.available_tokens == engine.kv.capacity
 
 
 def test_new_requests_join_a_running_batch(tiny_qwen: str) -> None:
@@ -96,8 +103,8 @@ def test_abort_frees_kv_at_once(tiny_llama: str) -> None:
     engine = build_engine(WorkerConfig(model_dir=tiny_llama))
     engine.add(request("x", list(range(3, 40)), max_new_tokens=50, ignore_eos=True))
     engine.step()
-    assert engine.kv.free_tokens < engine.kv.capacity
+    assert engine.kv.available_tokens < engine.kv.capacity
     assert engine.abort("x")
-    assert engine.kv.free_tokens == engine.kv.capacity
+    assert engine.kv.available_tokens == engine.kv.capacity
     items = engine.step().items
     assert [(i.rid, i.finish_reason) for _, i in items] == [("x", "abort")]

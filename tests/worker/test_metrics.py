@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.worker.engine import StepOutput
+from services.worker.memory.prompt_cache import CacheStats
 from services.worker.metrics import WorkerCollector, WorkerMetrics
 from shared.messages import TokenItem
 
@@ -37,7 +38,13 @@ def test_steps_tokens_and_ends_are_counted() -> None:
     waiting = deque([SimpleNamespace(output_len=0), SimpleNamespace(output_len=3)])  # one new, one paused
     engine = SimpleNamespace(
         scheduler=SimpleNamespace(running=[object()] * 2, waiting=waiting, num_paused_total=4),
-        kv=SimpleNamespace(capacity=100, free_tokens=75),
+        kv=SimpleNamespace(
+            capacity=100,
+            free_tokens=75,
+            evictable_tokens=10,
+            cache_locked_tokens=5,
+            cache=SimpleNamespace(stats=CacheStats(queries=50, hits=30, evicted=7)),
+        ),
     )
     got = _scrape(m, engine)
     g = (("group", "g0"),)
@@ -49,4 +56,9 @@ def test_steps_tokens_and_ends_are_counted() -> None:
     assert got[("lightstream_worker_running_requests", g)] == 2
     assert got[("lightstream_worker_waiting_requests", g)] == 1 and got[("lightstream_worker_paused_requests", g)] == 1
     assert got[("lightstream_worker_preemptions_total", g)] == 4
+    assert got[("lightstream_worker_prefix_cache_queries_total", g)] == 50
+    assert got[("lightstream_worker_prefix_cache_hits_total", g)] == 30
+    assert got[("lightstream_worker_prefix_cache_evicted_tokens_total", g)] == 7
+    assert got[("lightstream_worker_prefix_cache_tokens", g)] == 15
+    assert got[("lightstream_worker_prefix_cache_evictable_tokens", g)] == 10
     assert got[("lightstream_worker_finished_total", (("group", "g0"), ("reason", "abort")))] == 1

@@ -17,6 +17,9 @@ class ReqTable:
         self.table = torch.full((max_rows + 1, max_context), dummy_slot, dtype=torch.int32, device=device)
         self.dummy_row = max_rows
         self._free_rows = list(range(max_rows - 1, -1, -1))
+        # rank 0 of a tensor-parallel group with the prompt cache: the rows' prefixes written from
+        # the cache, which the other ranks cannot rebuild from a batch's new tokens (tp/channel.py)
+        self.mirror: list[tuple[int, torch.Tensor]] | None = None
 
     @property
     def num_free_rows(self) -> int:
@@ -33,6 +36,16 @@ class ReqTable:
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         """Record that positions [start, start + len(slots)) of the row live in these slots."""
         self.table[row, start : start + slots.numel()] = slots
+
+    def write_prefix(self, row: int, slots: torch.Tensor) -> None:
+        """Positions [0, len(slots)) of the row live in these slots (the prompt cache's)."""
+        self.write(row, 0, slots)
+        if self.mirror is not None:
+            self.mirror.append((row, slots))
+
+    def take_mirror(self) -> list[tuple[int, torch.Tensor]]:
+        out, self.mirror = self.mirror or [], [] if self.mirror is not None else None
+        return out
 
     def slots(self, row: int, end: int) -> torch.Tensor:
         """Slots of positions [0, end) of a row: [end] int32."""

@@ -8,7 +8,9 @@ about 25 ms: the first prompt whose token count was a multiple of
 kernel's block count stops being 1 (1.56 s for the first 137-token prompt after the first
 version of this warm-up). The warm-up runs prompts of 1, 16, 17 and 129 tokens alone, then
 a batch of them with a prompt arriving while the others decode (a mixed step), each for a
-few greedy tokens, and leaves the engine as it found it: nothing queued, every KV slot free.
+few greedy tokens, and leaves the engine as it found it: nothing queued, every KV slot free,
+the prompt cache empty. With the cache on, one prompt extends the 129-token one, so a prefill
+over a cached prefix is compiled too.
 Steps of up to a few thousand tokens replay CUDA graphs captured over padded token counts
 (piecewise_graphs.py), so with those the warm-up adds two prompts just past the largest
 bucket, 16 and 17 tokens past it: the steps that still run eagerly.
@@ -32,8 +34,12 @@ LATE = 16  # ... and this one while they decode
 NEW_TOKENS = 4
 
 
-def _request(k: int, length: int, vocab_size: int) -> GenerateReq:
-    ids = [(7 + 31 * (k + i)) % vocab_size for i in range(length)]
+def _ids(k: int, length: int, vocab_size: int) -> list[int]:
+    """Prompt k's ids; no two prompts start with the same token."""
+    return [(7 + 31 * (k + i)) % vocab_size for i in range(length)]
+
+
+def _request(k: int, ids: list[int]) -> GenerateReq:
     params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
     return GenerateReq(f"warmup-{k}", "warmup", "warmup", ids, params, time.time(), 0.0)
 
@@ -69,21 +75,27 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmupReport:
     # a prompt must leave room in the request's table row (the front end enforces this for users)
     longest = max(1, engine.scheduler.limits.max_total_len - NEW_TOKENS)
 
-    def add(length: int) -> None:
-        engine.add(_request(report.prompts, min(length, longest), vocab_size))
+    def add(length: int, prefix: list[int] | None = None) -> list[int]:
+        ids = (prefix or []) + _ids(report.prompts, length, vocab_size)
+        engine.add(_request(report.prompts, ids[:longest]))
         report.prompts += 1
+        return ids
 
     pieces = engine.runner.pieces
     eager = [pieces.buckets[-1] + extra for extra in (16, 17)] if pieces is not None else []
     for length in (*ALONE, *eager):
-        add(length)
+        ids = add(length)
         _drain(engine, report)
+        if length == ALONE[-1] and engine.kv.cache is not None:
+            add(ALONE[1], prefix=ids)  # a prefill over a cached prefix
+            _drain(engine, report)
     for length in TOGETHER:
         add(length)
     for _ in range(2):  # the batch's prefill, then a decode step under way
         _step(engine, report)
     add(LATE)
     _drain(engine, report)
+    engine.kv.clear_cache()
     if engine.kv.free_tokens != free_before:
         raise RuntimeError(f"warm-up left {free_before - engine.kv.free_tokens} KV slots held")
     report.seconds = time.perf_counter() - t0

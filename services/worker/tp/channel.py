@@ -8,9 +8,10 @@ parts, so that no rank's host ever waits for a device:
 - the input ids and KV slots, which rank 0 makes on its device (a decode input is the token
   the step before sampled), go by a broadcast queued on the devices' streams.
 The other ranks rebuild their request-to-token tables from the batch (each new token's row,
-position and slot are all in it), so the tables of all ranks stay identical without any
-other message. Only rank 0 samples; every later input is broadcast from it, so all ranks
-agree on every token by construction. A pipe that closes (rank 0 died) ends a rank's loop.
+position and slot are all in it, and so are the rows' prefixes the prompt cache wrote since
+the last batch), so the tables of all ranks stay identical without any other message. Only
+rank 0 samples; every later input is broadcast from it, so all ranks agree on every token
+by construction. A pipe that closes (rank 0 died) ends a rank's loop.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ import torch.distributed as dist
 
 from services.worker.forward_batch import ForwardBatch, HostIndex
 from services.worker.host_copy import to_device
+from services.worker.memory.req_table import ReqTable
 
-# [kind, tokens, extend tokens, extend segments, decodes, samples, extend max, decode max]
-_HEADER = 8
+# [kind, tokens, extend tokens, extend segments, decodes, samples, extend max, decode max,
+#  rows whose prefix the prompt cache wrote, slots of those prefixes]
+_HEADER = 10
 _BATCH, _STOP = 1, 0
 
 
@@ -39,6 +42,7 @@ class StepChannel:
         # NCCL moves device tensors; gloo, host tensors
         self.comm_device = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
         self.device = device
+        self.table: ReqTable | None = None  # rank 0 with the prompt cache: its rows' prefix writes go along
 
     # ---------------------------------------------------------------- rank 0
 
@@ -46,6 +50,9 @@ class StepChannel:
         if b.host is None:
             raise ValueError("StepChannel.send: the batch has no host index (build it with build_batch)")
         h = b.host
+        copies = self.table.take_mirror() if self.table is not None else []
+        copy_rows = [row for row, _ in copies]
+        copy_lens = [int(slots.numel()) for _, slots in copies]
         header = [
             _BATCH,
             b.num_tokens,
@@ -55,6 +62,8 @@ class StepChannel:
             len(h.sample_index),
             b.extend_max_len,
             b.decode_max_len,
+            len(copies),
+            sum(copy_lens),
         ]
         lists = [
             h.positions,
@@ -65,6 +74,8 @@ class StepChannel:
             h.decode_rows,
             h.decode_seq_lens,
             h.sample_index,
+            copy_rows,
+            copy_lens,
         ]
         msg = array("q", header)
         for values in lists:
@@ -72,7 +83,7 @@ class StepChannel:
         data = msg.tobytes()
         for pipe in self.pipes:
             pipe.send_bytes(data)
-        ids_and_slots = torch.cat([b.input_ids, b.out_slots.to(torch.int64)])
+        ids_and_slots = torch.cat([b.input_ids, b.out_slots.to(torch.int64), *(x.to(torch.int64) for _, x in copies)])
         dist.broadcast(ids_and_slots.to(self.comm_device), src=0, group=self.group)
 
     def stop(self) -> None:
@@ -93,13 +104,15 @@ class StepChannel:
             return None
         msg = array("q")
         msg.frombytes(data)
-        kind, t, e, be, bd, s, ext_max, dec_max = msg[:_HEADER]
+        kind, t, e, be, bd, s, ext_max, dec_max, nc, nq = msg[:_HEADER]
         if kind == _STOP:
             return None
-        sizes = [t, be, be, be, be, bd, bd, s]
+        sizes = [t, be, be, be, be, bd, bd, s, nc, nc]
         ends = list(accumulate(sizes, initial=_HEADER))
-        pos, rows, starts, lens, prefix, drows, dlens, sample = (msg[a:z].tolist() for a, z in pairwise(ends))
-        ids_and_slots = torch.empty(2 * t, dtype=torch.int64, device=self.comm_device)
+        pos, rows, starts, lens, prefix, drows, dlens, sample, crows, clens = (
+            msg[a:z].tolist() for a, z in pairwise(ends)
+        )
+        ids_and_slots = torch.empty(2 * t + nq, dtype=torch.int64, device=self.comm_device)
         dist.broadcast(ids_and_slots, src=0, group=self.group)
         ids_and_slots = ids_and_slots.to(self.device, non_blocking=True)
 
@@ -109,7 +122,7 @@ class StepChannel:
         batch = ForwardBatch(
             input_ids=ids_and_slots[:t],
             positions=to_device(pos, torch.int64, self.device),
-            out_slots=ids_and_slots[t:].to(torch.int32),
+            out_slots=ids_and_slots[t : 2 * t].to(torch.int32),
             req_table=req_table,
             num_extend_tokens=e,
             extend_rows=i32(rows),
@@ -125,6 +138,9 @@ class StepChannel:
             sample_index=to_device(sample, torch.int64, self.device),
             host=HostIndex(pos, rows, starts, drows, dlens, sample),
         )
+        copied = ids_and_slots[2 * t :].to(torch.int32)
+        for row, (a, z) in zip(crows, pairwise(accumulate(clens, initial=0)), strict=True):
+            req_table[row, : z - a] = copied[a:z]
         token_rows = [r for r, n in zip(rows, lens, strict=True) for _ in range(n)] + drows
         req_table[to_device(token_rows, torch.int64, self.device), batch.positions] = batch.out_slots
         return batch

@@ -10,9 +10,9 @@ import torch
 from services.worker.batch_builder import PreviousTokens, build_batch
 from services.worker.build import build_engine
 from services.worker.kernels.pack_decode_inputs import OUTPUTS
-from services.worker.request import Req
+from services.worker.request import PLACEHOLDER, Req
 from services.worker.runtime.graph_inputs import DecodeInputs, DecodeInputViews
-from services.worker.scheduler import PLACEHOLDER, StepPlan
+from services.worker.scheduler import StepPlan
 from shared.config import WorkerConfig
 from tests import hf_reference
 from tests.worker.engine_driver import request, run

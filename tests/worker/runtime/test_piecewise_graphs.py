@@ -60,7 +60,8 @@ def test_mixed_and_chunked_steps_through_the_pieces_match_hugging_face(tiny_llam
         "def f(x): return x * x  # a function",
     ]
     reqs = [request(str(i), tok(t)["input_ids"], max_new_tokens=6 + 5 * i) for i, t in enumerate(texts)]
-    engine, used = _with_pieces(tiny_llama, batch_max_tokens=16)
+    # the cache off: shared first tokens would change which steps are small
+    engine, used = _with_pieces(tiny_llama, batch_max_tokens=16, disable_prompt_cache=True)
     out = run(engine, reqs)
     assert min(used) <= 8 and max(used) > 8 and len(used) >= 5
     for r in reqs:

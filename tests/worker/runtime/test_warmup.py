@@ -22,7 +22,8 @@ def test_warm_up_runs_every_shape_and_leaves_the_engine_as_it_was(tiny_llama: st
     engine = _engine(tiny_llama)
     free = engine.kv.free_tokens
     report = warm_up(engine, engine.runner.model.cfg.vocab_size)
-    assert report.prompts == len(ALONE) + len(TOGETHER) + 1
+    # one more with the prompt cache: a prompt that extends a cached one
+    assert report.prompts == len(ALONE) + len(TOGETHER) + 1 + (engine.kv.cache is not None)
     assert report.mixed_steps >= 1  # the late prompt's prefill ran beside the batch's decodes
     assert report.steps >= len(ALONE) * 2
     assert not engine.has_work() and engine.kv.free_tokens == free
@@ -50,7 +51,7 @@ def test_with_piecewise_graphs_it_also_runs_the_eager_steps_past_them(tiny_llama
 
     model.forward = counted  # type: ignore[method-assign]
     report = warm_up(engine, model.cfg.vocab_size)
-    assert report.prompts == len(ALONE) + len(TOGETHER) + 1 + 2
+    assert report.prompts == len(ALONE) + len(TOGETHER) + 1 + 2 + (engine.kv.cache is not None)
     # (the tiny buckets leave the longer warm-up prompts eager too)
     assert {24 + 16, 24 + 17} <= set(eager) and min(eager) > 24
 
@@ -64,7 +65,8 @@ def test_warm_up_fits_a_small_worker(tiny_llama: str, limits: dict) -> None:
     engine = build_engine(WorkerConfig(model_dir=tiny_llama, device="cpu", **limits))
     free = engine.kv.free_tokens
     report = warm_up(engine, engine.runner.model.cfg.vocab_size)
-    assert report.prompts == len(ALONE) + len(TOGETHER) + 1
+    # one more with the prompt cache: a prompt that extends a cached one
+    assert report.prompts == len(ALONE) + len(TOGETHER) + 1 + (engine.kv.cache is not None)
     assert not engine.has_work() and engine.kv.free_tokens == free
 
 
