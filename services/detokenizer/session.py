@@ -8,7 +8,7 @@ from shared.messages import ERR_FAILED, FINISH_ERROR, FINISH_STOP, DetokRegister
 
 
 class DetokSession:
-    __slots__ = ("decoder", "front", "output_tokens", "prompt_tokens", "rid", "stops")
+    __slots__ = ("cached_tokens", "decoder", "front", "output_tokens", "prompt_tokens", "rid", "stops")
 
     def __init__(self, reg: DetokRegister, decoder: Decoder) -> None:
         self.rid = reg.rid
@@ -17,6 +17,7 @@ class DetokSession:
         self.decoder = IncrementalDecoder(decoder, reg.skip_special_tokens)
         self.stops = StopMatcher(reg.stop)
         self.output_tokens = 0
+        self.cached_tokens = 0  # prompt tokens the worker's prompt cache held, as its items report
 
     def apply(self, item: TokenItem) -> tuple[TextItem, bool]:
         """-> (the text item for the front end, whether this request has ended)."""
@@ -26,6 +27,8 @@ class DetokSession:
             # tokens would repeat text the client already has
             return self._end(FINISH_ERROR, "the request was restarted after its output began", ERR_FAILED), True
         self.output_tokens = expected
+        # kept, so that every text item carries it, the ends this session makes itself included
+        self.cached_tokens = item.cached_tokens or self.cached_tokens
         text, hit = self.stops.feed(self.decoder.push(item.token_ids))
         if hit:
             return self._text(item, text, FINISH_STOP), True
@@ -50,6 +53,7 @@ class DetokSession:
             error_kind=kind,
             prompt_tokens=self.prompt_tokens,
             output_tokens=self.output_tokens,
+            cached_tokens=self.cached_tokens,
         )
 
     def _end(self, finish: str, error: str, kind: str) -> TextItem:
@@ -61,4 +65,5 @@ class DetokSession:
             error_kind=kind,
             prompt_tokens=self.prompt_tokens,
             output_tokens=self.output_tokens,
+            cached_tokens=self.cached_tokens,
         )

@@ -18,6 +18,7 @@ class Collected:
     error_kind: str = ""
     prompt_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the worker's prompt cache held when the generation started
 
     def add(self, item: TextItem) -> None:
         self.text += item.text
@@ -26,6 +27,7 @@ class Collected:
         self.top_logprobs.extend(item.top_logprobs)
         self.prompt_tokens = item.prompt_tokens or self.prompt_tokens
         self.output_tokens = max(self.output_tokens, item.output_tokens)
+        self.cached_tokens = item.cached_tokens or self.cached_tokens
         if item.finish_reason:
             self.finish_reason = item.finish_reason
             self.error = item.error

@@ -59,6 +59,7 @@ class Generation:
     first_item: float = 0.0
     first_token: float = 0.0
     ended: bool = False  # its last item came, or it was abandoned
+    cached_tokens: int = 0  # prompt tokens the prompt cache held when it started, once an item said
 
 
 def new_seed() -> int:
@@ -153,6 +154,9 @@ def accept(ctx: FrontContext, gen: Generation, item: TextItem) -> bool:
     if item.token_ids and not gen.first_token:
         gen.first_token = now
         ctx.metrics.ttft.observe(now - gen.arrival)
+    if item.cached_tokens and not gen.cached_tokens:  # every item of a generation carries the same count
+        gen.cached_tokens = item.cached_tokens
+        ctx.metrics.cached_prompt_tokens.inc(item.cached_tokens)
     if item.finish_reason:
         gen.ended = True
         ctx.pipeline.done(gen.pending.rid)

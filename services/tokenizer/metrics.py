@@ -2,7 +2,8 @@
 
 Per HTTP request on an API route: requests and errors. Per generation (a request with
 n > 1 or best_of > 1 runs several): time in the pipeline before its first text, time to
-first token, time per output token, whole latency, tokens in and out, how it ended.
+first token, time per output token, whole latency, tokens in (and of them those the prompt
+cache held) and out, how it ended.
 The registry is the app's own, so several apps in one process (tests) do not collide.
 """
 
@@ -58,6 +59,11 @@ class FrontMetrics:
             registry=r,
         )
         self.prompt_tokens = Counter("lightstream_front_prompt_tokens", "Prompt tokens of generations", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "lightstream_front_cached_prompt_tokens",
+            "Prompt tokens of generations that the worker's prompt cache held when they started",
+            registry=r,
+        )
         self.output_tokens = Counter("lightstream_front_generation_tokens", "Output tokens of generations", registry=r)
         self.generations = Counter(
             "lightstream_front_generations", "Generations ended, by finish reason", ["finish_reason"], registry=r

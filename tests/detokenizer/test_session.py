@@ -17,9 +17,11 @@ def _session(stop: list[str]) -> DetokSession:
     return DetokSession(DetokRegister("r", "front", 5, stop, True, 0.0), _Bytes())
 
 
-def _item(text: str, n_before: int, finish: str = "") -> TokenItem:
+def _item(text: str, n_before: int, finish: str = "", cached: int = 0) -> TokenItem:
     ids = [ord(c) for c in text]
-    return TokenItem("r", ids, prompt_tokens=5, output_tokens=n_before + len(ids), finish_reason=finish)
+    return TokenItem(
+        "r", ids, prompt_tokens=5, output_tokens=n_before + len(ids), finish_reason=finish, cached_tokens=cached
+    )
 
 
 def test_text_flows_and_the_worker_finish_is_passed_on() -> None:
@@ -49,3 +51,20 @@ def test_a_restarted_request_is_failed_not_repeated() -> None:
     s.apply(_item("ab", 0))
     out, ended = s.apply(_item("a", 0))  # output count went back to 1: a worker started it again
     assert ended and out.finish_reason == "error" and "restarted" in out.error
+
+
+def test_the_prompt_tokens_served_from_the_cache_reach_every_text_item() -> None:
+    s = _session(["xy"])
+    out, _ = s.apply(_item("ab", 0, cached=4))
+    assert (out.prompt_tokens, out.cached_tokens) == (5, 4)
+    out, _ = s.apply(_item("x", 2))  # an item without the count keeps the one reported
+    assert (out.text, out.cached_tokens) == ("", 4)
+    out, ended = s.apply(_item("y", 3, cached=4))  # the end the stop string makes
+    assert (ended, out.finish_reason, out.cached_tokens) == (True, "stop", 4)
+
+
+def test_the_end_of_a_restarted_request_keeps_its_cached_count() -> None:
+    s = _session([])
+    s.apply(_item("ab", 0, cached=3))
+    out, ended = s.apply(_item("a", 0, cached=1))  # another worker started it again
+    assert ended and out.finish_reason == "error" and out.cached_tokens == 3

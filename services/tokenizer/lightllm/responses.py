@@ -8,9 +8,10 @@ from services.tokenizer.tokenization import Tokenization
 from shared.messages import FINISH_ERROR, TextItem
 
 
-def generate_response(outs: list[Collected], details: bool, tok: Tokenization) -> dict:
+def generate_response(outs: list[Collected], details: bool, tok: Tokenization, cached_tokens: int) -> dict:
     """LightLLM's /generate body. With n > 1, as LightLLM: generated_text holds n texts and
-    the per-sequence fields become lists in the same order."""
+    the per-sequence fields become lists in the same order. The prompt counts once, and so
+    does cached_tokens, the prompt tokens the prompt cache held (LightLLM's prompt_cache_len)."""
     one = len(outs) == 1
 
     def per_sequence(values: list) -> object:
@@ -21,6 +22,7 @@ def generate_response(outs: list[Collected], details: bool, tok: Tokenization) -
         "count_output_tokens": per_sequence([c.output_tokens for c in outs]),
         "finish_reason": per_sequence([c.finish_reason for c in outs]),
         "prompt_tokens": outs[0].prompt_tokens,
+        "prompt_cache_len": cached_tokens,
     }
     if details:
         body["tokens"] = per_sequence([_token_details(c, tok) for c in outs])
@@ -70,7 +72,11 @@ def _event(token: dict, finished: bool, item: TextItem, details: bool) -> bytes:
         "generated_text": None,
         "finished": finished,
         "finish_reason": item.finish_reason or None,
-        "details": {"prompt_tokens": item.prompt_tokens, "generated_tokens": item.output_tokens}
+        "details": {
+            "prompt_tokens": item.prompt_tokens,
+            "prompt_cache_len": item.cached_tokens,
+            "generated_tokens": item.output_tokens,
+        }
         if (details and finished)
         else None,
     }

@@ -44,7 +44,8 @@ def lightllm_post_routes(ctx: FrontContext) -> dict[str, PostRoute]:
         gens = await start(body, arrival)
         outs = await collect_all(ctx, gens, request)
         chosen = best(outs, body.parameters.n)
-        return JSONResponse(generate_response(chosen, body.parameters.return_details, ctx.tok))
+        # the first generation's cached tokens, as in OpenAI's usage (docs/api.md)
+        return JSONResponse(generate_response(chosen, body.parameters.return_details, ctx.tok, outs[0].cached_tokens))
 
     async def generate_stream(request: Request, body: GenerateBody, arrival: float) -> EventStream:
         p = body.parameters

@@ -66,7 +66,7 @@ async def chat_completions(
         if body.include_stop_str_in_output and c.finish_reason == FINISH_STOP:
             text += await stop_string_hit(ctx.tok, c.token_ids, c.text, body.stops(), bool(body.skip_special_tokens))
         choices.append(shape.chat_choice(i, text, lp, c.finish_reason))
-    use = shape.usage(len(ids), sum(c.output_tokens for c in outs))
+    use = shape.usage(len(ids), sum(c.output_tokens for c in outs), outs[0].cached_tokens)  # one prompt for n
     return JSONResponse(shape.chat(rid, created, ctx.model_name, choices, use, chunk=False, usage_key=True))
 
 
@@ -77,9 +77,13 @@ async def _stream(
     output_tokens = [0] * len(gens)
     stop_echo = StopEcho(ctx.tok, body.stops(), bool(body.skip_special_tokens), len(gens))
 
+    def usage() -> dict:
+        """So far: the prompt counts once for the n generations, its first one's cached tokens with it."""
+        return shape.usage(gens[0].pending.prompt_tokens, sum(output_tokens), gens[0].cached_tokens)
+
     def chunk(choices: list[dict], use: dict | None = None) -> bytes:
         if use is None and body.continuous_usage():
-            use = shape.usage(gens[0].pending.prompt_tokens, sum(output_tokens))
+            use = usage()
         return sse(shape.chat(rid, created, ctx.model_name, choices, use, chunk=True, usage_key=with_usage))
 
     async def events() -> AsyncIterator[bytes]:
@@ -106,7 +110,7 @@ async def _stream(
                 nxt = await anext(stream, None)
             else:
                 if with_usage:
-                    yield chunk([], shape.usage(gens[0].pending.prompt_tokens, sum(output_tokens)))
+                    yield chunk([], usage())
             yield sse("[DONE]")
 
     response = EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)  # built before the wait

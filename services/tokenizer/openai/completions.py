@@ -73,7 +73,9 @@ async def completions(
                     ctx.tok, c.token_ids, c.text, body.stops(), bool(body.skip_special_tokens)
                 )
             choices.append(shape.completion_choice(pi * n + j, echo[pi] + text, lp, c.finish_reason))
-    use = shape.usage(sum(len(ids) for ids in prompt_ids), sum(c.output_tokens for c in outs))
+    # a prompt counts once, its first generation's cached tokens with it (docs/api.md)
+    cached = sum(c.cached_tokens for c in outs[::per_prompt])
+    use = shape.usage(sum(len(ids) for ids in prompt_ids), sum(c.output_tokens for c in outs), cached)
     return JSONResponse(shape.completion(rid, created, ctx.model_name, choices, use))
 
 
@@ -93,9 +95,13 @@ async def _stream(
     stop_echo = StopEcho(ctx.tok, body.stops(), bool(body.skip_special_tokens), len(gens))
     prompt_tokens = sum(g.pending.prompt_tokens for g in gens[::n])
 
+    def usage() -> dict:
+        """So far: a prompt counts once, its first generation's cached tokens with it."""
+        return shape.usage(prompt_tokens, sum(output_tokens), sum(g.cached_tokens for g in gens[::n]))
+
     def chunk(choices: list[dict], use: dict | None = None) -> bytes:
         if use is None and body.continuous_usage():
-            use = shape.usage(prompt_tokens, sum(output_tokens))
+            use = usage()
         return sse(shape.completion(rid, created, ctx.model_name, choices, use, body.include_usage()))
 
     async def events() -> AsyncIterator[bytes]:
@@ -119,7 +125,7 @@ async def _stream(
                 nxt = await anext(stream, None)
             else:
                 if body.include_usage():
-                    yield chunk([], shape.usage(prompt_tokens, sum(output_tokens)))
+                    yield chunk([], usage())
             yield sse("[DONE]")
 
     # the response is built before the first item is awaited, so that wait is all that stands

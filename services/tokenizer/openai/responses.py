@@ -15,12 +15,17 @@ def finish_reason(reason: str) -> str | None:
     return "length" if reason == FINISH_LENGTH else "stop"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage; with cached_tokens (the prompt tokens the prompt cache held), its
+    prompt_tokens_details too, as OpenAI answers it even when nothing was cached."""
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 def _top(entries: list[list[float]], k: int) -> list[tuple[int, float]]:
@@ -61,13 +66,13 @@ def completion_choice(index: int, text: str, logprobs: dict | None, reason: str)
 
 
 def completion(
-    rid: str, created: int, model: str, choices: list[dict], use: dict[str, int] | None, usage_key: bool = False
+    rid: str, created: int, model: str, choices: list[dict], use: dict[str, Any] | None, usage_key: bool = False
 ) -> dict[str, Any]:
     return _envelope(f"cmpl-{rid}", "text_completion", created, model, choices, use, usage_key)
 
 
 def _envelope(
-    rid: str, kind: str, created: int, model: str, choices: list[dict], use: dict[str, int] | None, usage_key: bool
+    rid: str, kind: str, created: int, model: str, choices: list[dict], use: dict[str, Any] | None, usage_key: bool
 ) -> dict[str, Any]:
     """The fields every completion and chat body has; "usage" when given, or as null when
     usage_key (OpenAI's chunks carry "usage": null when the client asked for usage)."""
@@ -108,7 +113,7 @@ def chat_delta(index: int, delta: dict[str, Any], logprobs: dict | None, reason:
 
 
 def chat(
-    rid: str, created: int, model: str, choices: list[dict], use: dict[str, int] | None, chunk: bool, usage_key: bool
+    rid: str, created: int, model: str, choices: list[dict], use: dict[str, Any] | None, chunk: bool, usage_key: bool
 ) -> dict:
     """A chat completion, or one chunk of a streamed one. With usage_key, "usage" is there even
     when None (OpenAI's chunks carry "usage": null when the client asked for usage)."""
