@@ -5,6 +5,7 @@ is lost: once nothing runs, free plus evictable tokens are the whole pool."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from services.worker.build import build_engine
 from services.worker.engine import Engine
@@ -15,8 +16,19 @@ from tests.worker.engine_driver import request, run
 TEXT = "Once upon a time there was a small town by the sea. Every morning the fishermen went out " * 2
 
 
-def _engine(model_dir: str, **cfg) -> Engine:
-    return build_engine(WorkerConfig(model_dir=model_dir, device="cpu", **cfg))
+# on CUDA in float32 (Triton kernels, decode graphs, piecewise graphs): exact against Hugging Face too
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+    ),
+]
+
+
+def _engine(model_dir: str, device: str = "cpu", **cfg) -> Engine:
+    if device == "cuda":
+        cfg = {"dtype": "float32", "max_total_token_num": 65536, **cfg}
+    return build_engine(WorkerConfig(model_dir=model_dir, device=device, **cfg))
 
 
 def _check(model_dir: str, engine: Engine, reqs, got) -> None:
@@ -35,12 +47,13 @@ def _ids(model_dir: str) -> list[int]:
     return ids
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
-def test_prefixes_of_every_length_give_hugging_faces_output(tiny_llama: str, kv_dtype: str) -> None:
+def test_prefixes_of_every_length_give_hugging_faces_output(tiny_llama: str, kv_dtype: str, device: str) -> None:
     """A first request is cached; then prompts sharing its first token, a prefix ending inside a
     prefill chunk, the whole prompt, and the prompt with its output and more."""
     ids = _ids(tiny_llama)
-    engine = _engine(tiny_llama, batch_max_tokens=16, kv_dtype=kv_dtype)
+    engine = _engine(tiny_llama, device, batch_max_tokens=16, kv_dtype=kv_dtype)
     first = request("first", ids, max_new_tokens=8, ignore_eos=True)
     out = run(engine, [first])
     if kv_dtype == "auto":  # int8 K and V round: its own first output is checked below
@@ -62,18 +75,19 @@ def test_prefixes_of_every_length_give_hugging_faces_output(tiny_llama: str, kv_
     if kv_dtype == "auto":
         _check(tiny_llama, engine, reqs, got)
     else:  # int8: the same outputs as the same prompts without the cache, which holds int8 KV too
-        plain = _engine(tiny_llama, batch_max_tokens=16, kv_dtype=kv_dtype, disable_prompt_cache=True)
+        plain = _engine(tiny_llama, device, batch_max_tokens=16, kv_dtype=kv_dtype, disable_prompt_cache=True)
         want = run(plain, [first, *reqs])
         assert {r.rid: got[r.rid].tokens for r in reqs} == {r.rid: want[r.rid].tokens for r in reqs}
         assert out["first"].tokens == want["first"].tokens
         assert engine.kv.available_tokens == engine.kv.capacity
 
 
-def test_requests_arriving_while_their_prefix_is_still_being_prefilled(tiny_llama: str) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_requests_arriving_while_their_prefix_is_still_being_prefilled(tiny_llama: str, device: str) -> None:
     """A 16-token budget prefills the first prompt over several steps; requests sharing parts of it
     arrive after one and after two of them and take what is cached so far."""
     ids = _ids(tiny_llama)
-    engine = _engine(tiny_llama, batch_max_tokens=16)
+    engine = _engine(tiny_llama, device, batch_max_tokens=16)
     reqs = [request("first", ids, max_new_tokens=6, ignore_eos=True)]
     later = {
         1: [request("after-one", [*ids[:30], 7, 8, 9], max_new_tokens=6, ignore_eos=True)],
@@ -86,9 +100,10 @@ def test_requests_arriving_while_their_prefix_is_still_being_prefilled(tiny_llam
     _check(tiny_llama, engine, all_reqs, got)
 
 
-def test_a_pool_so_small_that_eviction_runs_on_most_steps(tiny_llama: str) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_pool_so_small_that_eviction_runs_on_most_steps(tiny_llama: str, device: str) -> None:
     ids = _ids(tiny_llama)
-    engine = _engine(tiny_llama, batch_max_tokens=32, max_total_token_num=64)
+    engine = _engine(tiny_llama, device, batch_max_tokens=32, max_total_token_num=64)
     reqs = [
         request(
             str(i),
