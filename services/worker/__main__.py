@@ -67,7 +67,12 @@ def main() -> None:
         names,
         SERVICE_WORKER,
         cfg.group,
-        info=lambda: {"capacity_tokens": kv.capacity, "free_tokens": kv.free_tokens, "tp": cfg.tp},
+        info=lambda: {
+            "capacity_tokens": kv.capacity,
+            "free_tokens": kv.free_tokens,
+            "evictable_tokens": kv.evictable_tokens,
+            "tp": cfg.tp,
+        },
     )
 
     def stop_ranks() -> None:
