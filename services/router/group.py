@@ -1,10 +1,20 @@
-"""What the router knows of one worker group: its last status and what it admitted there."""
+"""What the router knows of one worker group: its last status, what it admitted there, and an
+index of the prompts it placed there (what the group's prompt cache probably holds).
+
+With the prompt cache on, a group's pool holds three kinds of tokens: each request's own
+(its output, and prompt tokens not in the cache's tree), the tree's tokens that running
+requests hold (cache_locked_tokens: each counted once, however many requests share it), and
+the tree's tokens no request holds (evictable_tokens: freed on demand, so as good as free).
+The admission estimate counts the first per request and the second once per group; the
+third is room. With the cache off all the cache figures are 0 and this is LightLLM's rule."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from services.router.admission import Load, estimated_remaining, peak_tokens
+from services.router.prefix_index import PrefixIndex
+from shared.config import RouterConfig
 from shared.messages import GenerateReq, WorkerStatus
 
 # A router that first hears of a group numbers its AdmitReqs from the group's reported
@@ -23,6 +33,9 @@ class Placed:
     max_new_tokens: int
     ignore_eos: bool
     held: int = 0
+    # of held, the tokens in the group's cache tree (counted in its cache_locked_tokens instead);
+    # for a request not started yet, the prefix the router's index matched: counted as paid
+    cached: int = 0
     remaining: int = 0
     output_tokens: int = 0
     paused: bool = False  # preempted by the worker: holds no KV now, resumes by recomputation
@@ -43,6 +56,11 @@ class GroupState:
     placed: dict[str, Placed] = field(default_factory=dict)
     paused: int = 0  # requests the last status reported paused
     admitted: int = 0  # requests this router placed here, for the figures
+    evictable_tokens: int = 0  # the cache's tokens no request holds, by the last status
+    cache_locked_tokens: int = 0  # the cache's tokens running requests hold, by the last status
+    # this instance has reported cache tokens: its prompt cache is on, so the index means something
+    cache_seen: bool = False
+    index: PrefixIndex = field(default_factory=lambda: PrefixIndex(0))
 
     @classmethod
     def from_status(cls, st: WorkerStatus, now: float) -> GroupState:
@@ -57,7 +75,10 @@ class GroupState:
         self.capacity = st.capacity_tokens
         self.max_running = st.max_running
         self.free_tokens = st.free_tokens
+        self.evictable_tokens = st.evictable_tokens
+        self.cache_locked_tokens = st.cache_locked_tokens
         self.acked_seq = max(self.acked_seq, st.admit_seq)
+        self.index.resize(st.capacity_tokens)
         t = st.running
         listed = set(t.rids)
         # a request placed by an AdmitReqs the group has not taken in yet is simply not listed yet
@@ -66,7 +87,7 @@ class GroupState:
             del self.placed[rid]
         learnt = []
         placed = self.placed
-        for rid, detok, prompt, held, remaining, paused, _cached in zip(*t.columns(), strict=True):
+        for rid, detok, prompt, held, remaining, paused, cached in zip(*t.columns(), strict=True):
             p = placed.get(rid)
             if p is None:  # admitted by a predecessor router, or before the group was declared dead
                 p = Placed(None, 0, detok, prompt, remaining + held - prompt, False)
@@ -74,13 +95,25 @@ class GroupState:
                 learnt.append(rid)
             p.held = held
             p.output_tokens = held - prompt
+            # a request waiting to start has no cache match yet by the worker's count: keep the index's
+            p.cached = cached if p.output_tokens else max(cached, p.cached)
             p.remaining = remaining
             p.paused = paused
             p.reported = True
         self.paused = sum(t.paused)
+        self._watch_cache()
         return gone, learnt
 
-    def place(self, req: GenerateReq) -> None:
+    def _watch_cache(self) -> None:
+        """A worker whose cache reports no tokens while it holds no request has an empty cache
+        (emptied, or never filled): what the index says it holds, it no longer does."""
+        cache = self.evictable_tokens + self.cache_locked_tokens
+        self.cache_seen |= cache > 0
+        if not cache and not self.placed and self.index.size:
+            self.index.reset()
+
+    def place(self, req: GenerateReq, matched: int) -> None:
+        """req goes here; ``matched``: its prompt's prefix this group's cache is taken to hold."""
         p = req.params
         self.placed[req.rid] = Placed(
             req,
@@ -90,38 +123,72 @@ class GroupState:
             p.max_new_tokens,
             p.ignore_eos,
             held=len(req.input_ids),
+            cached=matched,
             remaining=p.max_new_tokens,
         )
+        self.index.insert(req.input_ids)
         self.admitted += 1
+
+    def prefix_match(self, req: GenerateReq) -> int:
+        """Prompt tokens this group's cache probably holds (0 while its cache is not known to be on).
+        The worker computes at least the prompt's last token, for the first output's logits."""
+        if not self.cache_seen:
+            return 0
+        return max(min(self.index.match(req.input_ids), len(req.input_ids) - 1), 0)
+
+    @property
+    def room(self) -> int:
+        """KV tokens free now by the last status: the cache's evictable tokens are as good as free."""
+        return self.free_tokens + self.evictable_tokens
 
     @property
     def used_tokens(self) -> int:
-        return self.capacity - self.free_tokens
+        return self.capacity - self.room
 
     @property
     def used_fraction(self) -> float:
-        return 1.0 - self.free_tokens / self.capacity if self.capacity else 1.0
+        return 1.0 - self.room / self.capacity if self.capacity else 1.0
 
     def loads(self, busy: bool, guess_len: int) -> list[Load]:
+        """Each request's own tokens (not the cache's) and the output it may still produce."""
         return [
-            Load(p.held, estimated_remaining(p.max_new_tokens, p.output_tokens, busy or p.ignore_eos, guess_len))
+            Load(
+                p.held - p.cached,
+                estimated_remaining(p.max_new_tokens, p.output_tokens, busy or p.ignore_eos, guess_len),
+            )
             for p in self.placed.values()
         ]
 
-    def peak_with(self, req: GenerateReq | None, busy: bool, guess_len: int) -> int:
+    def peak_with(self, req: GenerateReq | None, matched: int, busy: bool, guess_len: int) -> int:
+        """The most KV tokens its requests (and req, whose first ``matched`` tokens are the cache's)
+        can hold at once, beside the cache's locked tokens."""
         loads = self.loads(busy, guess_len)
         if req is not None:
             p = req.params
-            loads.append(
-                Load(len(req.input_ids), estimated_remaining(p.max_new_tokens, 0, busy or p.ignore_eos, guess_len))
-            )
+            remaining = estimated_remaining(p.max_new_tokens, 0, busy or p.ignore_eos, guess_len)
+            loads.append(Load(len(req.input_ids) - matched, remaining))
         return peak_tokens(loads)
 
-    def held_tokens(self) -> int:
-        """KV tokens its requests hold, or will hold once started or resumed, as far as the router knows."""
-        return sum(p.held for p in self.placed.values())
+    def can_take(self, req: GenerateReq, matched: int, cfg: RouterConfig) -> bool:
+        """Under its request limit and prefill budget, and with a pool that holds req to the end
+        by LightLLM's peak estimate (the cache's locked tokens beside it)."""
+        # requests beyond what the group runs at once would only wait there, where no other group can take them
+        if len(self.placed) >= min(cfg.running_max_req_size, self.max_running):
+            return False
+        backlog = self.backlog_tokens()
+        if cfg.batch_max_tokens and backlog and backlog + len(req.input_ids) - matched > cfg.batch_max_tokens:
+            return False
+        busy = self.used_fraction >= cfg.router_token_ratio
+        peak = self.peak_with(req, matched, busy, cfg.router_max_new_token_len)
+        return self.cache_locked_tokens + peak <= self.capacity
+
+    def headroom(self) -> int:
+        """KV tokens free by the router's count: the pool less the cache's locked tokens and what
+        its requests hold (or will hold once started or resumed) beyond the cache's."""
+        return self.capacity - self.cache_locked_tokens - sum(p.held - p.cached for p in self.placed.values())
 
     def backlog_tokens(self) -> int:
-        """Tokens placed here that wait for a prefill, as far as we know: the prompts of requests
-        with no output yet, and everything a paused request holds (it resumes by recomputation)."""
-        return sum(p.held for p in self.placed.values() if p.output_tokens == 0 or p.paused)
+        """Tokens placed here that wait for a prefill, as far as we know: the prompts (beyond the
+        cache's) of requests with no output yet, and everything a paused request holds (it
+        resumes by recomputation)."""
+        return sum(p.held - p.cached for p in self.placed.values() if p.output_tokens == 0 or p.paused)
