@@ -1,12 +1,17 @@
 """What the router knows of one worker group: its last status, what it admitted there, and an
 index of the prompts it placed there (what the group's prompt cache probably holds).
 
-With the prompt cache on, a group's pool holds three kinds of tokens: each request's own
-(its output, and prompt tokens not in the cache's tree), the tree's tokens that running
-requests hold (cache_locked_tokens: each counted once, however many requests share it), and
-the tree's tokens no request holds (evictable_tokens: freed on demand, so as good as free).
-The admission estimate counts the first per request and the second once per group; the
-third is room. With the cache off all the cache figures are 0 and this is LightLLM's rule."""
+With the prompt cache on, a group's pool holds three kinds of tokens:
+- each request's own: its output, and prompt tokens not in the cache's tree;
+- the tree's tokens requests hold (cache_locked_tokens), each once however many share it;
+- the tree's tokens no request holds (evictable_tokens): freed on demand, as good as free.
+The admission estimate is LightLLM's peak over the requests' own tokens, plus the second
+kind once; the third is room. The tokens requests hold in the tree are the larger of the
+worker's count and the index's (the prompts placed here, each token once, counting those of
+requests not started yet, which the worker does not), so a request this router placed owns
+only its output. A prefix that only evictable tokens hold is not paid for twice: it is room
+now, and held again by the request placed on it. With the cache off every cache figure is 0
+and this is LightLLM's rule."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from services.router.admission import Load, estimated_remaining, peak_tokens
 from services.router.prefix_index import PrefixIndex
 from shared.config import RouterConfig
 from shared.messages import GenerateReq, WorkerStatus
+from shared.prefix_tree import Node
 
 # A router that first hears of a group numbers its AdmitReqs from the group's reported
 # admit_seq plus this gap: a predecessor router (or this one before a restart) may have
@@ -33,14 +39,23 @@ class Placed:
     max_new_tokens: int
     ignore_eos: bool
     held: int = 0
-    # of held, the tokens in the group's cache tree (counted in its cache_locked_tokens instead);
-    # for a request not started yet, the prefix the router's index matched: counted as paid
+    # of held, the tokens in the group's cache tree; for a request not started yet, the prefix the
+    # router's index matched: they need no prefill
     cached: int = 0
     remaining: int = 0
     output_tokens: int = 0
     paused: bool = False  # preempted by the worker: holds no KV now, resumes by recomputation
     reported: bool = False  # the group's status has listed it
     aborted: bool = False  # its abort is on the way to the group
+    node: Node | None = None  # its prompt's path in the group's index, held while it is placed here
+
+
+@dataclass(frozen=True)
+class PrefixLookup:
+    """What a group's index says of a request's prompt."""
+
+    matched: int  # prompt tokens the group's cache probably holds: they need no prefill (0: cache not seen)
+    adds: int  # tokens placing it adds to the group's count: its prompt less what placed requests hold
 
 
 @dataclass
@@ -84,7 +99,7 @@ class GroupState:
         # a request placed by an AdmitReqs the group has not taken in yet is simply not listed yet
         gone = [rid for rid, p in self.placed.items() if rid not in listed and p.seq <= self.acked_seq]
         for rid in gone:
-            del self.placed[rid]
+            self.unplace(rid)
         learnt = []
         placed = self.placed
         for rid, detok, prompt, held, remaining, paused, cached in zip(*t.columns(), strict=True):
@@ -125,16 +140,23 @@ class GroupState:
             held=len(req.input_ids),
             cached=matched,
             remaining=p.max_new_tokens,
+            node=self.index.hold(req.input_ids),
         )
-        self.index.insert(req.input_ids)
         self.admitted += 1
 
-    def prefix_match(self, req: GenerateReq) -> int:
-        """Prompt tokens this group's cache probably holds (0 while its cache is not known to be on).
-        The worker computes at least the prompt's last token, for the first output's logits."""
+    def unplace(self, rid: str) -> None:
+        p = self.placed.pop(rid)
+        if p.node is not None:
+            self.index.release(p.node)
+
+    def lookup(self, req: GenerateReq) -> PrefixLookup:
+        """The worker computes at least the prompt's last token (the first output's logits), so at
+        most all but that one is matched. While this instance has not shown a cache, none."""
+        n = len(req.input_ids)
         if not self.cache_seen:
-            return 0
-        return max(min(self.index.match(req.input_ids), len(req.input_ids) - 1), 0)
+            return PrefixLookup(0, n)
+        m = self.index.match(req.input_ids)
+        return PrefixLookup(max(min(m.length, n - 1), 0), n - m.locked)
 
     @property
     def room(self) -> int:
@@ -149,43 +171,54 @@ class GroupState:
     def used_fraction(self) -> float:
         return 1.0 - self.room / self.capacity if self.capacity else 1.0
 
+    def shared_tokens(self, adds: int = 0) -> int:
+        """Cache tokens its requests hold, each once: the worker's count, or the index's of the
+        prompts placed here (with ``adds`` more), whichever is larger."""
+        if not self.cache_seen:
+            return self.cache_locked_tokens  # 0: the cache is off, or nothing has reached it yet
+        return max(self.cache_locked_tokens, self.index.locked_size + adds)
+
+    def own_tokens(self, p: Placed) -> int:
+        """What a request holds beyond the shared tokens: with the cache on, its prompt is among
+        them when this router placed it (a request learnt from a status counts whole)."""
+        return p.held - p.prompt_tokens if self.cache_seen and p.node is not None else p.held
+
     def loads(self, busy: bool, guess_len: int) -> list[Load]:
-        """Each request's own tokens (not the cache's) and the output it may still produce."""
         return [
             Load(
-                p.held - p.cached,
+                self.own_tokens(p),
                 estimated_remaining(p.max_new_tokens, p.output_tokens, busy or p.ignore_eos, guess_len),
             )
             for p in self.placed.values()
         ]
 
-    def peak_with(self, req: GenerateReq | None, matched: int, busy: bool, guess_len: int) -> int:
-        """The most KV tokens its requests (and req, whose first ``matched`` tokens are the cache's)
-        can hold at once, beside the cache's locked tokens."""
+    def peak_with(self, req: GenerateReq | None, adds: int, busy: bool, guess_len: int) -> int:
+        """The most KV tokens its requests (and req, which adds ``adds``) can hold at once."""
         loads = self.loads(busy, guess_len)
+        shared = 0  # of adds, what goes to the shared tokens (its prompt) rather than to req's own
         if req is not None:
             p = req.params
             remaining = estimated_remaining(p.max_new_tokens, 0, busy or p.ignore_eos, guess_len)
-            loads.append(Load(len(req.input_ids) - matched, remaining))
-        return peak_tokens(loads)
+            shared = adds if self.cache_seen else 0
+            loads.append(Load(adds - shared, remaining))
+        return self.shared_tokens(shared) + peak_tokens(loads)
 
-    def can_take(self, req: GenerateReq, matched: int, cfg: RouterConfig) -> bool:
+    def can_take(self, req: GenerateReq, look: PrefixLookup, cfg: RouterConfig) -> bool:
         """Under its request limit and prefill budget, and with a pool that holds req to the end
-        by LightLLM's peak estimate (the cache's locked tokens beside it)."""
+        by LightLLM's peak estimate."""
         # requests beyond what the group runs at once would only wait there, where no other group can take them
         if len(self.placed) >= min(cfg.running_max_req_size, self.max_running):
             return False
         backlog = self.backlog_tokens()
-        if cfg.batch_max_tokens and backlog and backlog + len(req.input_ids) - matched > cfg.batch_max_tokens:
+        if cfg.batch_max_tokens and backlog and backlog + len(req.input_ids) - look.matched > cfg.batch_max_tokens:
             return False
         busy = self.used_fraction >= cfg.router_token_ratio
-        peak = self.peak_with(req, matched, busy, cfg.router_max_new_token_len)
-        return self.cache_locked_tokens + peak <= self.capacity
+        return self.peak_with(req, look.adds, busy, cfg.router_max_new_token_len) <= self.capacity
 
     def headroom(self) -> int:
-        """KV tokens free by the router's count: the pool less the cache's locked tokens and what
-        its requests hold (or will hold once started or resumed) beyond the cache's."""
-        return self.capacity - self.cache_locked_tokens - sum(p.held - p.cached for p in self.placed.values())
+        """KV tokens free by the router's count: the pool less what its requests hold, or will hold
+        once started or resumed."""
+        return self.capacity - self.shared_tokens() - sum(self.own_tokens(p) for p in self.placed.values())
 
     def backlog_tokens(self) -> int:
         """Tokens placed here that wait for a prefill, as far as we know: the prompts (beyond the

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from services.router.group import GroupState
+from services.router.group import GroupState, PrefixLookup
 from shared.config import RouterConfig
 from shared.messages import GenerateReq
 
@@ -27,7 +27,12 @@ from shared.messages import GenerateReq
 @dataclass(frozen=True)
 class Candidate:
     group: GroupState
-    matched: int  # prompt tokens the group's cache probably holds (GroupState.prefix_match)
+    look: PrefixLookup
+
+    @property
+    def matched(self) -> int:
+        """Prompt tokens the group's cache probably holds."""
+        return self.look.matched
 
 
 class Routing:
@@ -45,9 +50,9 @@ class Routing:
         """The group req goes to, of those that can take it now; None: none can."""
         cands = []
         for g in groups:
-            matched = g.prefix_match(req)
-            if g.can_take(req, matched, self.cfg):
-                cands.append(Candidate(g, matched))
+            look = g.lookup(req)
+            if g.can_take(req, look, self.cfg):
+                cands.append(Candidate(g, look))
         return self._policy(req, cands) if cands else None
 
     def is_hit(self, req: GenerateReq, matched: int) -> bool:
