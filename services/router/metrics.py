@@ -86,16 +86,8 @@ class RouterCollector(Collector):
             ("group_token_usage", "Fraction of each worker group's KV pool in use", lambda g: g.usage),
             ("group_running_requests", "Requests placed on each worker group", lambda g: g.running),
             ("group_paused_requests", "Paused requests in each worker group", lambda g: g.paused),
-            (
-                "group_cached_tokens",
-                "Tokens in each worker group's prompt cache, by its status",
-                lambda g: g.cached_tokens,
-            ),
-            (
-                "group_index_tokens",
-                "Tokens in the router's index of each group's prompt cache",
-                lambda g: g.index_tokens,
-            ),
+            ("group_cached_tokens", "Tokens in each worker group's prompt cache", lambda g: g.cached_tokens),
+            ("group_index_tokens", "Tokens in the router's index of each group's cache", lambda g: g.index_tokens),
         ]
         for name, doc, value in per_group:
             m = GaugeMetricFamily(PREFIX + name, doc, labels=["group"])
