@@ -181,7 +181,7 @@ class GroupState:
     def own_tokens(self, p: Placed) -> int:
         """What a request holds beyond the shared tokens: with the cache on, its prompt is among
         them when this router placed it (a request learnt from a status counts whole)."""
-        return p.held - p.prompt_tokens if self.cache_seen and p.node is not None else p.held
+        return max(p.held - p.prompt_tokens, 0) if self.cache_seen and p.node is not None else p.held
 
     def loads(self, busy: bool, guess_len: int) -> list[Load]:
         return [

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import zlib
 
+import pytest
+
 from services.router.core import Actions, RouterCore
 from services.router.group import SEQ_GAP
-from shared.config import RouterConfig
+from shared.config import ConfigError, RouterConfig
 from shared.messages import GenerateReq, RunningTable, SamplingParams, WorkerStatus
 
 P = list(range(1000, 1100))  # a 100-token prefix
@@ -129,3 +131,9 @@ def test_an_emptied_cache_empties_the_index() -> None:
     assert g.index.size > 0  # "seed" ended; its prompt stays in the index
     core.on_status(_status("0", 4_000, cached=0, seq=SEQ_GAP), 1.0, Actions())  # nothing cached, nothing running
     assert g.index.size == 0
+
+
+def test_an_unknown_policy_or_a_bad_knob_is_refused_at_start() -> None:
+    for bad in ({"routing_policy": "random"}, {"cache_aware_balance_margin": -1}, {"cache_aware_min_match": 1.5}):
+        with pytest.raises(ConfigError):
+            RouterConfig(**bad)
