@@ -17,6 +17,10 @@ class ConfigError(ValueError):
     pass
 
 
+# how the router picks among the groups that can take a request (services/router/routing.py)
+ROUTING_POLICIES = ("cache_aware", "least_loaded", "round_robin")
+
+
 def option(default: Any, help: str, *aliases: str, positional: str = "") -> Any:
     """A config field with its help text and other flag spellings (``--tensor-parallel-size``
     beside ``--tp``); ``positional``: its name as the command's optional positional argument too."""
@@ -118,8 +122,30 @@ class RouterConfig(CommonConfig):
     max_waiting: int = option(10_000, "waiting-queue bound; past it requests are rejected (overloaded, 503)")
     max_queue_time_s: float = option(0.0, "a request still queued this long after arrival ends (deadline); 0: none")
     status_log_every_s: float = option(10.0, "seconds between the router's status log lines")
+    routing_policy: str = option(
+        "cache_aware",
+        "which of the groups that can take a request gets it: cache_aware (the longest prefix match in the "
+        "router's index of each group's prompt cache, within the balance margin), least_loaded (the most KV "
+        "tokens free, ties: fewer requests) or round_robin (the next in turn)",
+    )
+    cache_aware_balance_margin: int = option(
+        32,
+        "cache_aware: a group may hold up to this many more requests than the least loaded group that can "
+        "take the request and still be chosen for its prefix match; past it the request goes by least_loaded",
+    )
+    cache_aware_min_match: float = option(
+        0.3,
+        "cache_aware: a request follows its longest prefix match only when that match is longer, by at least "
+        "this fraction of its prompt, than the match on the group least_loaded would pick",
+    )
 
     def __post_init__(self) -> None:
+        _check(
+            self.routing_policy in ROUTING_POLICIES,
+            f"routing_policy must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing_policy!r}",
+        )
+        _check(self.cache_aware_balance_margin >= 0, "cache_aware_balance_margin must be >= 0")
+        _check(0.0 <= self.cache_aware_min_match <= 1.0, "cache_aware_min_match must be in [0, 1]")
         _check(0.0 <= self.router_token_ratio <= 1.0, "router_token_ratio must be in [0, 1]")
         _check(self.router_max_new_token_len >= 1, "router_max_new_token_len must be >= 1")
         _check(self.running_max_req_size >= 1, "running_max_req_size must be >= 1")
