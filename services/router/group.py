@@ -73,7 +73,7 @@ class GroupState:
     admitted: int = 0  # requests this router placed here, for the figures
     evictable_tokens: int = 0  # the cache's tokens no request holds, by the last status
     cache_locked_tokens: int = 0  # the cache's tokens running requests hold, by the last status
-    # this instance has reported cache tokens: its prompt cache is on, so the index means something
+    # this instance keeps a prompt cache, by its statuses: the index means something
     cache_seen: bool = False
     index: PrefixIndex = field(default_factory=lambda: PrefixIndex(0))
 
@@ -92,6 +92,7 @@ class GroupState:
         self.free_tokens = st.free_tokens
         self.evictable_tokens = st.evictable_tokens
         self.cache_locked_tokens = st.cache_locked_tokens
+        self.cache_seen = st.prompt_cache
         self.acked_seq = max(self.acked_seq, st.admit_seq)
         self.index.resize(st.capacity_tokens)
         t = st.running
@@ -123,7 +124,6 @@ class GroupState:
         """A worker whose cache reports no tokens while it holds no request has an empty cache
         (emptied, or never filled): what the index says it holds, it no longer does."""
         cache = self.evictable_tokens + self.cache_locked_tokens
-        self.cache_seen |= cache > 0
         if not cache and not self.placed and self.index.size:
             self.index.reset()
 
@@ -151,7 +151,7 @@ class GroupState:
 
     def lookup(self, req: GenerateReq) -> PrefixLookup:
         """The worker computes at least the prompt's last token (the first output's logits), so at
-        most all but that one is matched. While this instance has not shown a cache, none."""
+        most all but that one is matched. A group without a prompt cache matches nothing."""
         n = len(req.input_ids)
         if not self.cache_seen:
             return PrefixLookup(0, n)

@@ -328,4 +328,5 @@ class SimWorker:
             time=now_unix,
             evictable_tokens=self.pool.evictable,
             cache_locked_tokens=self.pool.locked,
+            prompt_cache=self.pool.tree is not None,
         )

@@ -81,9 +81,11 @@ def test_places_on_the_group_with_most_headroom() -> None:
 P = list(range(1000, 1400))  # a 400-token prefix
 
 
-def _cache_status(capacity: int, free: int, evictable: int = 0, locked: int = 0, seq: int = 0) -> WorkerStatus:
+def _cache_status(
+    capacity: int, free: int, evictable: int = 0, locked: int = 0, seq: int = 0, cache: bool = True
+) -> WorkerStatus:
     table = RunningTable.of([])
-    return WorkerStatus("0", "inst-0", capacity, free, 64, seq, table, 0.0, evictable, locked)
+    return WorkerStatus("0", "inst-0", capacity, free, 64, seq, table, 0.0, evictable, locked, prompt_cache=cache)
 
 
 def _tokens_req(rid: str, tokens: list[int], max_new: int) -> GenerateReq:
@@ -112,7 +114,8 @@ def test_a_pool_full_of_cache_still_admits() -> None:
 def test_requests_sharing_a_prefix_count_it_once() -> None:
     def admitted(cache_on: bool) -> list[str]:
         core = RouterCore(RouterConfig())
-        core.on_status(_cache_status(1_000, free=1_000 - cache_on, evictable=int(cache_on)), 0.0, Actions())
+        status = _cache_status(1_000, free=1_000 - cache_on, evictable=int(cache_on), cache=cache_on)
+        core.on_status(status, 0.0, Actions())
         a, b = _tokens_req("a", [*P, 1], 50), _tokens_req("b", [*P, 2], 50)
         c, d = _tokens_req("c", list(range(1, 301)), 50), _tokens_req("d", list(range(2, 302)), 50)
         return _admit(core, a, b, c, d)
@@ -146,7 +149,7 @@ def test_the_workers_locked_tokens_count_once_beside_each_requests_own() -> None
         RunningReq("a", "d", 401, 421, 80, cached_tokens=401),
         RunningReq("b", "d", 401, 421, 80, cached_tokens=401),
     ]
-    st = WorkerStatus("0", "inst-0", 1_000, 1_000 - 402 - 40, 64, SEQ_GAP, RunningTable.of(running), 0.0, 0, 402)
+    st = WorkerStatus("0", "inst-0", 1_000, 1_000 - 402 - 40, 64, SEQ_GAP, RunningTable.of(running), 0.0, 0, 402, True)
     core.on_status(st, 0.0, Actions())
     g = core.groups["0"]
     assert g.headroom() == 1_000 - 402 - 40

@@ -31,7 +31,18 @@ def _status(
     """An idle group; ``cached`` evictable tokens (0: its cache is off, or empty)."""
     table = RunningTable.of([])
     inst = instance or "inst-" + group
-    return WorkerStatus(group, inst, capacity, capacity - cached, max_running, seq, table, 0.0, evictable_tokens=cached)
+    return WorkerStatus(
+        group,
+        inst,
+        capacity,
+        capacity - cached,
+        max_running,
+        seq,
+        table,
+        0.0,
+        evictable_tokens=cached,
+        prompt_cache=True,
+    )
 
 
 def _core(**kw) -> RouterCore:
