@@ -52,6 +52,22 @@ def serve(argv: list[str], env: Mapping[str, str]) -> int:
     return _run(cfg, model_dir, worker_first, env.get("REDIS_URL", ""))
 
 
+def _gpus_per_group(cfg: ServeConfig) -> int:
+    """Data-parallel groups on a machine with a GPU (--tp of them) for each: each group sees only
+    its own; otherwise 0: every group sees every GPU (they share GPU 0, or run on the CPU)."""
+    if cfg.dp < 2:
+        return 0
+    try:
+        import torch
+    except ImportError:  # the light image: no worker runs here anyway
+        return 0
+    if torch.cuda.device_count() < cfg.dp * cfg.tp:
+        if torch.cuda.is_available():
+            print(f"lightstream serve: {cfg.dp} groups of {cfg.tp} GPUs share this machine's GPUs", file=sys.stderr)
+        return 0
+    return cfg.tp
+
+
 def _fail(message: str) -> int:
     print(f"lightstream serve: error: {message}", file=sys.stderr)
     return 2
@@ -91,6 +107,7 @@ def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: s
             router_args=args["router"],
             tokenizer_args=args["tokenizer"],
             detokenizer_args=args["detokenizer"],
+            gpus_per_worker=_gpus_per_group(cfg),
         )
     )
     stopping = threading.Event()

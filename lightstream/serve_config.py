@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.config import ConfigError, option
+from shared.config import ROUTING_POLICIES, ConfigError, option
 
 # what --dtype accepts -> the worker's spelling
 DTYPES = {
@@ -58,6 +58,11 @@ class ServeConfig:
         "--disable_dynamic_prompt_cache",
         "--no-enable-prefix-caching",
     )
+    routing_policy: str = option(
+        "cache_aware",
+        "how the router picks a data-parallel group: cache_aware (the longest cached prefix, unless that group is "
+        "much busier), least_loaded or round_robin",
+    )
     log_dir: str = option("", "write each service's log to DIR/<service>.log; none: this terminal")
     detokenizers: int = option(1, "detokenizer processes")
     fronts: int = option(1, "HTTP front-end processes sharing --port (SO_REUSEPORT)")
@@ -79,6 +84,10 @@ class ServeConfig:
         _check(self.running_max_req_size >= 1, "--max-num-seqs must be >= 1")
         _check(self.chunked_prefill_size >= 16, "--chunked-prefill-size must be >= 16")
         _check(self.detokenizers >= 1 and self.fronts >= 1, "--detokenizers and --fronts must be >= 1")
+        _check(
+            self.routing_policy in ROUTING_POLICIES,
+            f"--routing-policy must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing_policy!r}",
+        )
 
 
 def _check(ok: bool, message: str) -> None:
@@ -98,6 +107,7 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "running_max_req_size": (("worker", "router"), "--running-max-req-size"),
     "chunked_prefill_size": (("worker",), "--batch-max-tokens"),
     "disable_prompt_cache": (("worker",), "--disable-prompt-cache"),
+    "routing_policy": (("router",), "--routing-policy"),
     "model_name": (("tokenizer",), "--model-name"),
 }
 
