@@ -9,11 +9,15 @@ import glob
 import json
 import os
 import struct
+import zipfile
 
 from lightstream.serve_config import ServeConfig
 from shared.model_config import ModelConfig, ModelConfigError
 
-LAYOUT = "a Hugging Face model directory: config.json, *.safetensors weights, tokenizer.json or tokenizer.model"
+LAYOUT = (
+    "a Hugging Face model directory (or a model id in the local Hugging Face cache): config.json, "
+    "*.safetensors or *.bin weights, tokenizer.json or tokenizer.model"
+)
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own bound on a header
 
 
@@ -40,12 +44,18 @@ def check_model(model_dir: str, cfg: ServeConfig) -> ModelConfig:
 
 def _check_weights(model_dir: str) -> None:
     files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
-    if not files:
-        others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_dir, "*.bin")))
-        found = f"only {', '.join(others[:3])}" if others else "no weight files"
-        raise ModelCheckError(f"{model_dir}: {found}; supported: *.safetensors (one file or shards with an index)")
     for path in files:
         _check_safetensors_header(path)
+    if files:
+        return
+    bins = [p for p in sorted(glob.glob(os.path.join(model_dir, "*.bin"))) if "training_args" not in p]
+    if not bins:
+        others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_dir, "*.pt*")))
+        found = f"only {', '.join(others[:3])}" if others else "no weight files"
+        raise ModelCheckError(f"{model_dir}: {found}; supported: *.safetensors or PyTorch *.bin files")
+    for path in bins:
+        if not zipfile.is_zipfile(path):  # torch.save's format since PyTorch 1.6
+            raise ModelCheckError(f"{path} is not a PyTorch checkpoint (torch.save's zip format)")
 
 
 def _check_safetensors_header(path: str) -> None:
