@@ -84,6 +84,7 @@ def test_a_path_that_is_not_a_directory_is_refused(tmp_path) -> None:
 
 def test_a_model_id_missing_from_the_hugging_face_cache_is_refused(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no download tried: none could succeed here
     line = _refused("meta-llama/Llama-3-8B")
     assert "neither a directory nor a model in the local Hugging Face cache" in line, line
 
@@ -101,6 +102,7 @@ def test_a_model_id_is_served_from_the_hugging_face_cache(tiny_llama: str, tmp_p
     with open(os.path.join(model, "config.json"), "w") as f:
         json.dump(config, f)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     line = _refused("acme/tiny")
     assert "0123abcd" in line and "GPT2LMHeadModel" in line, line
 

@@ -14,7 +14,7 @@ def _cache(root, repo: str, commit: str, ref: bool = True) -> str:
     (snap / "config.json").write_text("{}")
     if ref:
         (base / "refs").mkdir()
-        (base / "refs" / "main").write_text(commit + "\n")
+        (base / "refs" / "main").write_text(commit)  # as the hub writes it: no newline
     return str(snap)
 
 
@@ -22,11 +22,6 @@ def test_a_model_id_is_its_snapshot_in_the_hub_cache(tmp_path) -> None:
     snap = _cache(tmp_path / "hub", "org/model-1.5B", "abc123")
     assert resolve_model("org/model-1.5B", {"HF_HUB_CACHE": str(tmp_path / "hub")}) == snap
     assert resolve_model("org/model-1.5B", {"HF_HOME": str(tmp_path)}) == snap  # HF_HOME/hub
-
-
-def test_a_single_snapshot_without_refs_is_taken(tmp_path) -> None:
-    snap = _cache(tmp_path, "org/m", "def456", ref=False)
-    assert resolve_model("org/m", {"HF_HUB_CACHE": str(tmp_path)}) == snap
 
 
 def test_directories_and_other_names_pass_through(tmp_path, monkeypatch) -> None:
@@ -38,5 +33,8 @@ def test_directories_and_other_names_pass_through(tmp_path, monkeypatch) -> None
 
 
 def test_a_model_id_not_in_the_cache_says_so(tmp_path) -> None:
-    with pytest.raises(ModelSourceError, match="local Hugging Face cache"):
+    with pytest.raises(ModelSourceError, match="local Hugging Face cache .* HF_HUB_OFFLINE is set"):
+        resolve_model("org/absent", {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"})
+    # no network here: the download is tried and its failure named
+    with pytest.raises(ModelSourceError, match="downloading it failed"):
         resolve_model("org/absent", {"HF_HUB_CACHE": str(tmp_path)})
