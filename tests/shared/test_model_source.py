@@ -33,7 +33,7 @@ def test_directories_and_other_names_pass_through(tmp_path, monkeypatch) -> None
 
 
 def test_a_model_id_not_in_the_cache_says_so(tmp_path) -> None:
-    with pytest.raises(ModelSourceError, match="local Hugging Face cache .* HF_HUB_OFFLINE is set"):
+    with pytest.raises(ModelSourceError, match=r"local Hugging Face cache .* HF_HUB_OFFLINE is set"):
         resolve_model("org/absent", {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"})
     # no network here: the download is tried and its failure named
     with pytest.raises(ModelSourceError, match="downloading it failed"):
