@@ -37,7 +37,9 @@ def check_model(model_dir: str, cfg: ServeConfig) -> ModelConfig:
     except (KeyError, TypeError, ValueError) as e:  # config.json that is not JSON, or lacks a field
         raise ModelCheckError(f"{model_dir}/config.json cannot be read ({type(e).__name__}: {e}); {LAYOUT}") from None
     _check_weights(model_dir)
-    _check_tokenizer(model_dir)
+    _check_tokenizer(cfg.tokenizer or model_dir)
+    if cfg.chat_template:
+        _check_chat_template(cfg.chat_template)
     _check_settings(model, cfg)
     return model
 
@@ -74,7 +76,16 @@ def _check_safetensors_header(path: str) -> None:
         raise ModelCheckError(f"{path} is not a readable safetensors file ({e})") from None
 
 
+def _check_chat_template(spec: str) -> None:
+    if os.path.isfile(spec):
+        return
+    if "{" not in spec:
+        raise ModelCheckError(f"--chat-template {spec!r}: no such file, and not a Jinja template")
+
+
 def _check_tokenizer(model_dir: str) -> None:
+    if not os.path.isdir(model_dir):
+        raise ModelCheckError(f"tokenizer {model_dir!r} is not a directory")
     fast = os.path.join(model_dir, "tokenizer.json")
     if os.path.exists(fast):
         from tokenizers import Tokenizer

@@ -34,6 +34,8 @@ class ServeConfig:
     host: str = option("0.0.0.0", "address the HTTP API listens on")
     port: int = option(8000, "port of the HTTP API")
     model_name: str = option("", "the model's name in the API; none: the model directory's name", "--served-model-name")
+    tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
+    chat_template: str = option("", "a Jinja chat template (its file's path or its text) in place of the model's")
     api_keys: tuple[str, ...] = option((), "clients must send 'Authorization: Bearer KEY' (repeatable)")
     tp: int = option(
         1, "tensor-parallel ranks per worker group, one process per GPU (gloo on the CPU)", "--tensor-parallel-size"
@@ -109,6 +111,8 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "disable_prompt_cache": (("worker",), "--disable-prompt-cache"),
     "routing_policy": (("router",), "--routing-policy"),
     "model_name": (("tokenizer",), "--model-name"),
+    "tokenizer": (("tokenizer", "detokenizer"), "--tokenizer"),
+    "chat_template": (("tokenizer",), "--chat-template"),
 }
 
 

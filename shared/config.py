@@ -56,6 +56,10 @@ class TokenizerConfig(CommonConfig):
 
     model_dir: str = ""
     model_name: str = ""  # the name clients use; empty: the model directory's base name
+    tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
+    chat_template: str = option(
+        "", "a Jinja chat template, its file's path or its text, in place of the tokenizer's own"
+    )
     host: str = "0.0.0.0"
     port: int = 8000
     # share host:port with other front-end processes of this host (SO_REUSEPORT); the kernel
@@ -221,6 +225,7 @@ class DetokenizerConfig(CommonConfig):
     """A detokenizer shard: token ids to text, stop strings."""
 
     model_dir: str = option("", "Hugging Face model directory (required)")
+    tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
 
     def __post_init__(self) -> None:
         _check(bool(self.model_dir), "model_dir is required")

@@ -39,7 +39,7 @@ def main() -> None:
         link,
         names,
         cfg.replica,
-        _FastDecoder(cfg.model_dir),
+        _FastDecoder(cfg.tokenizer or cfg.model_dir),
         cfg.stream_maxlen,
         metrics,
         BusyPoll.for_host(cfg.busy_poll_ms),
