@@ -65,6 +65,7 @@ class ServeConfig:
         "how the router picks a data-parallel group: cache_aware (the longest cached prefix, unless that group is "
         "much busier), least_loaded or round_robin",
     )
+    log_format: str = option("text", "every service's log: text (one line per event) or json (one object per line)")
     log_dir: str = option("", "write each service's log to DIR/<service>.log; none: this terminal")
     detokenizers: int = option(1, "detokenizer processes")
     fronts: int = option(1, "HTTP front-end processes sharing --port (SO_REUSEPORT)")
@@ -86,6 +87,7 @@ class ServeConfig:
         _check(self.running_max_req_size >= 1, "--max-num-seqs must be >= 1")
         _check(self.chunked_prefill_size >= 16, "--chunked-prefill-size must be >= 16")
         _check(self.detokenizers >= 1 and self.fronts >= 1, "--detokenizers and --fronts must be >= 1")
+        _check(self.log_format in ("text", "json"), f"--log-format must be text or json, got {self.log_format!r}")
         _check(
             self.routing_policy in ROUTING_POLICIES,
             f"--routing-policy must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing_policy!r}",
@@ -110,6 +112,7 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "chunked_prefill_size": (("worker",), "--batch-max-tokens"),
     "disable_prompt_cache": (("worker",), "--disable-prompt-cache"),
     "routing_policy": (("router",), "--routing-policy"),
+    "log_format": (("worker", "router", "tokenizer", "detokenizer"), "--log-format"),
     "model_name": (("tokenizer",), "--model-name"),
     "tokenizer": (("tokenizer", "detokenizer"), "--tokenizer"),
     "chat_template": (("tokenizer",), "--chat-template"),

@@ -41,6 +41,7 @@ class CommonConfig:
     namespace: str = option("ls", "key prefix, so stacks can share one Redis")
     replica: str = option("", "this replica's name; none: derived from host name and pid")
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
+    log_format: str = option("text", "text (one line per event) or json (one JSON object per line)")
     stream_maxlen: int = option(100_000, "XADD MAXLEN ~ for every stream this service writes")
     metrics_port: int = option(0, "Prometheus /metrics on this port; 0: none (the front end serves its own)")
     busy_poll_ms: float = option(
@@ -48,6 +49,9 @@ class CommonConfig:
         "poll Redis instead of a blocking read while requests are in flight and this long after the last one "
         "(shared/busy_poll.py); 0: never; below 0: 200 on a host with 8 CPUs or more, else never",
     )
+
+    def __post_init__(self) -> None:
+        _check(self.log_format in ("text", "json"), f"log_format must be text or json, got {self.log_format!r}")
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class TokenizerConfig(CommonConfig):
     fastchat_heartbeat_s: float = 45.0  # FastChat's heartbeat interval (its controller forgets a worker after 90 s)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(bool(self.model_dir), "model_dir is required")
         _check(0 < self.port < 65536, f"port must be in 1..65535, got {self.port}")
         _check(all(k and k == k.strip() for k in self.api_keys), "api_keys must be non-empty, without spaces around")
@@ -144,6 +149,7 @@ class RouterConfig(CommonConfig):
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(
             self.routing_policy in ROUTING_POLICIES,
             f"routing_policy must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing_policy!r}",
@@ -203,6 +209,7 @@ class WorkerConfig(CommonConfig):
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(bool(self.model_dir), "model_dir is required")
         _check(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device}")
         _check(
@@ -228,4 +235,5 @@ class DetokenizerConfig(CommonConfig):
     tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(bool(self.model_dir), "model_dir is required")

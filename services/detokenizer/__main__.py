@@ -30,7 +30,7 @@ class _FastDecoder:
 
 def main() -> None:
     cfg = parse_config(DetokenizerConfig, None, os.environ)
-    setup_logging(SERVICE_DETOK, cfg.replica, cfg.log_level)
+    setup_logging(SERVICE_DETOK, cfg.replica, cfg.log_level, cfg.log_format)
     link = RedisLink(cfg.redis_url)
     stop_on_signals(link)
     names = StreamNames(cfg.namespace)

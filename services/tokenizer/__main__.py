@@ -30,7 +30,7 @@ log = logging.getLogger("services.tokenizer")
 
 def main() -> None:
     cfg = parse_config(TokenizerConfig, None, os.environ)
-    setup_logging(SERVICE_TOKENIZER, cfg.replica, cfg.log_level)
+    setup_logging(SERVICE_TOKENIZER, cfg.replica, cfg.log_level, cfg.log_format)
     model = ModelConfig.from_dir(cfg.model_dir)
     try:
         template = load_chat_template(cfg.chat_template) if cfg.chat_template else ""
