@@ -59,13 +59,18 @@ def timed(fn, cuda: bool) -> float:
 
 
 def copy_gbps(dev: torch.device, cuda: bool) -> float:
-    src = torch.empty(1 << 30 if cuda else 1 << 20, dtype=torch.uint8, device=dev)
+    """Device-to-device copy, bytes read and written (as tools/bench_kernels.py measures it)."""
+    src = torch.empty(4 << 30 if cuda else 1 << 20, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    return 2 * src.numel() / timed(lambda: dst.copy_(src), cuda) / 1e6
+    if not cuda:
+        return 2 * src.numel() / timed(lambda: dst.copy_(src), cuda) / 1e6
+    import triton.testing
+
+    return 2 * src.numel() / triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
 
 
 def bench(t: int, shape: tuple[int, int, int, int], dtype: torch.dtype, dev, cuda: bool, sweep: bool) -> dict:
-    from services.worker.kernels.fused_moe import MoeTiles, fused_experts, pick_tiles
+    from services.worker.kernels.fused_moe import MoeTiles, fused_experts, pick_tiles  # after TRITON_INTERPRET
     from services.worker.models.layers.moe import experts_reference, route
 
     h, inter, experts, k = shape
@@ -78,7 +83,7 @@ def bench(t: int, shape: tuple[int, int, int, int], dtype: torch.dtype, dev, cud
     weight_bytes = hit * 3 * h * inter * w13.element_size()
     ms = timed(lambda: fused_experts(x, w13, w2, weights, ids), cuda)
     row = {
-        "tiles": pick_tiles(t * k, experts)._asdict(),
+        "tiles": pick_tiles(t * k, experts, dtype)._asdict(),
         "experts_hit": hit,
         "ms": ms,
         "weights GB/s": weight_bytes / ms / 1e6,

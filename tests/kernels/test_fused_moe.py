@@ -82,6 +82,7 @@ def test_pick_tiles_grows_the_blocks_with_the_entries_per_expert() -> None:
     assert pick_tiles(2, 8).block_m == 16
     assert pick_tiles(256, 8).block_m == 32
     assert pick_tiles(4096, 8).block_m == 64
+    assert pick_tiles(2, 8, torch.float32).block_k == pick_tiles(2, 8).block_k // 2  # float32: half the K
 
 
 # ---------------------------------------------------------------- GPU: a real shape, graphs

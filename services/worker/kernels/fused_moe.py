@@ -128,15 +128,19 @@ class MoeTiles(NamedTuple):
     num_stages: int
 
 
-def pick_tiles(num_entries: int, num_experts: int) -> MoeTiles:
+def pick_tiles(num_entries: int, num_experts: int, dtype: torch.dtype = torch.bfloat16) -> MoeTiles:
     """Small blocks of rows where each expert gets few entries (decode: reading the weights is
-    the cost, and a block of 16 wastes least on padding); larger ones as the products grow."""
+    the cost, and a block of 16 wastes least on padding); larger ones as the products grow. The
+    pipeline's stages of x's tile and two weight tiles fit an H200's shared memory in 16-bit
+    dtypes; float32 tiles are twice the bytes, so they take half as many columns of K."""
     per_expert = num_entries / num_experts
     if per_expert <= 16:
-        return MoeTiles(16, 64, 128, 1, 4, 4)
-    if per_expert <= 64:
-        return MoeTiles(32, 64, 128, 4, 4, 4)
-    return MoeTiles(64, 128, 64, 8, 8, 3)
+        tiles = MoeTiles(16, 64, 128, 1, 4, 4)
+    elif per_expert <= 64:
+        tiles = MoeTiles(32, 64, 128, 4, 4, 4)
+    else:
+        tiles = MoeTiles(64, 128, 64, 8, 8, 3)
+    return tiles._replace(block_k=tiles.block_k // 2) if dtype.itemsize > 2 else tiles
 
 
 def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> None:
@@ -216,7 +220,7 @@ def fused_experts(
     n = t * k
     if n == 0:
         return torch.zeros_like(x)
-    tiles = tiles or pick_tiles(n, e)
+    tiles = tiles or pick_tiles(n, e, x.dtype)
     aligned = moe_align(ids.contiguous(), e, tiles.block_m)
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     _gemm(x, w13, act, weights, aligned, tiles, k, gate_up=True)
