@@ -5,9 +5,9 @@ mixture-of-experts shapes, and next to PyTorch's loop over the experts (layers/m
     python tools/bench_moe.py --cpu-smoke --out FILE.json   # tiny shapes, Triton interpreter
 
 For each token count T, one layer's experts (bf16, routing drawn uniformly at random), timed
-replayed from a CUDA graph as the engine runs them: milliseconds, the bytes of the experts' weights
-the step reads (the distinct experts hit) as GB/s and as % of the copy bandwidth, and TFLOP/s
-(2 * T * k * 3 * H * I). --sweep times every launch configuration of SWEEP at each T (each
+replayed from a CUDA graph as the engine runs them: milliseconds (and moe_align's alone), the
+bytes of the experts' weights the step reads (the distinct experts hit) as GB/s and as % of the
+copy bandwidth, and TFLOP/s (2 * T * k * 3 * H * I). --sweep times every launch configuration of SWEEP at each T (each
 checked against the default's output) and prints the fastest, the data behind pick_tiles.
 --cpu-smoke runs once at tiny shapes under the interpreter to check the script; its numbers mean
 nothing.
@@ -71,6 +71,7 @@ def copy_gbps(dev: torch.device, cuda: bool) -> float:
 
 def bench(t: int, shape: tuple[int, int, int, int], dtype: torch.dtype, dev, cuda: bool, sweep: bool) -> dict:
     from services.worker.kernels.fused_moe import MoeTiles, fused_experts, pick_tiles  # after TRITON_INTERPRET
+    from services.worker.kernels.moe_align import moe_align
     from services.worker.models.layers.moe import experts_reference, route
 
     h, inter, experts, k = shape
@@ -82,8 +83,10 @@ def bench(t: int, shape: tuple[int, int, int, int], dtype: torch.dtype, dev, cud
     hit = ids.unique().numel()
     weight_bytes = hit * 3 * h * inter * w13.element_size()
     ms = timed(lambda: fused_experts(x, w13, w2, weights, ids), cuda)
+    tiles = pick_tiles(t * k, experts, dtype)
     row = {
-        "tiles": pick_tiles(t * k, experts, dtype)._asdict(),
+        "tiles": tiles._asdict(),
+        "align_ms": timed(lambda: moe_align(ids, experts, tiles.block_m), cuda),
         "experts_hit": hit,
         "ms": ms,
         "weights GB/s": weight_bytes / ms / 1e6,
@@ -124,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
         report[f"T={t}"] = row
         best = f", best swept {row['sweep_best'][0]['ms']:.3f} ms" if args.sweep else ""
         print(
-            f"T={t:5d}: {row['ms']:.3f} ms, {row['experts_hit']} experts, weights {row['weights GB/s']:.0f} GB/s "
+            f"T={t:5d}: {row['ms']:.3f} ms (align {row['align_ms']:.3f}), {row['experts_hit']} experts, "
+            f"weights {row['weights GB/s']:.0f} GB/s "
             f"({row['% of copy']:.0f} % of copy), {row['TFLOP/s']:.1f} TFLOP/s; PyTorch loop "
             f"{row['torch_loop_ms']:.3f} ms{best}",
             flush=True,

@@ -14,8 +14,10 @@ fewer than BLOCK_M positions, so n + min(E, n) * (BLOCK_M - 1) positions hold an
 One program does it all, in phases separated by barriers: it counts each expert's entries
 (atomics into a scratch row it zeroes itself), turns the counts into padded run starts, writes
 the runs' padding and every block's expert, then places each entry at its expert's next
-position (an atomic cursor per expert). A few microseconds for a decode step; tens for a long
-prefill's thousands of entries.
+position (an atomic cursor per expert). On an H200 (tools/bench_moe.py): 2-9 µs for up to 64
+tokens; for 2048 tokens 17 µs at Mixtral's 8 experts, top-2, and 89 µs at Qwen3-MoE's 128,
+top-8 (13 % of that layer's experts), where one program's loops over 16384 entries show: spread
+over several programs first if prefills of that size matter.
 """
 
 from __future__ import annotations
