@@ -48,8 +48,8 @@ class MoEModel(LlamaModel):
 
     def projections(self) -> dict[str, list[torch.Tensor]]:
         """Attention's products, the dense layers' MLP (gate_up, down) and the shared experts'
-        (shared_gate_up, shared_down), each name one shape. The router's product is too small to
-        offer the runtime's BLAS choice, and the experts' are the grouped GEMM's."""
+        (shared_gate_up, shared_down), each name one shape. The router's product ([T, E]) is too
+        small to be worth the runtime's BLAS choice; the experts' products are the grouped GEMM's."""
         layers = self.w.layers
         out = {n: [getattr(layer, n) for layer in layers] for n in ("qkv", "o")}
         dense = [layer for layer in layers if layer.experts is None]
