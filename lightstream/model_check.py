@@ -104,6 +104,11 @@ def _check_settings(model: ModelConfig, cfg: ServeConfig) -> None:
         raise ModelCheckError(
             f"--max-model-len {cfg.max_req_total_len} is longer than the model's context ({model.context_length})"
         )
-    for name, n in (("attention heads", model.num_heads), ("KV heads", model.num_kv_heads)):
+    widths = (("attention heads", model.num_heads), ("KV heads", model.num_kv_heads))
+    if model.num_experts:  # each rank holds its share of every expert's width
+        widths += (("experts' MLP columns", model.moe_intermediate_size),)
+    if model.shared_expert_intermediate_size:
+        widths += (("shared expert's MLP columns", model.shared_expert_intermediate_size),)
+    for name, n in widths:
         if n % cfg.tp:
             raise ModelCheckError(f"--tp {cfg.tp} does not divide the model's {n} {name}")

@@ -149,10 +149,13 @@ def step_profile(trace: list[tuple[float, int, int]]) -> dict:
 
 
 def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
-    """Bytes of weights a decode step reads: every layer and the output layer (one embedding row aside)."""
-    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    per_layer = h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * h + 3 * h * i + 2 * h
-    return dtype_bytes * (cfg.num_layers * per_layer + cfg.vocab_size * h + h)
+    """Bytes of weights a decode step reads: every layer and the output layer (one embedding row
+    aside); a mixture of experts' every expert and router row (a batch that routes to them all)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    attention = h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * h + 2 * h
+    sparse = (3 * cfg.moe_intermediate_size + 1) * h * cfg.num_experts + 3 * h * cfg.shared_expert_intermediate_size
+    mlp = [sparse if cfg.sparse(i) else 3 * h * cfg.intermediate_size for i in range(cfg.num_layers)]
+    return dtype_bytes * (cfg.num_layers * attention + sum(mlp) + cfg.vocab_size * h + h)
 
 
 def static_decode(engine: Engine, cfg: ModelConfig, batch: int, context: int, steps: int, copy_bw: float) -> dict:
