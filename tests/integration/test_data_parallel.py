@@ -41,7 +41,9 @@ def test_two_worker_groups_share_the_load_survive_a_death_and_take_back_a_restar
         str(tmp_path),
         workers=2,
         worker_args=["--max-total-token-num", str(POOL)],
-        router_args=["--metrics-port", str(metrics_port), "--log-level", "DEBUG"],  # DEBUG: each placement
+        # DEBUG: each placement; least_loaded: these prompts share their first words, which the
+        # cache-aware policy would send to one group (tests/router covers that policy)
+        router_args=["--metrics-port", str(metrics_port), "--log-level", "DEBUG", "--routing-policy", "least_loaded"],
     )
     probe = RouterProbe(metrics_port)
     try:

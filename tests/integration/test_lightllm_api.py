@@ -62,7 +62,9 @@ def test_details_carry_the_logprobs_hf_gives(stack: Stack) -> None:
     assert [t["text"] for t in got["tokens"]] == [tok.decode([t]) for t in want]
     assert [e["token"]["id"] for e in events] == want
     assert [e["token"]["logprob"] for e in events] == pytest.approx(expected, abs=1e-3)
-    assert events[-1]["details"] == {"prompt_tokens": len(ids), "generated_tokens": len(want)}
+    # the stream's prompt is /generate's again: all of it but its last token from the prompt cache
+    details = {"prompt_tokens": len(ids), "generated_tokens": len(want), "prompt_cache_len": len(ids) - 1}
+    assert events[-1]["details"] == details
     assert all(e["details"] is None for e in events[:-1])
 
 
