@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import openai
 import pytest
 
 from tests import hf_reference
@@ -50,6 +51,16 @@ async def _run(url: str) -> tuple[dict, list[dict]]:
         return first, list(rest)
 
 
+def _openai_usage(url: str, model_dir: str) -> list:
+    """A new prompt, as token ids, sent twice through the openai client: the usage of each."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+    ids = hf_reference.tokenizer(model_dir)("A lighthouse keeper counted the ships that passed")["input_ids"]
+    return [
+        client.completions.create(model=client.models.list().data[0].id, prompt=ids, max_tokens=3).usage
+        for _ in range(2)
+    ]
+
+
 def _tokens(body: dict) -> list[int]:
     return [t["id"] for t in body["tokens"]]
 
@@ -77,9 +88,13 @@ def test_shared_prefixes_give_hugging_faces_output(
     stack = start_stack(tiny_llama, redis_server, str(tmp_path), workers=workers, worker_args=worker_args)
     try:
         first, rest = asyncio.run(_run(stack.url))
+        usage = _openai_usage(stack.url, tiny_llama) if workers == 1 else None
         _no_slot_lost(stack, workers)
     finally:
         stack.stop()
+    if usage is not None:  # the real client reads the cached tokens of a prompt sent twice
+        assert usage[0].prompt_tokens_details.cached_tokens <= 1  # at most the BOS other prompts began with
+        assert usage[1].prompt_tokens_details.cached_tokens == usage[1].prompt_tokens - 1
     tok = hf_reference.tokenizer(tiny_llama)
     for prompt, body in zip([BASE, *_prompts()], [first, *rest], strict=True):
         want = hf_reference.greedy(tiny_llama, tok(prompt)["input_ids"], MAX_NEW, eos=False)
