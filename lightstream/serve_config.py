@@ -114,7 +114,7 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "routing_policy": (("router",), "--routing-policy"),
     "log_format": (("worker", "router", "tokenizer", "detokenizer"), "--log-format"),
     "model_name": (("tokenizer",), "--model-name"),
-    "tokenizer": (("tokenizer", "detokenizer"), "--tokenizer"),
+    "tokenizer": (("tokenizer", "detokenizer", "worker"), "--tokenizer"),
     "chat_template": (("tokenizer",), "--chat-template"),
 }
 

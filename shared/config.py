@@ -171,6 +171,7 @@ class WorkerConfig(CommonConfig):
     """A worker group: the model, its KV pool and the step loop."""
 
     model_dir: str = option("", "Hugging Face model directory (required)")
+    tokenizer: str = option("", "the tokenizer's directory when it is not the model's (structured output reads it)")
     group: str = option("0", "this worker group's name; the router places requests by it; auto: the replica's name")
     device: str = option("auto", "auto, cpu or cuda")
     dtype: str = option("auto", "auto (the model's, float32 on the CPU), float32, bfloat16 or float16")

@@ -37,6 +37,7 @@ def main() -> None:
         engine = build_engine(cfg)
     else:
         engine = build_engine(cfg, group.tp, channel=group.channel)
+    engine.grammars.start()  # the vocabulary for structured output, read in its thread meanwhile
     if cfg.warmup and engine.device.type == "cuda":
         warm_up(engine, engine.runner.model.cfg.vocab_size)
     names = StreamNames(cfg.namespace)
