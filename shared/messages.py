@@ -46,7 +46,14 @@ CONSTRAINT_JSON_SCHEMA = "json_schema"  # a JSON schema, as JSON text
 CONSTRAINT_JSON_OBJECT = "json_object"  # any JSON object; text unused
 CONSTRAINT_REGEX = "regex"  # a regular expression the whole output matches
 CONSTRAINT_CHOICE = "choice"  # a JSON array of strings: the output is one of them
-CONSTRAINT_KINDS = (CONSTRAINT_JSON_SCHEMA, CONSTRAINT_JSON_OBJECT, CONSTRAINT_REGEX, CONSTRAINT_CHOICE)
+CONSTRAINT_GRAMMAR = "grammar"  # an EBNF grammar (xgrammar's dialect of GBNF) with a root rule
+CONSTRAINT_KINDS = (
+    CONSTRAINT_JSON_SCHEMA,
+    CONSTRAINT_JSON_OBJECT,
+    CONSTRAINT_REGEX,
+    CONSTRAINT_CHOICE,
+    CONSTRAINT_GRAMMAR,
+)
 
 
 # ---------------------------------------------------------------- nested structs

@@ -1,6 +1,7 @@
 """Structured output in the worker: each request's grammar, compiled off the step loop.
 
-A request's Constraint (shared/messages.py) is compiled by xgrammar once per distinct
+A request's Constraint (shared/messages.py: a JSON schema, any JSON object, a regex, a choice
+list or an EBNF grammar) is compiled by xgrammar once per distinct
 constraint (kind and text): the compiled grammars are kept in a cache keyed by it, and a
 compile runs in a thread of its own, so the step loop never waits on one. Until its grammar
 is compiled a request waits in the scheduler (Scheduler.compiling); a constraint that does
@@ -30,6 +31,7 @@ from transformers import AutoTokenizer
 
 from shared.messages import (
     CONSTRAINT_CHOICE,
+    CONSTRAINT_GRAMMAR,
     CONSTRAINT_JSON_OBJECT,
     CONSTRAINT_JSON_SCHEMA,
     CONSTRAINT_REGEX,
@@ -103,6 +105,8 @@ class Grammars:
                 return compiler.compile_regex(c.text)
             if c.kind == CONSTRAINT_CHOICE:
                 return compiler.compile_grammar(choice_grammar(c.text))
+            if c.kind == CONSTRAINT_GRAMMAR:
+                return compiler.compile_grammar(c.text)
         except RuntimeError as e:  # xgrammar reports a bad schema or regex as a RuntimeError
             raise GrammarError(f"{c.kind}: {xgrammar_message(e)}") from None
         raise GrammarError(f"unknown constraint kind {c.kind!r}")

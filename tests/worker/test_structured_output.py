@@ -80,12 +80,14 @@ def test_masks_follow_every_token_though_steps_overlap(model: tuple[str, Engine]
     path, engine = model
     cases = [Constraint("json_schema", json.dumps(SCHEMAS[i])) for i in (6, 11, 19)]
     cases += [Constraint("regex", REGEXES[9]), Constraint("choice", json.dumps(CHOICES[16]))]
+    cases += [Constraint("grammar", 'root ::= "(" [0-9]{1,3} (", " [0-9]{1,3})* ")"')]
+    compiled = [engine.grammars.state(c, 0).future.result() for c in cases]  # so all start in one step
     reqs = [request(f"m{i}", _ids(path, i), max_new_tokens=120, constraint=c) for i, c in enumerate(cases)]
     steps = engine.steps
     out = run(engine, reqs)
     for i, c in enumerate(cases):
-        compiled = engine.grammars.state(c, 0).future.result()
-        assert out[f"m{i}"].tokens == _masked_greedy(path, reqs[i].input_ids, compiled, 120), c
+        assert out[f"m{i}"].tokens == _masked_greedy(path, reqs[i].input_ids, compiled[i], 120), c
+    # launches: one per token of the longest, and one whose token came after its end
     assert engine.steps - steps <= max(len(o.tokens) for o in out.values()) + 1
 
 
@@ -122,6 +124,7 @@ def test_the_grammar_ends_the_output_even_with_ignore_eos(model: tuple[str, Engi
         ("json_schema", "{not json", "json_schema: Failed to parse JSON"),
         ("json_schema", '{"type": "integer", "minimum": 5, "maximum": 1}', "minimum greater than maximum"),
         ("choice", "[]", "choice: must be a non-empty array"),
+        ("grammar", 'root ::= "a" | b', "grammar: "),
     ],
 )
 def test_a_constraint_that_does_not_compile_fails_only_its_request(
