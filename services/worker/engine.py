@@ -35,6 +35,7 @@ from services.worker.scheduler import Scheduler
 from services.worker.token_mask import StepMask, TokenMasks
 from shared.messages import (
     ERR_FAILED,
+    ERR_INVALID,
     FINISH_ABORT,
     FINISH_ERROR,
     FINISH_STOP,
@@ -245,8 +246,11 @@ def _grammar_end(req: Req, pos: int, tok: int) -> str:
     if g.rejected >= 0:
         # the mask allows the grammar's tokens only: the sampler drew another when it allowed none
         # the sampler could take (end tokens banned by min_new_tokens, say)
-        req.error = f"token {g.rejected} does not fit the requested format: no allowed token could be chosen"
-        req.error_kind = ERR_FAILED
+        req.error = (
+            f"the output format allowed no token the request's parameters let be chosen (token {g.rejected} "
+            "was drawn): an end token before min_tokens?"
+        )
+        req.error_kind = ERR_INVALID
         return FINISH_ERROR
     return FINISH_STOP if g.ended else ""
 

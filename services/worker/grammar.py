@@ -14,7 +14,8 @@ when the grammar has ended the output. The grammar's end is an end token it acce
 tokenizer's and the model's end-of-sequence tokens are the grammar's stop tokens.
 
 JSON is generated compact (", " and ": " between items, no other whitespace): a grammar
-that allows any whitespace lets a model fill its output with it.
+that allows any whitespace lets a model fill its output with it. A schema with a keyword
+xgrammar would ignore is refused (schema_support.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import xgrammar as xgr
 from transformers import AutoTokenizer
 
+from services.worker.schema_support import unsupported
 from shared.messages import (
     CONSTRAINT_CHOICE,
     CONSTRAINT_GRAMMAR,
@@ -122,6 +124,12 @@ _JSON_STRING_CHAR = r"[^\0-\x1f\"\\\r\n]"
 def json_grammar(schema: str) -> str:
     """A JSON schema -> the EBNF grammar of the compact JSON it allows (no whitespace but one
     space after each ":" and ",", strict: no properties the schema does not name)."""
+    try:
+        parsed = json.loads(schema)
+    except ValueError:
+        parsed = None  # xgrammar says what is wrong with it
+    if why := unsupported(parsed):
+        raise RuntimeError(why)  # as xgrammar reports a schema it refuses
     ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True))
     return ebnf.replace(_STRING_CHAR, _JSON_STRING_CHAR)
 

@@ -123,6 +123,7 @@ def test_the_grammar_ends_the_output_even_with_ignore_eos(model: tuple[str, Engi
         ("json_schema", '{"type": "foo"}', 'json_schema: Unsupported type "foo"'),
         ("json_schema", "{not json", "json_schema: Failed to parse JSON"),
         ("json_schema", '{"type": "integer", "minimum": 5, "maximum": 1}', "minimum greater than maximum"),
+        ("json_schema", '{"type": "array", "uniqueItems": true}', "json_schema: the keyword 'uniqueItems' (at #)"),
         ("choice", "[]", "choice: must be a non-empty array"),
         ("grammar", 'root ::= "a" | b', "grammar: "),
     ],
@@ -181,3 +182,10 @@ def test_an_invalid_constraint_is_an_invalid_request(tiny_llama: str) -> None:
     while engine.compiling() or engine.has_work():
         items += [item for _, item in engine.step().items]
     assert [(i.finish_reason, i.error_kind) for i in items] == [("error", ERR_INVALID)]
+
+
+def test_min_tokens_past_the_formats_end_is_an_invalid_request(tiny_llama: str) -> None:
+    engine = build_engine(WorkerConfig(model_dir=tiny_llama))
+    c = Constraint("choice", '["yes", "no"]')
+    out = run(engine, [request("m", [0, 5, 6], max_new_tokens=20, min_new_tokens=10, constraint=c)])["m"]
+    assert out.finish_reason == "error" and "min_tokens" in out.error
