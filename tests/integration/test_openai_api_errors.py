@@ -69,7 +69,10 @@ CHAT_BAD = [
     ("top_logprobs", -1, "top_logprobs"),
     ("top_logprobs", 2, "top_logprobs"),  # without logprobs
     ("tools", [{"type": "function", "function": {"name": "f"}}], "tools"),
-    ("response_format", {"type": "json_object"}, "response_format"),
+    ("response_format", {"type": "xml"}, "response_format.type"),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema.schema"),
+    ("guided_choice", [], "guided_choice"),
+    ("guided_json", "{not json", "guided_json"),
 ]
 
 

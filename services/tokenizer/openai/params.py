@@ -1,8 +1,9 @@
 """OpenAI's request bodies (/v1/completions, /v1/chat/completions), validated.
 
 Bounds follow OpenAI's API reference; an unknown key is an error, and so is an OpenAI
-parameter this server does not implement (tools, logit_bias, ...), with a message that
-says so. Checks across fields are in ``check()`` so the error can name its parameter.
+parameter this server does not implement (logit_bias, suffix, ...), with a message that
+says so. The output's format (response_format, vLLM's guided_*) is formats.py's. Checks
+across fields are in ``check()`` so the error can name its parameter.
 top_k, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens and
 include_stop_str_in_output are accepted as extensions, spelled as vLLM spells them. Fields
 SDKs send that change no output (NO_OPS) are accepted and ignored, with a debug line.
@@ -13,11 +14,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from services.tokenizer.errors import APIError
 from services.tokenizer.limits import GREEDY_TEMPERATURE, MAX_N, MAX_TOP_LOGPROBS, TokenId, check_stops, check_top_k
-from shared.messages import SamplingParams
+from services.tokenizer.openai.formats import OutputFormat
+from shared.messages import Constraint, SamplingParams
 
 MAX_GENERATIONS = 64  # prompts x best_of of one completions request
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -53,10 +55,12 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False  # vLLM's: with include_usage, usage so far in every chunk
 
 
-class OpenAISampling(BaseModel):
-    """What completions and chat completions share."""
+class OpenAISampling(OutputFormat):
+    """What completions and chat completions share: sampling, stops, the output's format
+    (formats.py)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+    _constraint: Constraint | None = PrivateAttr(None)  # the format asked for, once validated
 
     model: str
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -114,6 +118,11 @@ class OpenAISampling(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _format(self) -> OpenAISampling:
+        self._constraint = self.output_constraint()
+        return self
+
+    @model_validator(mode="after")
     def _log_no_ops(self) -> OpenAISampling:
         ignored = [name for name in NO_OPS if getattr(self, name) is not None]
         if ignored:
@@ -164,6 +173,7 @@ class OpenAISampling(BaseModel):
             seed=seed,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            constraint=self._constraint,
         )
 
 
@@ -254,7 +264,6 @@ class ChatCompletionRequest(OpenAISampling):
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
     # vLLM's: extra variables for the chat template (e.g. {"enable_thinking": false} for Qwen3)
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -272,12 +281,7 @@ class ChatCompletionRequest(OpenAISampling):
     def _no_tools(cls, v: Any) -> Any:
         return _not_supported("tool calls", v)
 
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type") != "text":
-            raise ValueError(f"only {{'type': 'text'}} is supported, got type {v.get('type')!r}")
-        return v
+    function_call: Any = None
 
     def check(self) -> None:
         super().check()
