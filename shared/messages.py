@@ -66,6 +66,9 @@ class Constraint:
 
     kind: str  # one of CONSTRAINT_KINDS
     text: str = ""
+    # the constraint applies from the token after this one's first appearance in the output (a
+    # reasoning model's end of thinking: the format is the answer's); -1: from the first token
+    after_token: int = -1
 
     def __post_init__(self) -> None:
         if self.kind not in CONSTRAINT_KINDS:

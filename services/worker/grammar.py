@@ -63,7 +63,7 @@ class Grammars:
         # one thread: compiles run one after another, each with xgrammar's own threads
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
         self._compiler: Future[xgr.GrammarCompiler] | None = None
-        self._cache: OrderedDict[Constraint, Future[xgr.CompiledGrammar]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], Future[xgr.CompiledGrammar]] = OrderedDict()  # (kind, text)
 
     def start(self) -> None:
         """Read the tokenizer's vocabulary in the background now, not at the first constraint."""
@@ -72,16 +72,17 @@ class Grammars:
 
     def state(self, constraint: Constraint, prompt_len: int) -> GrammarState:
         """A new request's grammar: compiled already, or on its way."""
-        future = self._cache.get(constraint)
+        key = (constraint.kind, constraint.text)
+        future = self._cache.get(key)
         if future is None:
             self.start()
             future = self._pool.submit(self._compile, constraint)
-            self._cache[constraint] = future
+            self._cache[key] = future
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         else:
-            self._cache.move_to_end(constraint)
-        return GrammarState(future, prompt_len)
+            self._cache.move_to_end(key)
+        return GrammarState(future, prompt_len, constraint.after_token)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -152,15 +153,18 @@ def xgrammar_message(e: Exception) -> str:
 
 
 class GrammarState:
-    """One request's grammar: compiled (or on its way), and its matcher once it starts."""
+    """One request's grammar: compiled (or on its way), and its matcher once it starts. With
+    an after_token (a reasoning model's end of thinking), the output is free up to and
+    including that token, and held to the grammar from the next."""
 
-    __slots__ = ("future", "matcher", "next_pos", "rejected")
+    __slots__ = ("after", "future", "matcher", "next_pos", "rejected")
 
-    def __init__(self, future: Future[xgr.CompiledGrammar], prompt_len: int) -> None:
+    def __init__(self, future: Future[xgr.CompiledGrammar], prompt_len: int, after_token: int = -1) -> None:
         self.future = future
         self.matcher: xgr.GrammarMatcher | None = None
         self.next_pos = prompt_len  # the position in the request's tokens of the next token to accept
         self.rejected = -1  # a token the grammar did not allow (it never should: the mask bans it)
+        self.after = after_token  # -1 once the grammar applies
 
     @property
     def ready(self) -> bool:
@@ -183,6 +187,9 @@ class GrammarState:
         if pos < self.next_pos or self.matcher is None or self.ended:
             return
         self.next_pos = pos + 1
+        if self.after >= 0:  # free text until the token that opens the grammar
+            self.after = -1 if token == self.after else self.after
+            return
         if not self.matcher.accept_token(token):
             self.rejected = token
 
@@ -193,5 +200,5 @@ class GrammarState:
 
     @property
     def needs_mask(self) -> bool:
-        """Whether the next token is constrained (a grammar that ended allows none)."""
-        return self.matcher is not None and not self.ended
+        """Whether the next token is constrained (not before the grammar applies, nor once it ended)."""
+        return self.matcher is not None and self.after < 0 and not self.ended

@@ -148,9 +148,9 @@ def test_the_wire_layout_is_fields_in_declaration_order_nested_as_arrays() -> No
 
 @pytest.mark.parametrize("kind", m.CONSTRAINT_KINDS)
 def test_a_constraint_of_each_kind_round_trips(kind: str) -> None:
-    gen = m.GenerateReq("r", "f", "d", [1], m.SamplingParams(constraint=m.Constraint(kind, '["a", "b"]')), 1.0, 2.0)
+    gen = m.GenerateReq("r", "f", "d", [1], m.SamplingParams(constraint=m.Constraint(kind, '["a", "b"]', 7)), 1.0, 2.0)
     assert m.decode(m.encode(gen)) == gen
-    assert msgpack.unpackb(m.encode(gen))[6][-1] == [kind, '["a", "b"]']  # a nested array at the end
+    assert msgpack.unpackb(m.encode(gen))[6][-1] == [kind, '["a", "b"]', 7]  # a nested array at the end
     assert m.decode(m.encode(CONSTRAINED)).params.constraint.text == SCHEMA
 
 

@@ -189,3 +189,18 @@ def test_min_tokens_past_the_formats_end_is_an_invalid_request(tiny_llama: str) 
     c = Constraint("choice", '["yes", "no"]')
     out = run(engine, [request("m", [0, 5, 6], max_new_tokens=20, min_new_tokens=10, constraint=c)])["m"]
     assert out.finish_reason == "error" and "min_tokens" in out.error
+
+
+def test_a_format_after_the_thinking_leaves_the_thinking_free(model: tuple[str, Engine]) -> None:
+    """after_token (a reasoning model's </think>): free text up to and including it, the format
+    from the next token on."""
+    path, engine = model
+    ids = _ids(path, 1)
+    free = run(engine, [request("free", ids, max_new_tokens=12, ignore_eos=True)])["free"].tokens
+    k = 3
+    end_of_thinking = free[k]
+    k = free.index(end_of_thinking)  # its first appearance
+    c = Constraint("regex", REGEXES[0], after_token=end_of_thinking)
+    out = run(engine, [request("t", ids, max_new_tokens=60, ignore_eos=True, constraint=c)])["t"]
+    assert out.tokens[: k + 1] == free[: k + 1] and out.finish_reason == "stop"
+    assert re.fullmatch(REGEXES[0], _text(path, out.tokens[k + 1 :]))
