@@ -19,6 +19,9 @@ class ConfigError(ValueError):
 
 # how the router picks among the groups that can take a request (services/router/routing.py)
 ROUTING_POLICIES = ("cache_aware", "least_loaded", "round_robin")
+# how the front end reads tool calls and thinking out of a chat answer (services/tokenizer/openai/)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 def option(default: Any, help: str, *aliases: str, positional: str = "") -> Any:
@@ -64,6 +67,16 @@ class TokenizerConfig(CommonConfig):
     chat_template: str = option(
         "", "a Jinja chat template, its file's path or its text, in place of the tokenizer's own"
     )
+    tool_call_parser: str = option(
+        "",
+        f"how tool calls are written in the model's answers ({', '.join(TOOL_CALL_PARSERS)}): chat requests with "
+        "tool_choice auto read them out; none: tool_choice auto is refused ('required' and named ones work)",
+    )
+    reasoning_parser: str = option(
+        "",
+        f"how the model's thinking is set apart ({', '.join(REASONING_PARSERS)}): it goes to reasoning_content, "
+        "and an output format applies to the answer after it; none: all of the output is content",
+    )
     host: str = "0.0.0.0"
     port: int = 8000
     # share host:port with other front-end processes of this host (SO_REUSEPORT); the kernel
@@ -96,6 +109,14 @@ class TokenizerConfig(CommonConfig):
         _check(self.request_timeout_s > 0, "request_timeout_s must be > 0")
         _check(self.pipeline_check_s > 0, "pipeline_check_s must be > 0")
         _check(self.tokenizer_threads >= 1, "tokenizer_threads must be >= 1")
+        _check(
+            self.tool_call_parser in ("", *TOOL_CALL_PARSERS),
+            f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}",
+        )
+        _check(
+            self.reasoning_parser in ("", *REASONING_PARSERS),
+            f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}",
+        )
         _check(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
         for name in ("fastchat_controller", "worker_address"):
             url = getattr(self, name)

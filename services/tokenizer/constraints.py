@@ -35,6 +35,44 @@ def check_schema(v: dict[str, Any] | bool | str | None) -> dict[str, Any] | bool
     return v
 
 
+JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+
+
+def schema_shape(schema: Any, where: str = "#") -> str:
+    """What makes a value no JSON schema at all ("" when nothing does): the keywords' shapes
+    only (a type that is none, properties that are not an object, ...). Whether the worker
+    can compile it is its word."""
+    if isinstance(schema, bool):
+        return ""
+    if not isinstance(schema, dict):
+        return f"{where} is a {type(schema).__name__}, not an object"
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
+    if any(k not in JSON_TYPES for k in kinds):
+        return f"{where}/type: {kind!r} is not a JSON type"
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        if key in schema and not isinstance(schema[key], dict):
+            return f"{where}/{key} must be an object"
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        return f"{where}/required must be a list of property names"
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        return f"{where}/enum must be a list"
+    subschemas = [
+        (f"{where}/{k}/{n}", s) for k in ("properties", "$defs", "definitions") for n, s in schema.get(k, {}).items()
+    ]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if key in schema and not isinstance(schema[key], list):
+            return f"{where}/{key} must be a list"
+        subschemas += [(f"{where}/{key}/{i}", s) for i, s in enumerate(schema.get(key, []))]
+    if "items" in schema and not isinstance(schema["items"], list):
+        subschemas.append((f"{where}/items", schema["items"]))
+    for path, sub in subschemas:
+        if why := schema_shape(sub, path):
+            return why
+    return ""
+
+
 def check_text(v: str | None) -> str | None:
     """A regex or a grammar: not empty."""
     if v is not None and not v:

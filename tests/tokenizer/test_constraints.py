@@ -11,7 +11,8 @@ from pydantic import ValidationError
 from services.tokenizer.errors import describe_validation
 from services.tokenizer.lightllm.params import GenerateParameters
 from services.tokenizer.lightllm.tgi_params import TGIParameters
-from services.tokenizer.openai.params import ChatCompletionRequest, CompletionRequest
+from services.tokenizer.openai.chat_params import ChatCompletionRequest
+from services.tokenizer.openai.params import CompletionRequest
 from shared.messages import Constraint
 
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
