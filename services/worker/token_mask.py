@@ -15,6 +15,7 @@ import torch
 import xgrammar as xgr
 
 from services.worker.grammar import GrammarState
+from services.worker.host_copy import to_device
 
 
 @dataclass
@@ -22,7 +23,9 @@ class StepMask:
     """The bitmask rows of one step, on the logits' device."""
 
     bitmask: torch.Tensor  # [rows, ceil(V / 32)] int32; row i masks logits row i
-    rows: list[int]  # the sample indices it applies to
+    # the sample indices it applies to: on CUDA a device tensor, since xgrammar would copy a list
+    # from pageable memory, and such a copy waits for the device to finish the step's forward
+    rows: list[int] | torch.Tensor
     vocab_size: int
 
     def apply(self, logits: torch.Tensor) -> None:
@@ -50,6 +53,7 @@ class TokenMasks:
         rows = [i for i, _ in live]
         self.batch.batch_fill_next_token_bitmask([m for _, m in live], self.host, rows)
         n = max(rows) + 1
-        if self.dev is not self.host:
-            self.dev[:n].copy_(self.host[:n], non_blocking=True)
-        return StepMask(self.dev[:n], rows, self.vocab_size)
+        if self.dev is self.host:
+            return StepMask(self.host[:n], rows, self.vocab_size)
+        self.dev[:n].copy_(self.host[:n], non_blocking=True)
+        return StepMask(self.dev[:n], to_device(rows, torch.int32, self.device), self.vocab_size)
