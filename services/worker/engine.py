@@ -144,9 +144,10 @@ class Engine:
         batch = build_batch(plan, self.kv.table.table, self.device, prev, self.runner.staging)
         sample_batch = self.sampler.batch(sampled, self.device, batch.sample_rows)
         logits = self.runner.forward(batch)  # [S, V]
-        constrained = [(i, r.grammar) for i, r in enumerate(sampled) if r.grammar is not None]
-        if constrained and (mask := self._mask(constrained)) is not None:
-            mask.apply(logits)
+        if self.scheduler.constrained:
+            constrained = [(i, r.grammar) for i, r in enumerate(sampled) if r.grammar is not None]
+            if constrained and (mask := self._mask(constrained)) is not None:
+                mask.apply(logits)
         result = self.sampler.sample(logits, sample_batch)
         host, event = self._copy_to_host(result)
         positions = self.scheduler.launched(plan, sampled)

@@ -78,12 +78,14 @@ class Scheduler:
         self.compiling: list[Req] = []  # admitted, waiting for their grammar to be compiled
         self.running: list[Req] = []  # holding KV, in admission order
         self.finished: list[Req] = []  # ended since the last take_finished()
+        self.constrained = 0  # requests held with a grammar: without any, a step makes no mask
         self.num_paused_total = 0
 
     # ---------------------------------------------------------------- membership
 
     def add(self, req: Req) -> None:
         (self.waiting if req.grammar is None else self.compiling).append(req)
+        self.constrained += req.grammar is not None
 
     def has_work(self) -> bool:
         """Requests to run; a request whose grammar is still compiling is not one yet."""
@@ -246,15 +248,18 @@ class Scheduler:
                 for queue in (self.running, self.waiting):
                     if req in queue:
                         queue.remove(req)
-            req.finish_reason = reason
-            self.kv.release(req)
+            self._ended(req, reason)
         return True
 
     def _finish(self, req: Req, reason: str) -> None:
         """End a request that has no token in flight to report its end with."""
+        self._ended(req, reason)
+        self.finished.append(req)
+
+    def _ended(self, req: Req, reason: str) -> None:
         req.finish_reason = reason
         self.kv.release(req)
-        self.finished.append(req)
+        self.constrained -= req.grammar is not None
 
     def _fail(self, req: Req, why: str, kind: str = ERR_TOO_LARGE) -> None:
         log.error("failing request: %s", why, extra={"rid": req.rid})

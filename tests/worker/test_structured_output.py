@@ -89,6 +89,7 @@ def test_masks_follow_every_token_though_steps_overlap(model: tuple[str, Engine]
         assert out[f"m{i}"].tokens == _masked_greedy(path, reqs[i].input_ids, compiled[i], 120), c
     # launches: one per token of the longest, and one whose token came after its end
     assert engine.steps - steps <= max(len(o.tokens) for o in out.values()) + 1
+    assert engine.scheduler.constrained == 0  # none held: the next steps make no mask
 
 
 def test_free_requests_are_unchanged_by_constrained_company(model: tuple[str, Engine]) -> None:
@@ -166,7 +167,7 @@ def test_grammars_compile_once_in_their_thread_while_the_steps_go_on(tiny_llama:
     assert out["c3"].finish_reason == "abort"
     for rid in ("c1", "c2"):
         assert out[rid].finish_reason == "stop" and re.fullmatch("[0-9]{3}", _text(tiny_llama, out[rid].tokens))
-    assert engine.kv.available_tokens == engine.kv.capacity
+    assert engine.kv.available_tokens == engine.kv.capacity and engine.scheduler.constrained == 0
 
 
 def test_steps_without_constrained_requests_make_no_mask(tiny_llama: str) -> None:
