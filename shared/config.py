@@ -9,6 +9,7 @@ bad setting stops the service at start with a message naming it.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,9 @@ class CommonConfig:
     replica: str = option("", "this replica's name; none: derived from host name and pid")
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: str = option("text", "text (one line per event) or json (one JSON object per line)")
+    model_name: str = option(
+        "", "the model's name: in the API (the front end) and on every metrics series; none: the model directory's name"
+    )
     stream_maxlen: int = option(100_000, "XADD MAXLEN ~ for every stream this service writes")
     metrics_port: int = option(0, "Prometheus /metrics on this port; 0: none (the front end serves its own)")
     busy_poll_ms: float = option(
@@ -53,13 +57,17 @@ class CommonConfig:
     def __post_init__(self) -> None:
         _check(self.log_format in ("text", "json"), f"log_format must be text or json, got {self.log_format!r}")
 
+    def served_model_name(self) -> str:
+        """model_name, else the model directory's base name (the router has none: "")."""
+        model_dir = str(getattr(self, "model_dir", ""))
+        return self.model_name or (os.path.basename(os.path.normpath(model_dir)) if model_dir else "")
+
 
 @dataclass(frozen=True)
 class TokenizerConfig(CommonConfig):
     """The HTTP front end: tokenizes, submits to the router, streams the replies back."""
 
     model_dir: str = ""
-    model_name: str = ""  # the name clients use; empty: the model directory's base name
     tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
     chat_template: str = option(
         "", "a Jinja chat template, its file's path or its text, in place of the tokenizer's own"

@@ -44,7 +44,7 @@ def main() -> None:
         metrics,
         BusyPoll.for_host(cfg.busy_poll_ms),
     )
-    serve_collector(cfg.metrics_port, DetokCollector(metrics, lambda: len(service.sessions)))
+    serve_collector(cfg.metrics_port, DetokCollector(metrics, lambda: len(service.sessions)), cfg.served_model_name())
     beat = HeartbeatPublisher(link, names, SERVICE_DETOK, cfg.replica, info=lambda: {"sessions": len(service.sessions)})
     run_beating("detokenizer", beat, service.run)
 

@@ -22,7 +22,7 @@ def main() -> None:
     link = RedisLink(cfg.redis_url)
     stop_on_signals(link)
     service = RouterService(cfg, link, BusyPoll.for_host(cfg.busy_poll_ms))
-    serve_collector(cfg.metrics_port, RouterCollector(lambda: service.figures))
+    serve_collector(cfg.metrics_port, RouterCollector(lambda: service.figures), cfg.served_model_name())
     # the heartbeat carries the queue figures, so front ends can refuse at once when it is full
     names = StreamNames(cfg.namespace)
     beat = HeartbeatPublisher(link, names, SERVICE_ROUTER, cfg.replica, info=lambda: service.figures.info())

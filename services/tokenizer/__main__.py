@@ -53,9 +53,9 @@ def main() -> None:
         pipeline=pipeline,
         tok=Tokenization(cfg.tokenizer or cfg.model_dir, cfg.tokenizer_threads, template),
         max_total_len=max_total_len,
-        model_name=cfg.model_name or os.path.basename(os.path.normpath(cfg.model_dir)),
+        model_name=cfg.served_model_name(),
         vocab_size=model.vocab_size,
-        metrics=FrontMetrics(),
+        metrics=FrontMetrics(cfg.served_model_name()),
         started=time.time(),
     )
     beat = HeartbeatPublisher(

@@ -51,7 +51,8 @@ def main() -> None:
         metrics,
         BusyPoll.for_host(cfg.busy_poll_ms),
     )
-    serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine))  # after loading: serving means ready
+    # after loading: serving means ready
+    serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine), cfg.served_model_name())
     watchdog = None
     if group is not None:
 
