@@ -33,10 +33,15 @@ def scale_rows(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 
 
 class LayerOps(Protocol):
-    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
+        """Llama's RMSNorm: the normalised row rounded to x's dtype, then times weight. unit_offset:
+        Gemma's, the row times (1 + weight) in float32, rounded once."""
+        ...
 
-    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """residual += x (in place, rounded to its dtype); returns rmsnorm(residual) * weight."""
+    def add_rmsnorm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False
+    ) -> torch.Tensor:
+        """residual += x (in place, rounded to its dtype); returns rmsnorm(residual, weight, eps, unit_offset)."""
         ...
 
     def rotary_(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
@@ -48,15 +53,23 @@ class LayerOps(Protocol):
         by its rows' inverse RMS (scale_rows)."""
         ...
 
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2I] (gate | up) -> gelu(gate) * up: [T, I], GELU's tanh approximation (Gemma's GeGLU)."""
+        ...
+
 
 class TorchOps:
-    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
         xf = x.float() * RowNorm(x, eps).inv_rms()
+        if unit_offset:  # Hugging Face's Gemma RMSNorm: (1 + w) in float32, rounded once
+            return (xf * (1.0 + weight.float())).to(x.dtype)
         return weight * xf.to(x.dtype)
 
-    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def add_rmsnorm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False
+    ) -> torch.Tensor:
         residual.add_(x)
-        return self.rmsnorm(residual, weight, eps)
+        return self.rmsnorm(residual, weight, eps, unit_offset)
 
     def rotary_(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
         half = cos_sin.shape[1] // 2
@@ -78,3 +91,7 @@ class TorchOps:
             gate_up = scale_rows(gate_up, norm.inv_rms())
         half = gate_up.shape[-1] // 2
         return torch.nn.functional.silu(gate_up[..., :half]) * gate_up[..., half:]
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        half = gate_up.shape[-1] // 2
+        return torch.nn.functional.gelu(gate_up[..., :half], approximate="tanh") * gate_up[..., half:]
