@@ -278,6 +278,10 @@ def _gemma_windows(raw: dict[str, Any], family: str) -> tuple[int, ...]:
             f"got {len(types)} with {sorted(unknown) or 'no unknown types'}"
         )
     window = int(raw.get("sliding_window", 4096) or 0)
+    if window <= 0 and "sliding_attention" in types:
+        raise ModelConfigError(
+            f"Gemma sliding_attention layers need a sliding_window, got {raw.get('sliding_window')!r}"
+        )
     return tuple(window if t == "sliding_attention" else 0 for t in types)
 
 

@@ -20,7 +20,7 @@ if ROOT not in sys.path:
 from tools import make_tiny_model  # noqa: E402
 from tools.redis_server import RedisServer  # noqa: E402
 
-ARCHS = ("llama", "qwen2", "qwen3", "phi3")
+ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 
 
 @pytest.fixture(scope="session")

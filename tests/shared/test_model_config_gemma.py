@@ -109,6 +109,7 @@ def test_gemma3_rotary_in_transformers_5s_spelling() -> None:
         ({**GEMMA3_1B, "use_bidirectional_attention": True}, "bidirectional"),
         ({**GEMMA3_1B, "layer_types": ["sliding_attention", "chunked_attention"] * 13}, "chunked_attention"),
         ({**GEMMA3_1B, "layer_types": ["full_attention"] * 3}, "each of 26 layers"),
+        ({**GEMMA2_2B, "sliding_window": None}, "need a sliding_window"),
         (
             {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": GEMMA3_1B},
             "multimodal Gemma 3",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.models import llama, phi3, qwen3
+from services.worker.models import gemma2, gemma3, llama, phi3, qwen3
 from services.worker.models.checkpoint import Checkpoint, Shard
 from services.worker.models.random_weights import dense_random_weights
 from services.worker.models.weights import ModelWeights
@@ -27,9 +27,12 @@ class Family:
 LLAMA = Family(model=llama.LlamaModel, load=llama.load, random=dense_random_weights)
 QWEN3 = Family(model=qwen3.Qwen3Model, load=qwen3.load, random=qwen3.random_weights)
 PHI3 = Family(model=phi3.Phi3Model, load=phi3.load, random=dense_random_weights)
+GEMMA2 = Family(model=gemma2.Gemma2Model, load=gemma2.load, random=gemma2.random_weights)
+GEMMA3 = Family(model=gemma3.Gemma3Model, load=gemma3.load, random=gemma3.random_weights)
 
 # ModelConfig.family -> its implementation
 FAMILIES: dict[str, Family] = {"llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA, "qwen3": QWEN3, "phi3": PHI3}
+FAMILIES |= {"gemma2": GEMMA2, "gemma3": GEMMA3}
 
 
 def family_of(cfg: ModelConfig) -> Family:
