@@ -169,14 +169,15 @@ class ModelConfig:
 
 def _refuse_sliding_window(raw: dict[str, Any]) -> None:
     """Qwen3 turns a sliding window on with use_sliding_window (on the layers from
-    max_window_layers) or names it per layer in layer_types; the attention kernels take no
-    window, so a config that does either, or names a layer type not known here, is refused."""
+    max_window_layers) or names it per layer in layer_types; this parser does not turn those
+    into layer_windows (which the attention backends take, as Gemma's are), so a config that
+    does either, or names a layer type not known here, is refused."""
     types = set(raw.get("layer_types") or ["full_attention"])
     if raw.get("use_sliding_window") or types != {"full_attention"}:
         raise ModelConfigError(
             f"Qwen3 with a sliding window or other layer types (use_sliding_window "
             f"{raw.get('use_sliding_window')!r}, layer types {sorted(types)}) is not supported: "
-            "the attention kernels take full attention only"
+            "Qwen3 is served with full attention only"
         )
 
 
