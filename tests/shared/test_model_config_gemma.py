@@ -102,6 +102,14 @@ def test_gemma3_rotary_in_transformers_5s_spelling() -> None:
     assert classic.rope_scaling == cfg.rope_scaling
 
 
+def test_the_benchmark_shapes_parse() -> None:
+    from services.worker.models.random_weights import SHAPES
+
+    g2, g3 = ModelConfig.from_dict(SHAPES["gemma2-9b"]), ModelConfig.from_dict(SHAPES["gemma3-12b"])
+    assert g2.family == "gemma2" and g2.layer_windows[:2] == (4096, 0) and g2.num_layers == 42
+    assert g3.family == "gemma3" and g3.layer_windows[:6] == (1024,) * 5 + (0,) and g3.rope_scaling["factor"] == 8.0
+
+
 @pytest.mark.parametrize(
     ("raw", "match"),
     [
