@@ -330,3 +330,30 @@ def test_steps_with_prompt_tokens_reuse_the_decode_graphs_kernels(
     assert splits_rec.keys[0] == splits_rec.keys[1]
     assert len(reduce_rec.keys) == (0 if fused or graph_splits == 1 else 2)
     assert len(set(map(str, reduce_rec.keys))) <= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("quantized", [False, True])
+def test_decode_gemma2_9b_window_and_softcap(quantized: bool, pooled, reference, tol) -> None:
+    """Gemma 2 9B's heads with its 4096-token window and soft cap 50, contexts shorter and far
+    longer than the window, over a grid of many splits (the window's) and one split."""
+    lens = [1, 100, 4096, 4097, 9000]
+    for splits, fused in ((16, False), (16, True), (1, False)):
+        check(
+            lens,
+            16,
+            8,
+            256,
+            torch.bfloat16,
+            quantized,
+            splits,
+            torch.device("cuda"),
+            pooled,
+            reference,
+            tol,
+            fused,
+            window=4096,
+            softcap=50.0,
+            split_tokens=SPLIT_TOKENS,
+        )

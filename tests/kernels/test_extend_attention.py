@@ -147,3 +147,26 @@ def test_extend_mixed_segments_gpu(pooled, reference, tol) -> None:
         reference,
         tol,
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("quantized", [False, True])
+def test_extend_gemma2_9b_window_and_softcap(quantized: bool, pooled, reference, tol) -> None:
+    """Gemma 2 9B's heads (256 wide) with its 4096-token window and soft cap 50: a prompt whose
+    window starts inside its prefix, one past it, one shorter than the window."""
+    _check(
+        [3000, 700, 64],
+        [3000, 6000, 0],
+        16,
+        8,
+        256,
+        torch.bfloat16,
+        quantized,
+        torch.device("cuda"),
+        pooled,
+        reference,
+        tol,
+        4096,
+        50.0,
+    )
