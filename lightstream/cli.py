@@ -9,6 +9,7 @@ a model it makes the tiny demo model (tools/make_tiny_model.py) and serves it on
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -20,6 +21,7 @@ from lightstream.model_check import ModelCheckError, check_model
 from lightstream.serve_config import ServeConfig, service_args
 from shared.cli import parse_config
 from shared.config import ConfigError
+from shared.model_source import ModelSourceError, resolve_model
 
 USAGE = "usage: lightstream serve [MODEL] [flags]   (lightstream serve --help: every flag)"
 DESCRIPTION = "Serve a model with the whole LightStream stack on this machine; each flag also reads its LS_* variable."
@@ -42,14 +44,33 @@ def serve(argv: list[str], env: Mapping[str, str]) -> int:
     worker_first: list[str] = []
     if cfg.model_dir:
         try:
-            check_model(cfg.model_dir, cfg)
-        except ModelCheckError as e:
+            model_dir = resolve_model(cfg.model_dir, env)
+            check_model(model_dir, cfg)
+        except (ModelCheckError, ModelSourceError) as e:
             return _fail(str(e))
-        model_dir = os.path.abspath(cfg.model_dir)  # the services run in the package's directory
+        if model_dir != cfg.model_dir and not cfg.model_name:  # a model id: clients use it, as with vLLM
+            cfg = dataclasses.replace(cfg, model_name=cfg.model_dir)
+        model_dir = os.path.abspath(model_dir)  # the services run in the package's directory
     else:
         model_dir = _demo_model()
         worker_first = ["--device", "cpu"]
     return _run(cfg, model_dir, worker_first, env.get("REDIS_URL", ""))
+
+
+def _gpus_per_group(cfg: ServeConfig) -> int:
+    """Data-parallel groups on a machine with a GPU (--tp of them) for each: each group sees only
+    its own; otherwise 0: every group sees every GPU (they share GPU 0, or run on the CPU)."""
+    if cfg.dp < 2:
+        return 0
+    try:
+        import torch
+    except ImportError:  # the light image: no worker runs here anyway
+        return 0
+    if torch.cuda.device_count() < cfg.dp * cfg.tp:
+        if torch.cuda.is_available():
+            print(f"lightstream serve: {cfg.dp} groups of {cfg.tp} GPUs share this machine's GPUs", file=sys.stderr)
+        return 0
+    return cfg.tp
 
 
 def _fail(message: str) -> int:
@@ -91,6 +112,7 @@ def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: s
             router_args=args["router"],
             tokenizer_args=args["tokenizer"],
             detokenizer_args=args["detokenizer"],
+            gpus_per_worker=_gpus_per_group(cfg),
         )
     )
     stopping = threading.Event()

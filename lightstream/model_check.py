@@ -9,11 +9,15 @@ import glob
 import json
 import os
 import struct
+import zipfile
 
 from lightstream.serve_config import ServeConfig
 from shared.model_config import ModelConfig, ModelConfigError
 
-LAYOUT = "a Hugging Face model directory: config.json, *.safetensors weights, tokenizer.json or tokenizer.model"
+LAYOUT = (
+    "a Hugging Face model directory (or a model id in the local Hugging Face cache): config.json, "
+    "*.safetensors or *.bin weights, tokenizer.json or tokenizer.model"
+)
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own bound on a header
 
 
@@ -33,19 +37,27 @@ def check_model(model_dir: str, cfg: ServeConfig) -> ModelConfig:
     except (KeyError, TypeError, ValueError) as e:  # config.json that is not JSON, or lacks a field
         raise ModelCheckError(f"{model_dir}/config.json cannot be read ({type(e).__name__}: {e}); {LAYOUT}") from None
     _check_weights(model_dir)
-    _check_tokenizer(model_dir)
+    _check_tokenizer(cfg.tokenizer or model_dir)
+    if cfg.chat_template:
+        _check_chat_template(cfg.chat_template)
     _check_settings(model, cfg)
     return model
 
 
 def _check_weights(model_dir: str) -> None:
     files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
-    if not files:
-        others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_dir, "*.bin")))
-        found = f"only {', '.join(others[:3])}" if others else "no weight files"
-        raise ModelCheckError(f"{model_dir}: {found}; supported: *.safetensors (one file or shards with an index)")
     for path in files:
         _check_safetensors_header(path)
+    if files:
+        return
+    bins = [p for p in sorted(glob.glob(os.path.join(model_dir, "*.bin"))) if "training_args" not in p]
+    if not bins:
+        others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_dir, "*.pt*")))
+        found = f"only {', '.join(others[:3])}" if others else "no weight files"
+        raise ModelCheckError(f"{model_dir}: {found}; supported: *.safetensors or PyTorch *.bin files")
+    for path in bins:
+        if not zipfile.is_zipfile(path):  # torch.save's format since PyTorch 1.6
+            raise ModelCheckError(f"{path} is not a PyTorch checkpoint (torch.save's zip format)")
 
 
 def _check_safetensors_header(path: str) -> None:
@@ -64,7 +76,16 @@ def _check_safetensors_header(path: str) -> None:
         raise ModelCheckError(f"{path} is not a readable safetensors file ({e})") from None
 
 
+def _check_chat_template(spec: str) -> None:
+    if os.path.isfile(spec):
+        return
+    if "{" not in spec:
+        raise ModelCheckError(f"--chat-template {spec!r}: no such file, and not a Jinja template")
+
+
 def _check_tokenizer(model_dir: str) -> None:
+    if not os.path.isdir(model_dir):
+        raise ModelCheckError(f"tokenizer {model_dir!r} is not a directory")
     fast = os.path.join(model_dir, "tokenizer.json")
     if os.path.exists(fast):
         from tokenizers import Tokenizer
@@ -83,6 +104,11 @@ def _check_settings(model: ModelConfig, cfg: ServeConfig) -> None:
         raise ModelCheckError(
             f"--max-model-len {cfg.max_req_total_len} is longer than the model's context ({model.context_length})"
         )
-    for name, n in (("attention heads", model.num_heads), ("KV heads", model.num_kv_heads)):
+    widths = (("attention heads", model.num_heads), ("KV heads", model.num_kv_heads))
+    if model.num_experts:  # each rank holds its share of every expert's width
+        widths += (("experts' MLP columns", model.moe_intermediate_size),)
+    if model.shared_expert_intermediate_size:
+        widths += (("shared expert's MLP columns", model.shared_expert_intermediate_size),)
+    for name, n in widths:
         if n % cfg.tp:
             raise ModelCheckError(f"--tp {cfg.tp} does not divide the model's {n} {name}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.config import ConfigError, option
+from shared.config import ROUTING_POLICIES, ConfigError, option
 
 # what --dtype accepts -> the worker's spelling
 DTYPES = {
@@ -34,6 +34,8 @@ class ServeConfig:
     host: str = option("0.0.0.0", "address the HTTP API listens on")
     port: int = option(8000, "port of the HTTP API")
     model_name: str = option("", "the model's name in the API; none: the model directory's name", "--served-model-name")
+    tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
+    chat_template: str = option("", "a Jinja chat template (its file's path or its text) in place of the model's")
     api_keys: tuple[str, ...] = option((), "clients must send 'Authorization: Bearer KEY' (repeatable)")
     tp: int = option(
         1, "tensor-parallel ranks per worker group, one process per GPU (gloo on the CPU)", "--tensor-parallel-size"
@@ -58,6 +60,12 @@ class ServeConfig:
         "--disable_dynamic_prompt_cache",
         "--no-enable-prefix-caching",
     )
+    routing_policy: str = option(
+        "cache_aware",
+        "how the router picks a data-parallel group: cache_aware (the longest cached prefix, unless that group is "
+        "much busier), least_loaded or round_robin",
+    )
+    log_format: str = option("text", "every service's log: text (one line per event) or json (one object per line)")
     log_dir: str = option("", "write each service's log to DIR/<service>.log; none: this terminal")
     detokenizers: int = option(1, "detokenizer processes")
     fronts: int = option(1, "HTTP front-end processes sharing --port (SO_REUSEPORT)")
@@ -79,6 +87,11 @@ class ServeConfig:
         _check(self.running_max_req_size >= 1, "--max-num-seqs must be >= 1")
         _check(self.chunked_prefill_size >= 16, "--chunked-prefill-size must be >= 16")
         _check(self.detokenizers >= 1 and self.fronts >= 1, "--detokenizers and --fronts must be >= 1")
+        _check(self.log_format in ("text", "json"), f"--log-format must be text or json, got {self.log_format!r}")
+        _check(
+            self.routing_policy in ROUTING_POLICIES,
+            f"--routing-policy must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing_policy!r}",
+        )
 
 
 def _check(ok: bool, message: str) -> None:
@@ -98,7 +111,11 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "running_max_req_size": (("worker", "router"), "--running-max-req-size"),
     "chunked_prefill_size": (("worker",), "--batch-max-tokens"),
     "disable_prompt_cache": (("worker",), "--disable-prompt-cache"),
+    "routing_policy": (("router",), "--routing-policy"),
+    "log_format": (("worker", "router", "tokenizer", "detokenizer"), "--log-format"),
     "model_name": (("tokenizer",), "--model-name"),
+    "tokenizer": (("tokenizer", "detokenizer"), "--tokenizer"),
+    "chat_template": (("tokenizer",), "--chat-template"),
 }
 
 

@@ -17,6 +17,10 @@ class ConfigError(ValueError):
     pass
 
 
+# how the router picks among the groups that can take a request (services/router/routing.py)
+ROUTING_POLICIES = ("cache_aware", "least_loaded", "round_robin")
+
+
 def option(default: Any, help: str, *aliases: str, positional: str = "") -> Any:
     """A config field with its help text and other flag spellings (``--tensor-parallel-size``
     beside ``--tp``); ``positional``: its name as the command's optional positional argument too."""
@@ -37,6 +41,7 @@ class CommonConfig:
     namespace: str = option("ls", "key prefix, so stacks can share one Redis")
     replica: str = option("", "this replica's name; none: derived from host name and pid")
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
+    log_format: str = option("text", "text (one line per event) or json (one JSON object per line)")
     stream_maxlen: int = option(100_000, "XADD MAXLEN ~ for every stream this service writes")
     metrics_port: int = option(0, "Prometheus /metrics on this port; 0: none (the front end serves its own)")
     busy_poll_ms: float = option(
@@ -45,6 +50,9 @@ class CommonConfig:
         "(shared/busy_poll.py); 0: never; below 0: 200 on a host with 8 CPUs or more, else never",
     )
 
+    def __post_init__(self) -> None:
+        _check(self.log_format in ("text", "json"), f"log_format must be text or json, got {self.log_format!r}")
+
 
 @dataclass(frozen=True)
 class TokenizerConfig(CommonConfig):
@@ -52,6 +60,10 @@ class TokenizerConfig(CommonConfig):
 
     model_dir: str = ""
     model_name: str = ""  # the name clients use; empty: the model directory's base name
+    tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
+    chat_template: str = option(
+        "", "a Jinja chat template, its file's path or its text, in place of the tokenizer's own"
+    )
     host: str = "0.0.0.0"
     port: int = 8000
     # share host:port with other front-end processes of this host (SO_REUSEPORT); the kernel
@@ -76,6 +88,7 @@ class TokenizerConfig(CommonConfig):
     fastchat_heartbeat_s: float = 45.0  # FastChat's heartbeat interval (its controller forgets a worker after 90 s)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(bool(self.model_dir), "model_dir is required")
         _check(0 < self.port < 65536, f"port must be in 1..65535, got {self.port}")
         _check(all(k and k == k.strip() for k in self.api_keys), "api_keys must be non-empty, without spaces around")
@@ -118,8 +131,31 @@ class RouterConfig(CommonConfig):
     max_waiting: int = option(10_000, "waiting-queue bound; past it requests are rejected (overloaded, 503)")
     max_queue_time_s: float = option(0.0, "a request still queued this long after arrival ends (deadline); 0: none")
     status_log_every_s: float = option(10.0, "seconds between the router's status log lines")
+    routing_policy: str = option(
+        "cache_aware",
+        "which of the groups that can take a request gets it: cache_aware (the longest prefix match in the "
+        "router's index of each group's prompt cache, within the balance margin), least_loaded (the most KV "
+        "tokens free, ties: fewer requests) or round_robin (the next in turn)",
+    )
+    cache_aware_balance_margin: int = option(
+        32,
+        "cache_aware: a group may hold up to this many more requests than the least loaded group that can "
+        "take the request and still be chosen for its prefix match; past it the request goes by least_loaded",
+    )
+    cache_aware_min_match: float = option(
+        0.3,
+        "cache_aware: a request follows its longest prefix match only when that match is longer, by at least "
+        "this fraction of its prompt, than the match on the group least_loaded would pick",
+    )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(
+            self.routing_policy in ROUTING_POLICIES,
+            f"routing_policy must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing_policy!r}",
+        )
+        _check(self.cache_aware_balance_margin >= 0, "cache_aware_balance_margin must be >= 0")
+        _check(0.0 <= self.cache_aware_min_match <= 1.0, "cache_aware_min_match must be in [0, 1]")
         _check(0.0 <= self.router_token_ratio <= 1.0, "router_token_ratio must be in [0, 1]")
         _check(self.router_max_new_token_len >= 1, "router_max_new_token_len must be >= 1")
         _check(self.running_max_req_size >= 1, "running_max_req_size must be >= 1")
@@ -173,6 +209,7 @@ class WorkerConfig(CommonConfig):
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(bool(self.model_dir), "model_dir is required")
         _check(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device}")
         _check(
@@ -195,6 +232,8 @@ class DetokenizerConfig(CommonConfig):
     """A detokenizer shard: token ids to text, stop strings."""
 
     model_dir: str = option("", "Hugging Face model directory (required)")
+    tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(bool(self.model_dir), "model_dir is required")

@@ -210,6 +210,7 @@ class WorkerStatus:
     # of the tree that running requests hold (each counted once, however many share it)
     evictable_tokens: int = 0
     cache_locked_tokens: int = 0
+    prompt_cache: bool = False  # the group keeps a prompt cache (the router's index for it means something)
 
 
 # ---------------------------------------------------------------- worker inbox

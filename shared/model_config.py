@@ -24,7 +24,11 @@ SUPPORTED_ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
 # model types whose family name differs (config.json without architectures)
 MODEL_TYPE_FAMILIES = {"gemma3_text": "gemma3"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
@@ -36,7 +40,7 @@ class ModelConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # llama | mistral | qwen2 | qwen3 | phi3 | gemma2 | gemma3
+    family: str  # llama | mistral | qwen2 | qwen3 | phi3 | mixtral | qwen2_moe | qwen3_moe | gemma2 | gemma3
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -53,6 +57,13 @@ class ModelConfig:
     rope_scaling: dict[str, Any] = field(default_factory=dict)  # {} when none
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # a mixture of experts (num_experts 0: a dense model)
+    num_experts: int = 0  # routed experts in each sparse layer
+    num_experts_per_tok: int = 0  # how many of them each token is routed to (top-k)
+    moe_intermediate_size: int = 0  # each routed expert's MLP width
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert beside the routed ones; 0: none
+    norm_topk_prob: bool = False  # the top-k routing weights renormalised to sum to one
+    dense_layers: tuple[int, ...] = ()  # layers whose MLP is dense (intermediate_size) among sparse ones
     # each layer's sliding window: a query at position p sees keys in (p - w, p]; 0 for a layer
     # that sees every earlier position (and no tuple at all where every layer does)
     layer_windows: tuple[int, ...] = ()
@@ -76,6 +87,16 @@ class ModelConfig:
                     raise ModelConfigError(
                         f"longrope's {name} must list one factor per rotary frequency ({self.head_dim // 2})"
                     )
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ModelConfigError(
+                f"num_experts_per_tok {self.num_experts_per_tok} must be between 1 and the {self.num_experts} experts"
+            )
+        if self.num_experts and self.moe_intermediate_size <= 0:
+            raise ModelConfigError(f"the experts' intermediate size {self.moe_intermediate_size} must be positive")
+
+    def sparse(self, layer: int) -> bool:
+        """Whether layer's MLP is routed experts (else Llama's dense MLP)."""
+        return self.num_experts > 0 and layer not in self.dense_layers
 
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
             raise ModelConfigError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
@@ -119,6 +140,7 @@ class ModelConfig:
             )
         if family == "qwen3":
             _refuse_sliding_window(raw)
+        moe = _moe_fields(family, raw)
         raw, gemma = _gemma(raw, family)  # Hugging Face's Gemma defaults filled in, and Gemma's own fields
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
@@ -139,7 +161,7 @@ class ModelConfig:
             max_pos = _longrope(raw, scaling, max_pos)
         window = raw.get("sliding_window")
         # Phi-3's attention takes its window whenever config.json gives one (no use_sliding_window)
-        slides = family in ("mistral", "phi3") or raw.get("use_sliding_window")
+        slides = family in ("mistral", "phi3", "mixtral") or raw.get("use_sliding_window")
         if window and slides and int(window) < max_pos:
             log.warning("sliding window %s < context %s: serving contexts up to the window only", window, max_pos)
             max_pos = int(window)
@@ -157,14 +179,60 @@ class ModelConfig:
             rope_theta=float(theta),
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            # Phi-3's projections have no bias whatever attention_bias says
-            qkv_bias=family == "qwen2" or (family != "phi3" and bool(raw.get("attention_bias", False))),
+            qkv_bias=_qkv_bias(family, raw),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
             rope_scaling=scaling,
             eos_token_ids=eos,
             bos_token_id=raw.get("bos_token_id"),
+            **moe,
             **gemma,
         )
+
+
+def _qkv_bias(family: str, raw: dict[str, Any]) -> bool:
+    if family == "qwen2":
+        return True
+    if family == "qwen2_moe":  # transformers' default, and what Qwen1.5-MoE's config.json leaves out
+        return bool(raw.get("qkv_bias", True))
+    # Phi-3's projections have no bias whatever attention_bias says
+    return family != "phi3" and bool(raw.get("attention_bias", False))
+
+
+# transformers' defaults for what a mixture-of-experts config.json leaves out, by family:
+# (experts, experts per token, each expert's width or None for intermediate_size)
+_MOE_DEFAULTS = {"mixtral": (8, 2, None), "qwen2_moe": (60, 4, 1408), "qwen3_moe": (128, 8, 768)}
+
+
+def _moe_fields(family: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """A mixture of experts' fields as transformers reads them; {} for a dense family. Mixtral's
+    experts are intermediate_size wide and always renormalise their top-k weights; the Qwen
+    families renormalise as norm_topk_prob says (default false), and make a layer dense where
+    mlp_only_layers names it or decoder_sparse_step skips it."""
+    if family not in MOE_FAMILIES:
+        return {}
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ModelConfigError(f"hidden_act {raw['hidden_act']!r} is not supported: the experts' kernel applies SiLU")
+    if family == "qwen3_moe" and raw.get("attention_bias"):
+        raise ModelConfigError("Qwen3-MoE with attention_bias (an o_proj bias too) is not supported")
+    experts, top_k, width = _MOE_DEFAULTS[family]
+    layers = int(raw["num_hidden_layers"])
+    given = next((raw[n] for n in ("num_local_experts", "num_experts") if raw.get(n) is not None), experts)
+    out: dict[str, Any] = {
+        "num_experts": int(given),
+        "num_experts_per_tok": int(raw.get("num_experts_per_tok", top_k)),
+        "moe_intermediate_size": int(raw.get("moe_intermediate_size", width or raw["intermediate_size"])),
+        "norm_topk_prob": family == "mixtral" or bool(raw.get("norm_topk_prob", False)),
+    }
+    if family == "mixtral":
+        return out
+    step = int(raw.get("decoder_sparse_step") or 1)
+    only = set(raw.get("mlp_only_layers") or [])
+    out["dense_layers"] = tuple(i for i in range(layers) if i in only or (i + 1) % step)
+    if family == "qwen2_moe":
+        out["shared_expert_intermediate_size"] = int(raw.get("shared_expert_intermediate_size", 5632))
+        if out["shared_expert_intermediate_size"] <= 0:
+            raise ModelConfigError("Qwen2-MoE without a shared expert (shared_expert_intermediate_size 0)")
+    return out
 
 
 def _refuse_sliding_window(raw: dict[str, Any]) -> None:

@@ -21,17 +21,30 @@ from tools import make_tiny_model  # noqa: E402
 from tools.redis_server import RedisServer  # noqa: E402
 
 ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+# the mixtures of experts: built only for the sessions whose tests ask for them (tiny_moe_models),
+# so the many tests over tiny_models do not each run them too
+MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+def _make(tmp_path_factory: pytest.TempPathFactory, archs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for arch in archs:
+        path = str(tmp_path_factory.mktemp(f"tiny-{arch}"))
+        make_tiny_model.main(["--out", path, "--arch", arch, "--seed", "0"])
+        out[arch] = path
+    return out
 
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """arch -> model directory, each made once per test session."""
-    out = {}
-    for arch in ARCHS:
-        path = str(tmp_path_factory.mktemp(f"tiny-{arch}"))
-        make_tiny_model.main(["--out", path, "--arch", arch, "--seed", "0"])
-        out[arch] = path
-    return out
+    return _make(tmp_path_factory, ARCHS)
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Mixture-of-experts arch -> model directory (4 experts, top-2), each made once per session."""
+    return _make(tmp_path_factory, MOE_ARCHS)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
     python tools/benchmark_engine.py --out FILE.json [--shape llama3-8b] [--parts ceilings,static,offline]
         [--requests 2000] [--static 1x1024,64x1024,256x1024] [--kv-dtype auto|int8] [--model-dir DIR]
+        [--prompt-cache on|off|on,off] [--shared-prefix-rate 16]
 
 With --model-dir the weights come from that directory; otherwise they are random, on the
 device, at --shape (nothing can be downloaded). Parts:
@@ -11,6 +12,14 @@ device, at --shape (nothing can be downloaded). Parts:
   offline   the fixed ShareGPT-shaped workload, all requests at once, ignore_eos, max_new_tokens
             = the output length: requests/s and tokens/s
   lowload   the workload's first requests one at a time: time to first token and per output token
+  shared_prefix, shared_prefix_rate, multi_turn
+            the prompt cache's workloads (tools/bench_prefix.py), each on an engine of its own so
+            that it starts with nothing cached: requests/s, output tokens/s, the hit rate, and
+            time to first token from each request's arrival
+--prompt-cache on,off runs every part with the prompt cache on, then again on engines built
+with it off (the same weights and KV pool size), and records each setting's figures under
+by_prompt_cache and the ratios under on_over_off; with one setting the figures are at the top
+level. The prompt-cache workloads' sizes are flags (--shared-prefix-groups, ...; see --help).
 On CUDA the engine runs the worker service's start-up warm-up first (services/worker/warmup.py),
 so neither it nor the pipeline pays kernel compiles inside a timed part.
 --tp N runs the engine as a tensor-parallel group of N ranks (one process per GPU, as the
@@ -23,11 +32,9 @@ Prints a summary and writes everything to --out as JSON.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -36,16 +43,17 @@ if __package__ in (None, ""):
 
 import torch
 
-from services.worker.build import build_engine
 from services.worker.engine import Engine
 from services.worker.models.random_weights import SHAPES
-from services.worker.models.registry import random_weights
-from services.worker.runtime.warmup import warm_up
-from services.worker.tp.group import leave_group, start_group
-from shared.config import WorkerConfig
-from shared.messages import GenerateReq, SamplingParams
 from shared.model_config import ModelConfig
+from tools import bench_prefix, bench_workloads
+from tools.bench_prefix import request, warm
+from tools.engine_factory import Built, EngineFactory
 from tools.workload import random_prompts, sharegpt_shaped
+
+BASE_PARTS = ("static", "lowload", "offline")  # run on one engine, in this order
+PARTS = ("ceilings", *BASE_PARTS, *bench_prefix.PARTS)
+SUMMARY = ("completed", "failed", "req_per_s", "output_tok_per_s", "hit_rate", "ttft_ms")  # printed per part
 
 
 def sync(device: torch.device) -> None:
@@ -82,53 +90,6 @@ def ceilings(device: torch.device) -> dict:
     return {"copy_bw_GBps": copy / 1e9, "matmul_TFLOPs": 2 * m**3 * 10 / (time.perf_counter() - t) / 1e12}
 
 
-def make_engine(args: argparse.Namespace) -> tuple[Engine, ModelConfig, Callable[[], None]]:
-    """-> (rank 0's engine, the model's config, what stops the group's other ranks)."""
-    cfg = WorkerConfig(
-        model_dir=args.model_dir or "(random weights)",
-        device=args.device,
-        dtype=args.dtype,
-        kv_dtype=args.kv_dtype,
-        max_total_token_num=args.max_total_token_num,
-        mem_fraction=args.mem_fraction,
-        batch_max_tokens=args.batch_max_tokens,
-        running_max_req_size=args.running_max_req_size,
-        cuda_graph_max_bs=args.cuda_graph_max_bs,
-        cuda_graph_max_tokens=args.cuda_graph_max_tokens,
-        gemm_search=bool(args.gemm_search),
-        fold_norms=bool(args.fold_norms),
-        tp=args.tp,
-    )
-    if args.tp > 1:
-        return _tp_engine(args, cfg)
-    if args.model_dir:
-        model_cfg = ModelConfig.from_dir(args.model_dir)
-        return build_engine(cfg), model_cfg, lambda: None
-    model_cfg = ModelConfig.from_dict(SHAPES[args.shape])
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    weights = random_weights(model_cfg, dtype, device, seed=0)
-    return build_engine(cfg, weights=weights, model_cfg=model_cfg), model_cfg, lambda: None
-
-
-def _tp_engine(args: argparse.Namespace, cfg: WorkerConfig) -> tuple[Engine, ModelConfig, Callable[[], None]]:
-    """Rank 0 here, ranks 1..tp-1 as child processes: the worker service's own start-up."""
-    if not args.model_dir:
-        # the other ranks read the shape from a model directory: a config.json is all they need
-        model_dir = tempfile.mkdtemp(prefix="lightstream-shape-")
-        with open(os.path.join(model_dir, "config.json"), "w") as f:
-            json.dump(SHAPES[args.shape], f)
-        cfg = dataclasses.replace(cfg, model_dir=model_dir, random_weights=True)
-    group = start_group(cfg)
-    engine = build_engine(cfg, group.tp, channel=group.channel)
-
-    def stop() -> None:
-        group.stop(join_s=30)
-        leave_group()
-
-    return engine, ModelConfig.from_dir(cfg.model_dir), stop
-
-
 def shard(items: list, spec: str) -> list:
     """The I-th of N interleaved parts ("I/N"), as a router spreading requests in turn would."""
     i, n = (int(x) for x in spec.split("/"))
@@ -146,10 +107,6 @@ def barrier(directory: str, parties: int, me: str, timeout_s: float = 600.0) -> 
         if time.monotonic() > deadline:
             raise TimeoutError(f"barrier {directory}: not all {parties} processes came")
         time.sleep(0.001)
-
-
-def _req(rid: str, ids: list[int], max_new: int) -> GenerateReq:
-    return GenerateReq(rid, "bench", "bench", ids, SamplingParams(max_new_tokens=max_new, ignore_eos=True), 0.0, 0.0)
 
 
 def drain(engine: Engine, trace: list | None = None) -> tuple[int, int]:
@@ -192,17 +149,20 @@ def step_profile(trace: list[tuple[float, int, int]]) -> dict:
 
 
 def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
-    """Bytes of weights a decode step reads: every layer and the output layer (one embedding row aside)."""
-    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    per_layer = h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * h + 3 * h * i + 2 * h
-    return dtype_bytes * (cfg.num_layers * per_layer + cfg.vocab_size * h + h)
+    """Bytes of weights a decode step reads: every layer and the output layer (one embedding row
+    aside); a mixture of experts' every expert and router row (a batch that routes to them all)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    attention = h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * h + 2 * h
+    sparse = (3 * cfg.moe_intermediate_size + 1) * h * cfg.num_experts + 3 * h * cfg.shared_expert_intermediate_size
+    mlp = [sparse if cfg.sparse(i) else 3 * h * cfg.intermediate_size for i in range(cfg.num_layers)]
+    return dtype_bytes * (cfg.num_layers * attention + sum(mlp) + cfg.vocab_size * h + h)
 
 
 def static_decode(engine: Engine, cfg: ModelConfig, batch: int, context: int, steps: int, copy_bw: float) -> dict:
     """Decode steps of `batch` requests whose context is about `context` tokens, in steady state."""
     prompts = random_prompts([context] * batch, cfg.vocab_size, seed=batch + context)
     for k, ids in enumerate(prompts):
-        engine.add(_req(f"s{batch}-{k}", ids, steps + 8))
+        engine.add(request(f"s{batch}-{k}", ids, steps + 8))
     # run the prefills (and a couple of decodes) untimed
     while any(not r.decoding for r in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
@@ -240,17 +200,14 @@ def offline(engine: Engine, cfg: ModelConfig, n: int, part: str = "", ready: Cal
     prompts = random_prompts([i for i, _ in pairs], cfg.vocab_size, seed=1)
     if part:
         pairs, prompts = shard(pairs, part), shard(prompts, part)
-    # warm up: a few short requests through every kind of step
-    for k in range(min(8, len(prompts))):
-        engine.add(_req(f"w{k}", prompts[k][:32], 8))
-    drain(engine)
+    warm(engine, cfg.vocab_size)
     sync(engine.device)
     if ready is not None:
         ready()
     started_unix = time.time()
     t = time.perf_counter()
     for k, (ids, (_, out_len)) in enumerate(zip(prompts, pairs, strict=True)):
-        engine.add(_req(f"r{k}", ids, out_len))
+        engine.add(request(f"r{k}", ids, out_len))
     trace: list = []
     steps, out_tokens = drain(engine, trace)
     sync(engine.device)
@@ -282,7 +239,7 @@ def low_load(engine: Engine, cfg: ModelConfig, n: int) -> dict:
     ttft, tpot = [], []
     for k, (ids, (_, out_len)) in enumerate(zip(prompts, pairs, strict=True)):
         start = time.perf_counter()
-        engine.add(_req(f"l{k}", ids, out_len))
+        engine.add(request(f"l{k}", ids, out_len))
         first = 0.0
         while engine.has_work():
             if any(item.token_ids for _, item in engine.step().items) and not first:
@@ -329,12 +286,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (one process per GPU)")
     ap.add_argument("--shard", default="", help="I/N: only the I-th of N interleaved parts of the offline workload")
     ap.add_argument("--barrier", default="", help="directory where the --shard processes meet before the timed run")
-    return ap.parse_args(argv)
+    ap.add_argument("--prompt-cache", default="on", help="on, off or on,off: each setting's parts on its own engines")
+    ap.add_argument("--shared-prefix-rate", type=float, default=16.0, help="shared_prefix_rate's arrivals a second")
+    bench_workloads.add_args(ap)
+    args = ap.parse_args(argv)
+    args.part_list = args.parts.split(",")
+    if unknown := set(args.part_list) - set(PARTS):
+        ap.error(f"unknown parts {sorted(unknown)}: choose from {','.join(PARTS)}")
+    args.cache_settings = args.prompt_cache.split(",")
+    if set(args.cache_settings) - {"on", "off"} or len(set(args.cache_settings)) < len(args.cache_settings):
+        ap.error(f"--prompt-cache {args.prompt_cache}: want on, off, on,off or off,on")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    parts = set(args.parts.split(","))
     res: dict = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "args": vars(args)}
     if torch.cuda.is_available():
         res["gpu"] = torch.cuda.get_device_name(0)
@@ -344,53 +310,70 @@ def main(argv: list[str] | None = None) -> dict:
             json.dump(res, f, indent=1)
 
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    if "ceilings" in parts:
+    if "ceilings" in args.part_list:
         res["ceilings"] = ceilings(device)
         print("ceilings", json.dumps(res["ceilings"]), flush=True)
         save()
-    t = time.perf_counter()
-    engine, model_cfg, stop_group = make_engine(args)
-    if not args.decode_inputs:
-        engine.runner.staging = None
-    res["engine"] = {
-        "build_s": time.perf_counter() - t,
-        "kv_capacity_tokens": engine.kv.capacity,
-        "shape": args.model_dir or args.shape,
-        "gemm_search": bool(args.gemm_search),
-        "fold_norms": engine.runner.step.folded,
-        "decode_inputs": engine.runner.staging is not None,
-    }
-    if engine.device.type == "cuda":  # as the worker service does before it serves
-        res["engine"]["warmup_s"] = warm_up(engine, model_cfg.vocab_size).seconds
-    print("engine", json.dumps(res["engine"]), flush=True)
+    factory = EngineFactory(args)
+    settings = args.cache_settings
+    for setting in settings:
+        # one setting's figures at the top level, as before the prompt cache; two side by side
+        out = res if len(settings) == 1 else res.setdefault("by_prompt_cache", {}).setdefault(setting, {})
+        run_setting(factory, setting == "on", out, res, save)
+    if len(settings) > 1:
+        res["on_over_off"] = bench_prefix.on_over_off(res["by_prompt_cache"]["on"], res["by_prompt_cache"]["off"])
+        print("on_over_off", json.dumps(res["on_over_off"]), flush=True)
+    save()
+    return res
+
+
+def run_setting(factory: EngineFactory, cache_on: bool, out: dict, res: dict, save: Callable[[], None]) -> None:
+    """Every asked-for part with the prompt cache on or off: the base parts on one engine, and
+    each prompt-cache part on an engine of its own, so it starts with nothing cached."""
+    args = factory.args
     copy_bw = res.get("ceilings", {}).get("copy_bw_GBps", 0.0) * 1e9
+    if any(p in BASE_PARTS for p in args.part_list):
+        built = factory.build(cache_on)
+        out["engine"] = built.info
+        print("engine", json.dumps(built.info), flush=True)
+        base_parts(built, args, out, save, copy_bw)
+        factory.release(built)
+    for part in (p for p in args.part_list if p in bench_prefix.PARTS):
+        built = factory.build(cache_on)
+        print(part, "engine", json.dumps(built.info), flush=True)
+        figures = bench_prefix.run_part(part, built.engine, built.model_cfg.vocab_size, args)
+        out[part] = {"engine": built.info, **figures}
+        factory.release(built)
+        print(part, json.dumps({k: figures[k] for k in SUMMARY if k in figures}), flush=True)
+        save()
+
+
+def base_parts(built: Built, args: argparse.Namespace, out: dict, save: Callable[[], None], copy_bw: float) -> None:
+    engine, model_cfg, parts = built.engine, built.model_cfg, args.part_list
     if "static" in parts:
-        res["static"] = []
+        out["static"] = []
         for spec in args.static.split(","):
             b, c = (int(x) for x in spec.split("x"))
             row = static_decode(engine, model_cfg, b, c, args.static_steps, copy_bw)
-            res["static"].append(row)
+            out["static"].append(row)
             print("static", json.dumps(row), flush=True)
             save()
     if "lowload" in parts:
-        res["low_load"] = low_load(engine, model_cfg, args.low_load_requests)
-        print("low_load", json.dumps(res["low_load"]), flush=True)
+        out["low_load"] = low_load(engine, model_cfg, args.low_load_requests)
+        print("low_load", json.dumps(out["low_load"]), flush=True)
         save()
     if "offline" in parts and args.side_by_side:
-        res["side_by_side"] = offline(engine, model_cfg, args.side_by_side)
-        print("side_by_side", json.dumps(res["side_by_side"]), flush=True)
+        out["side_by_side"] = offline(engine, model_cfg, args.side_by_side)
+        print("side_by_side", json.dumps(out["side_by_side"]), flush=True)
         save()
     if "offline" in parts:
         ready = None
         if args.barrier:
             parties = int(args.shard.split("/")[1]) if args.shard else 1
             ready = lambda: barrier(args.barrier, parties, args.shard.replace("/", "-") or "0")
-        res["offline"] = offline(engine, model_cfg, args.requests, args.shard, ready)
-        print("offline", json.dumps(res["offline"]), flush=True)
+        out["offline"] = offline(engine, model_cfg, args.requests, args.shard, ready)
+        print("offline", json.dumps(out["offline"]), flush=True)
         save()
-    save()
-    stop_group()
-    return res
 
 
 if __name__ == "__main__":

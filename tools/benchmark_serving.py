@@ -1,16 +1,23 @@
 """Benchmark a running LightStream the way vLLM, SGLang and LightLLM benchmark serving.
 
     python tools/benchmark_serving.py --url http://127.0.0.1:8000 --out FILE.json
-        [--requests 2000] [--request-rate inf|R] [--max-concurrency N] [--vocab 128256]
-        [--plot FILE.png --rates 4,16,32]
+        [--workload sharegpt|shared_prefix|multi_turn] [--requests 2000] [--request-rate inf|R]
+        [--max-concurrency N] [--vocab 128256] [--plot FILE.png --rates 4,16,32] [--tokenizer DIR]
 
-The fixed ShareGPT-shaped workload (tools/workload.py): prompts of random token
-ids at its input lengths, max_tokens = its output lengths, ignore_eos, greedy, streamed
-through POST /v1/completions. Arrivals are Poisson at --request-rate, or all at once (inf).
-Reports requests/s, input, output and total tokens/s, and TTFT, TPOT ((E2E - TTFT) /
-(output tokens - 1)), ITL (every gap between streamed chunks, pooled) and end-to-end
-latency, each as mean, median and p99, in milliseconds. With --plot and --rates it runs
-each rate in turn and draws latency against request rate.
+A fixed workload of tools/workload.py as token-id prompts, max_tokens = its output lengths,
+ignore_eos, greedy, streamed through POST /v1/completions:
+  sharegpt       the ShareGPT-shaped one: the first --requests, random ids at its input lengths
+  shared_prefix  groups of requests sharing a system prompt (sizes: --shared-prefix-groups, ...)
+  multi_turn     conversations, closed loop: each sends its next turn, the history holding the
+                 server's output token ids, when the turn before it has finished, all of them
+                 at once (tools/serving_turns.py; --tokenizer DIR, the served model's, reads the
+                 ids back from the logprobs)
+Arrivals of the first two are Poisson at --request-rate, or all at once (inf). Reports
+requests/s, input, output and total tokens/s, and TTFT, TPOT ((E2E - TTFT) / (output tokens -
+1)), ITL (every gap between streamed chunks, pooled) and end-to-end latency, each as mean,
+median and p99, in milliseconds, and the prompt cache's hit rate when the usage carries
+prompt_tokens_details.cached_tokens. With --plot and --rates it runs each rate in turn and
+draws latency against request rate.
 
 The client (--client) is tools/http_stream.py on uvloop by default: each request's clock
 starts as its bytes go out, and the client's own Python between the wire and the clock is
@@ -24,8 +31,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
-import statistics
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -38,7 +43,10 @@ if __package__ in (None, ""):
 import aiohttp
 from tqdm import tqdm
 
+from tools import bench_workloads
+from tools.bench_workloads import arrival_times, hit_rate, latency_ms, shared_prefix_requests
 from tools.http_stream import HTTPStreamError, StreamClient
+from tools.serving_turns import LabelIndex, run_conversations
 from tools.workload import random_prompts, sharegpt_shaped
 
 JSON = {"content-type": "application/json"}
@@ -53,10 +61,12 @@ class Outcome:
     ttft: float = 0.0  # seconds
     e2e: float = 0.0
     itl: list[float] = field(default_factory=list)
+    cached_tokens: int | None = None  # the usage's prompt_tokens_details.cached_tokens, when there
+    labels: list[str] = field(default_factory=list)  # the output tokens' logprob labels, when asked for
 
 
-def request_body(model: str, prompt: list[int], max_tokens: int) -> bytes:
-    body = {
+def request_body(model: str, prompt: list[int], max_tokens: int, logprobs: bool = False) -> bytes:
+    body: dict = {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -65,6 +75,8 @@ def request_body(model: str, prompt: list[int], max_tokens: int) -> bytes:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if logprobs:  # the chosen tokens' labels, to read the output ids back (multi_turn)
+        body["logprobs"] = 0
     return json.dumps(body).encode()
 
 
@@ -83,8 +95,11 @@ async def consume(lines: AsyncIterator[bytes], out: Outcome, start: float) -> No
         chunk = json.loads(data)
         if chunk.get("usage"):
             out.output_tokens = chunk["usage"]["completion_tokens"]
+            out.cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
         if not chunk.get("choices"):
             continue  # the usage-only chunk at the end
+        if lp := chunk["choices"][0].get("logprobs"):
+            out.labels += lp["tokens"]
         # every chunk with a choice is one step's tokens, text or not (held-back bytes)
         now = time.perf_counter()
         if out.ttft == 0.0:
@@ -129,33 +144,30 @@ async def aiohttp_request(session: aiohttp.ClientSession, url: str, body: bytes,
     return out
 
 
-def arrival_times(n: int, rate: float, seed: int = 0) -> list[float]:
-    if rate == float("inf"):
-        return [0.0] * n
-    rng = random.Random(seed)
-    t, out = 0.0, []
-    for _ in range(n):
-        out.append(t)
-        t += rng.expovariate(rate)
-    return out
+def open_loop_requests(args: argparse.Namespace) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length) of --workload sharegpt or shared_prefix, in sending order."""
+    if args.workload == "shared_prefix":
+        return shared_prefix_requests(args, args.vocab)
+    pairs = sharegpt_shaped(args.requests)
+    prompts = random_prompts([i for i, _ in pairs], args.vocab, seed=1)
+    return [(ids, out_len) for ids, (_, out_len) in zip(prompts, pairs, strict=True)]
 
 
 async def run(args: argparse.Namespace, rate: float) -> dict:
-    pairs = sharegpt_shaped(args.requests)
-    prompts = random_prompts([i for i, _ in pairs], args.vocab, seed=1)
-    arrivals = arrival_times(len(pairs), rate)
+    reqs = open_loop_requests(args)
+    arrivals = arrival_times(len(reqs), rate)
     limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
-    bar = tqdm(total=len(pairs), desc=f"rate {rate}", disable=args.quiet)
+    bar = tqdm(total=len(reqs), desc=f"rate {rate}", disable=args.quiet)
     async with _client(args) as send:
         model = args.model or await send.model_name()
-        bodies = [request_body(model, prompt, out_len) for prompt, (_, out_len) in zip(prompts, pairs, strict=True)]
+        bodies = [request_body(model, prompt, out_len) for prompt, out_len in reqs]
         begin = time.perf_counter()
 
         async def scheduled(k: int) -> Outcome:
             delay = arrivals[k] - (time.perf_counter() - begin)
             if delay > 0:
                 await asyncio.sleep(delay)
-            out = Outcome(prompt_tokens=len(prompts[k]))
+            out = Outcome(prompt_tokens=len(reqs[k][0]))
             if limit is None:
                 res = await send(bodies[k], out)
             else:
@@ -164,10 +176,14 @@ async def run(args: argparse.Namespace, rate: float) -> dict:
             bar.update(1)
             return res
 
-        outcomes = await asyncio.gather(*(scheduled(k) for k in range(len(pairs))))
+        outcomes = await asyncio.gather(*(scheduled(k) for k in range(len(reqs))))
         duration = time.perf_counter() - begin
     bar.close()
-    res = {"client": args.client, **summarize(outcomes, duration, rate, args.max_concurrency)}
+    res = {
+        "client": args.client,
+        "workload": args.workload,
+        **summarize(outcomes, duration, rate, args.max_concurrency),
+    }
     if isinstance(send, _Lean):
         res["connections_opened"] = send.client.connections_opened
     if args.per_request:  # in the workload's order; None for a request that failed
@@ -216,14 +232,6 @@ async def _client(args: argparse.Namespace):
         yield _Aiohttp(args, session)
 
 
-def _stats(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return {"mean": 1000 * statistics.fmean(ordered), "median": 1000 * statistics.median(ordered), "p99": 1000 * p99}
-
-
 def summarize(outcomes: list[Outcome], duration: float, rate: float, concurrency: int) -> dict:
     done = [o for o in outcomes if o.ok]
     out_tokens = sum(o.output_tokens for o in done)
@@ -240,11 +248,40 @@ def summarize(outcomes: list[Outcome], duration: float, rate: float, concurrency
         "input_tok_per_s": in_tokens / duration,
         "output_tok_per_s": out_tokens / duration,
         "total_tok_per_s": (in_tokens + out_tokens) / duration,
-        "ttft_ms": _stats([o.ttft for o in done]),
-        "tpot_ms": _stats(tpot),
-        "itl_ms": _stats([gap for o in done for gap in o.itl]),
-        "e2e_ms": _stats([o.e2e for o in done]),
+        "ttft_ms": latency_ms([o.ttft for o in done]),
+        "tpot_ms": latency_ms(tpot),
+        "itl_ms": latency_ms([gap for o in done for gap in o.itl]),
+        "e2e_ms": latency_ms([o.e2e for o in done]),
+        **cache_hits(done),
     }
+
+
+def cache_hits(done: list[Outcome]) -> dict:
+    """The prompt cache's hit rate over the requests whose usage said how many prompt tokens it
+    served (none: the server does not report it)."""
+    told = [o for o in done if o.cached_tokens is not None]
+    if not told:
+        return {"hit_rate": None}
+    prompt, cached = sum(o.prompt_tokens for o in told), sum(o.cached_tokens or 0 for o in told)
+    return {"hit_rate": hit_rate(prompt, cached), "cached_prompt_tokens": cached, "hit_rate_requests": len(told)}
+
+
+async def run_multi_turn(args: argparse.Namespace) -> dict:
+    """--workload multi_turn: every conversation at once, each turn sent when the one before it ends."""
+    index = LabelIndex(args.tokenizer)
+    bar = tqdm(desc="turns", disable=args.quiet)
+    async with _client(args) as client:
+        model = args.model or await client.model_name()
+
+        async def send(prompt: list[int], out_len: int) -> Outcome:
+            return await client(request_body(model, prompt, out_len, logprobs=True), Outcome(prompt_tokens=len(prompt)))
+
+        got = await run_conversations(args, send, index, lambda: bar.update(1))
+    bar.close()
+    res = {"client": args.client, "workload": "multi_turn", **summarize(got["outcomes"], got["duration"], 0.0, 0)}
+    res.update(request_rate="closed loop", conversations=got["conversations"], turns=got["turns"])
+    res.update(ambiguous_tokens=index.ambiguous, unknown_labels=index.unknown)
+    return res
 
 
 def plot(results: list[dict], path: str) -> None:
@@ -288,7 +325,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--per-request", action="store_true", help="each request's TTFT too, in the workload's order")
-    return ap.parse_args(argv)
+    ap.add_argument("--workload", choices=("sharegpt", "shared_prefix", "multi_turn"), default="sharegpt")
+    ap.add_argument("--tokenizer", default="", help="multi_turn: the served model's directory, to read output ids back")
+    bench_workloads.add_args(ap)
+    args = ap.parse_args(argv)
+    if args.workload == "multi_turn" and not args.tokenizer:
+        ap.error("--workload multi_turn needs --tokenizer DIR (the served model's directory)")
+    if args.workload == "multi_turn" and (args.rates or args.request_rate != float("inf")):
+        ap.error("--workload multi_turn sends each turn when the last has finished: no --rates or --request-rate")
+    return args
 
 
 def _run_loop(client: str):
@@ -307,7 +352,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.request_rate]
     results = []
     for rate in rates:
-        res = _run_loop(args.client)(run(args, rate))
+        res = _run_loop(args.client)(run_multi_turn(args) if args.workload == "multi_turn" else run(args, rate))
         results.append(res)
         print(json.dumps(res), flush=True)
     with open(args.out, "w") as f:

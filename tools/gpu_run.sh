@@ -4,6 +4,8 @@
 # list is tools/gpu_wheels.txt), then carry those three folders with the working tree.
 # Usage: bash tools/gpu_run.sh OUTDIR PART...
 #   PART: tests | kernels | blas | kernel-sweep | split-sweep | engine | engine-int8 | profile | offline | static | pipeline | peer | trace
+#         cache-prefix | cache-turns | cache-offline | cache-routing   (the prompt cache, issue 44: each on and
+#         off, or under both router policies, in one run; cache-routing runs two groups on the one GPU)
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 set -u
 out=${1:?OUTDIR}; shift
@@ -43,6 +45,16 @@ for part in "$@"; do
                 | grep -v "it/s\]\|^$" | tail -25 | tee "$out/tp_tests.log" ;;
     tp) timeout 300 python3 tools/benchmark_engine.py --tp 2 --parts ceilings,static,offline --static 1x1024,64x1024,256x1024 \
           --running-max-req-size 2048 --out "$out/tp2.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -8 ;;
+    cache-prefix) timeout 580 python3 tools/benchmark_engine.py --parts shared_prefix,shared_prefix_rate --prompt-cache on,off \
+                    --running-max-req-size 2048 --out "$out/cache_prefix.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -12 ;;
+    cache-turns) timeout 580 python3 tools/benchmark_engine.py --parts multi_turn --prompt-cache on,off \
+                   --running-max-req-size 2048 --out "$out/cache_turns.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -6 ;;
+    cache-offline) timeout 580 python3 tools/benchmark_engine.py --parts offline --prompt-cache on,off \
+                     --running-max-req-size 2048 --out "$out/cache_offline.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -6 ;;
+    cache-routing) timeout 580 python3 tools/bench_prompt_cache.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" \
+                     --workload shared_prefix --policies cache_aware,round_robin --groups 2 --gpus-per-group 0 \
+                     --kv-tokens 300000 2>&1 | grep -v "it/s\]" | tail -6
+                   tar czf "$out/cache_logs.tgz" -C /tmp/lightstream-bench-cache logs 2>/dev/null ;;
     dp) timeout 240 python3 tools/bench_data_parallel.py --groups 2 --out "$out/dp2.json" -- --running-max-req-size 2048 2>&1 | tail -3 ;;
     *) echo "unknown part $part" ;;
   esac

@@ -1,8 +1,9 @@
 """The report of ``python -m tools.inspect``: each stream's length and each consumer group's
 pending entries and lag; each live replica's last heartbeat and load; the requests in
-flight, per front end, in the router's queue and on each worker group (by the group's
-last status). Read-only. The defaults come from LS_REDIS_URL and LS_NAMESPACE, so in a
-container of the stack it needs no flags: ``docker compose exec router python -m tools.inspect``.
+flight, per front end, in the router's queue and on each worker group, and each group's
+prompt cache (by the group's last status, as the router sees it). Read-only. The defaults
+come from LS_REDIS_URL and LS_NAMESPACE, so in a container of the stack it needs no flags:
+``docker compose exec router python -m tools.inspect``.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def _in_flight(link: RedisLink, names: StreamNames, replicas: list[dict]) -> dic
             "status_age_s": round(read - st.time, 3),
             "capacity_tokens": st.capacity_tokens,
             "free_tokens": st.free_tokens,
+            # the prompt cache's tree: tokens no request holds (free on demand) and tokens requests hold
+            "evictable_tokens": st.evictable_tokens,
+            "cache_locked_tokens": st.cache_locked_tokens,
             "requests": [dataclasses.asdict(r) for r in st.running.rows()],
         }
     return {
@@ -111,16 +115,17 @@ def render(snap: dict[str, Any]) -> str:
     fronts = " ".join(f"{k}={v}" for k, v in sorted(f["fronts"].items())) or "-"
     lines += ["", "requests in flight", f"  front ends: {fronts}"]
     lines.append(f"  router: {f['router_waiting']} waiting, {f['router_running']} placed on worker groups")
-    rows = [("group", "rid", "prompt", "held", "remaining", "paused")]
+    rows = [("group", "rid", "prompt", "held", "cached", "remaining", "paused")]
     for group, g in f["groups"].items():
         used = g["capacity_tokens"] - g["free_tokens"]
+        tree = g["evictable_tokens"] + g["cache_locked_tokens"]
         lines.append(
-            f"  group {group}: {len(g['requests'])} requests, KV {used}/{g['capacity_tokens']} tokens in use "
-            f"(status {g['status_age_s']:.1f}s old)"
+            f"  group {group}: {len(g['requests'])} requests, KV {used}/{g['capacity_tokens']} tokens in use, "
+            f"prompt cache {tree} of them ({g['evictable_tokens']} evictable) (status {g['status_age_s']:.1f}s old)"
         )
         for q in g["requests"]:
-            row = (group, q["rid"], str(q["prompt_tokens"]), str(q["held_tokens"]), str(q["remaining_tokens"]))
-            rows.append((*row, "yes" if q["paused"] else ""))
+            row = (group, q["rid"], str(q["prompt_tokens"]), str(q["held_tokens"]), str(q["cached_tokens"]))
+            rows.append((*row, str(q["remaining_tokens"]), "yes" if q["paused"] else ""))
     if len(rows) > 1:
         lines += _table(rows)
     return "\n".join(lines)

@@ -1,9 +1,11 @@
 """Write a tiny Hugging Face-format model directory: random weights from a seed and a
 byte-level BPE tokenizer trained here on tools/data/corpus.txt.
 
-    python tools/make_tiny_model.py --out DIR [--seed N] [--arch llama|qwen2|qwen3|phi3|gemma2|gemma3]
+    python tools/make_tiny_model.py --out DIR [--seed N]
+        [--arch llama|qwen2|qwen3|phi3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3]
         [--hidden 64] [--layers 2 (gemma: 4)] [--heads 4] [--kv-heads 2] [--intermediate 128]
-        [--vocab 1000] [--max-positions 1024] [--dtype float32]
+        [--experts 4] [--top-k 2] [--moe-intermediate 48] [--shared-intermediate 96]
+        [--mlp-only-layers I ...] [--vocab 1000] [--max-positions 1024] [--dtype float32]
 
 qwen3's heads are twice hidden / heads wide (its config.json gives head_dim, which need not
 be hidden / heads), and each layer has its per-head q and k norms. phi3 stores q, k and v as
@@ -15,6 +17,13 @@ query_pre_attn_scalar unequal to head_dim, tied embeddings. gemma2 soft-caps its
 scores and its logits, with caps small enough to matter at these scales; gemma3 has its heads
 twice hidden / heads wide with q and k norms, a local rotary base for its sliding layers and
 linear rope scaling on its global ones.
+
+The mixtures of experts store each expert's projections as their checkpoints do: mixtral's
+block_sparse_moe.experts.{e}.w1/w2/w3 (each expert --moe-intermediate wide, which its config
+calls intermediate_size); qwen2_moe's and qwen3_moe's mlp.experts.{e}.gate_proj/up_proj/
+down_proj, qwen2_moe with a shared expert and its gate and Qwen2's QKV bias, qwen3_moe with
+Qwen3's wide heads and head norms and renormalised top-k weights (norm_topk_prob, as
+Qwen3-30B-A3B's config says). --mlp-only-layers makes those layers of a Qwen MoE dense.
 
 The output layer is scaled up so the next-token distribution is peaked: greedy choices
 then do not hinge on the order of floating-point sums, which lets tests compare token
@@ -51,6 +60,9 @@ ARCHS = {
     "qwen2": QWEN_TOKENS,
     "qwen3": QWEN_TOKENS,
     "phi3": LLAMA_TOKENS,
+    "mixtral": LLAMA_TOKENS,
+    "qwen2_moe": QWEN_TOKENS,
+    "qwen3_moe": QWEN_TOKENS,
     "gemma2": LLAMA_TOKENS,
     "gemma3": LLAMA_TOKENS,
 }
@@ -59,16 +71,26 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
 }
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
 GEMMA = ("gemma2", "gemma3")
+QKV_BIAS = ("qwen2", "qwen2_moe")
+HEAD_NORMS = ("qwen3", "qwen3_moe")
+WIDE_HEADS = (*HEAD_NORMS, "gemma3")  # heads twice hidden / heads wide
 TIED = ("qwen2", "qwen3", *GEMMA)  # the output layer is the embedding, as in the small Qwen and every Gemma checkpoint
+ROPE_THETA = {"llama": 500000.0, "qwen2": 10000.0, "qwen3": 1000000.0, "phi3": 10000.0}
+ROPE_THETA |= {"mixtral": 1000000.0, "qwen2_moe": 1000000.0, "qwen3_moe": 1000000.0}
+ROPE_THETA |= {"gemma2": 10000.0, "gemma3": 1000000.0}
 GEMMA_WINDOW = 8
 
 
 def head_dim(args: argparse.Namespace) -> int:
-    return args.hidden // args.heads * (2 if args.arch in ("qwen3", "gemma3") else 1)
+    return args.hidden // args.heads * (2 if args.arch in WIDE_HEADS else 1)
 
 
 def train_tokenizer(vocab_size: int, specials: list[str], bos: str | None) -> Tokenizer:
@@ -114,19 +136,22 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
         w[p + "self_attn.k_proj.weight"] = linear(args.kv_heads * d, args.hidden)
         w[p + "self_attn.v_proj.weight"] = linear(args.kv_heads * d, args.hidden)
         w[p + "self_attn.o_proj.weight"] = linear(args.hidden, args.heads * d)
-        if args.arch == "qwen2":
+        if args.arch in QKV_BIAS:
             w[p + "self_attn.q_proj.bias"] = normal(args.heads * d, std=0.1)
             w[p + "self_attn.k_proj.bias"] = normal(args.kv_heads * d, std=0.1)
             w[p + "self_attn.v_proj.bias"] = normal(args.kv_heads * d, std=0.1)
-        if args.arch == "qwen3":
+        if args.arch in HEAD_NORMS:
             w[p + "self_attn.q_norm.weight"] = 1.0 + normal(d, std=0.1)
             w[p + "self_attn.k_norm.weight"] = 1.0 + normal(d, std=0.1)
         if args.arch in GEMMA:  # Gemma's norms scale by 1 + w: their weights sit near zero
             w.update(gemma_norms(p, args, d, normal))
         w[p + "post_attention_layernorm.weight"] = norm() if args.arch not in GEMMA else normal(args.hidden, std=0.1)
-        w[p + "mlp.gate_proj.weight"] = linear(args.intermediate, args.hidden)
-        w[p + "mlp.up_proj.weight"] = linear(args.intermediate, args.hidden)
-        w[p + "mlp.down_proj.weight"] = linear(args.hidden, args.intermediate)
+        if args.arch in MOE and i not in args.mlp_only_layers:
+            w.update(expert_weights(args, p, linear))
+        else:
+            w[p + "mlp.gate_proj.weight"] = linear(args.intermediate, args.hidden)
+            w[p + "mlp.up_proj.weight"] = linear(args.intermediate, args.hidden)
+            w[p + "mlp.down_proj.weight"] = linear(args.hidden, args.intermediate)
         if args.arch == "phi3":  # the same draws, stored fused as Phi-3's checkpoints are
             qkv = [w.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
             w[p + "self_attn.qkv_proj.weight"] = torch.cat(qkv)
@@ -148,6 +173,50 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
     return {k: v.to(dtype).contiguous() for k, v in w.items()}
 
 
+def expert_weights(args: argparse.Namespace, p: str, linear) -> dict[str, torch.Tensor]:
+    """A sparse layer's router and experts (and Qwen2-MoE's shared expert) by its checkpoints' names."""
+    h, inter = args.hidden, args.moe_intermediate
+    mixtral = args.arch == "mixtral"
+    moe = p + ("block_sparse_moe." if mixtral else "mlp.")
+    gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    w = {moe + "gate.weight": linear(args.experts, h)}
+    for e in range(args.experts):
+        w[f"{moe}experts.{e}.{gate}.weight"] = linear(inter, h)
+        w[f"{moe}experts.{e}.{up}.weight"] = linear(inter, h)
+        w[f"{moe}experts.{e}.{down}.weight"] = linear(h, inter)
+    if args.arch == "qwen2_moe":
+        shared = args.shared_intermediate
+        w[moe + "shared_expert.gate_proj.weight"] = linear(shared, h)
+        w[moe + "shared_expert.up_proj.weight"] = linear(shared, h)
+        w[moe + "shared_expert.down_proj.weight"] = linear(h, shared)
+        w[moe + "shared_expert_gate.weight"] = linear(1, h)
+    return w
+
+
+def moe_fields(args: argparse.Namespace) -> dict:
+    if args.arch == "mixtral":  # the experts' width is intermediate_size; no dense layer
+        return {
+            "intermediate_size": args.moe_intermediate,
+            "num_local_experts": args.experts,
+            "num_experts_per_tok": args.top_k,
+            "router_jitter_noise": 0.0,
+            "sliding_window": None,
+        }
+    out = {
+        "num_experts": args.experts,
+        "num_experts_per_tok": args.top_k,
+        "moe_intermediate_size": args.moe_intermediate,
+        "norm_topk_prob": args.arch == "qwen3_moe",
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": list(args.mlp_only_layers),
+        "use_sliding_window": False,
+        "sliding_window": None,
+    }
+    if args.arch == "qwen2_moe":
+        out.update(shared_expert_intermediate_size=args.shared_intermediate, qkv_bias=True)
+    return out
+
+
 def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_id: int) -> dict:
     cfg = {
         "architectures": [ARCHITECTURES[args.arch]],
@@ -161,15 +230,8 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
         "head_dim": head_dim(args),
         "hidden_act": "silu",
         "max_position_embeddings": args.max_positions,
-        "rms_norm_eps": 1e-5 if args.arch in ("llama", "phi3") else 1e-6,
-        "rope_theta": {
-            "llama": 500000.0,
-            "qwen2": 10000.0,
-            "qwen3": 1000000.0,
-            "phi3": 10000.0,
-            "gemma2": 10000.0,
-            "gemma3": 1000000.0,
-        }[args.arch],
+        "rms_norm_eps": 1e-5 if args.arch in ("llama", "phi3", "mixtral") else 1e-6,
+        "rope_theta": ROPE_THETA[args.arch],
         "tie_word_embeddings": args.arch in TIED,
         "attention_bias": False,
         "bos_token_id": bos_id,
@@ -190,6 +252,8 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
         cfg.update(
             phi3_fields(args), pad_token_id=eos_id
         )  # Hugging Face's default pad id, 32000, is past the vocabulary
+    elif args.arch in MOE:
+        cfg.update(moe_fields(args))
     elif args.arch in GEMMA:
         cfg.update(gemma_fields(args), pad_token_id=eos_id)
     else:
@@ -286,7 +350,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--layers", type=int, default=None, help="2 (gemma: 4, both kinds of attention)")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--intermediate", type=int, default=128)
+    ap.add_argument("--intermediate", type=int, default=128, help="the dense MLP's width")
+    ap.add_argument("--experts", type=int, default=4, help="routed experts a sparse layer has (MoE archs)")
+    ap.add_argument("--top-k", type=int, default=2, help="experts each token is routed to")
+    ap.add_argument("--moe-intermediate", type=int, default=48, help="each routed expert's width")
+    ap.add_argument("--shared-intermediate", type=int, default=96, help="qwen2_moe's shared expert's width")
+    ap.add_argument("--mlp-only-layers", type=int, nargs="*", default=[], help="dense layers of a Qwen MoE")
     ap.add_argument("--vocab", type=int, default=1000, help="BPE vocabulary size to train (an upper bound)")
     ap.add_argument("--max-positions", type=int, default=1024)
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")

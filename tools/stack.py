@@ -22,6 +22,7 @@ class Service:
     module: str  # services.<x>
     args: list[str]
     proc: subprocess.Popen | None = None
+    env: dict[str, str] = field(default_factory=dict)  # its own, over the stack's
 
 
 @dataclass
@@ -40,6 +41,9 @@ class StackOptions:
     worker_args: list[str] = field(default_factory=list)
     detokenizer_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # > 0: worker group g sees only GPUs g * n .. g * n + n - 1 (CUDA_VISIBLE_DEVICES), so that
+    # data-parallel groups each have GPUs of their own; 0: every group sees every GPU
+    gpus_per_worker: int = 0
 
 
 class Stack:
@@ -69,6 +73,8 @@ class Stack:
                     *opts.worker_args,
                 ],
             )
+            if n := opts.gpus_per_worker:
+                self.services[f"worker-{g}"].env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g * n + i) for i in range(n))
         shared_port = ["--reuse-port", "true"] if opts.fronts > 1 else []
         for f in range(opts.fronts):
             self._add(
@@ -106,7 +112,7 @@ class Stack:
 
     def start_service(self, name: str) -> None:
         svc = self.services[name]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.opts.env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.opts.env, **svc.env}
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         out = None
         if self.opts.log_dir:

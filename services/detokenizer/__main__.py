@@ -30,7 +30,7 @@ class _FastDecoder:
 
 def main() -> None:
     cfg = parse_config(DetokenizerConfig, None, os.environ)
-    setup_logging(SERVICE_DETOK, cfg.replica, cfg.log_level)
+    setup_logging(SERVICE_DETOK, cfg.replica, cfg.log_level, cfg.log_format)
     link = RedisLink(cfg.redis_url)
     stop_on_signals(link)
     names = StreamNames(cfg.namespace)
@@ -39,7 +39,7 @@ def main() -> None:
         link,
         names,
         cfg.replica,
-        _FastDecoder(cfg.model_dir),
+        _FastDecoder(cfg.tokenizer or cfg.model_dir),
         cfg.stream_maxlen,
         metrics,
         BusyPoll.for_host(cfg.busy_poll_ms),

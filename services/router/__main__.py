@@ -18,7 +18,7 @@ from shared.streams import SERVICE_ROUTER, StreamNames
 
 def main() -> None:
     cfg = parse_config(RouterConfig, None, os.environ)
-    setup_logging(SERVICE_ROUTER, cfg.replica, cfg.log_level)
+    setup_logging(SERVICE_ROUTER, cfg.replica, cfg.log_level, cfg.log_format)
     link = RedisLink(cfg.redis_url)
     stop_on_signals(link)
     service = RouterService(cfg, link, BusyPoll.for_host(cfg.busy_poll_ms))

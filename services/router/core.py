@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from services.router.group import GroupState
 from services.router.metrics import GroupFigures, RouterFigures
+from services.router.routing import Routing
 from services.router.waiting import RecentAborts, WaitingQueue
 from shared.config import RouterConfig
 from shared.messages import (
@@ -57,6 +58,7 @@ class Actions:
 @dataclass
 class RouterStats:
     admitted: dict[str, int] = field(default_factory=dict)  # group -> requests placed there
+    routed: dict[tuple[str, bool], int] = field(default_factory=dict)  # (group, prefix hit) -> requests placed
     rejected: dict[str, int] = field(default_factory=dict)  # error kind -> requests
     requeued: int = 0
     failed: int = 0
@@ -72,6 +74,7 @@ class RouterCore:
         self.fenced: dict[str, str] = {}  # group -> the instance declared dead (it may only have been silent)
         self.recent_aborts = RecentAborts()
         self.stats = RouterStats()
+        self.routing = Routing(cfg)
         self._no_group_since: float | None = None
         self._dirty = True  # something admission depends on changed since it last ran
         self._next_expiry_scan = 0.0
@@ -163,44 +166,31 @@ class RouterCore:
                 self.waiting.popleft()
                 self._reject(req, why, act, ERR_DEADLINE)
                 continue
-            best = self._best_group(req)
-            if best is None:
+            choice = self.routing.choose(req, self.groups.values())
+            if choice is None:
                 if self._can_never_fit(req, act):
                     continue
                 return  # the head waits for memory; keeping order keeps it fair
             self.waiting.popleft()
-            key = (best.name, best.instance)
-            best.place(req)
-            self.where[req.rid] = best.name
-            act.admits.setdefault(key, []).append(req)
-            act.admit_seqs[key] = best.next_seq
-            act.released.append(req.rid)
-            self.stats.admitted[best.name] = self.stats.admitted.get(best.name, 0) + 1
-            log.debug("placed on group %s (%d requests there)", best.name, len(best.placed), extra={"rid": req.rid})
+            self._place(req, choice.group, choice.matched, act)
 
-    def _best_group(self, req: GenerateReq) -> GroupState | None:
-        """Of the groups that can take req now (under their request limit and prefill budget,
-        and with a KV pool that holds it to the end by LightLLM's peak estimate), the one with
-        the most headroom: KV tokens free now by the router's count (ties: fewer requests).
-        Not the room left under the peak: a short request leaves a group's peak as it was,
-        so that room would send every short request to the same group."""
-        cfg = self.cfg
-        best: GroupState | None = None
-        best_key = (0, 0)
-        for g in self.groups.values():
-            # requests beyond what the group runs at once would only wait there, where no other group can take them
-            if len(g.placed) >= min(cfg.running_max_req_size, g.max_running):
-                continue
-            backlog = g.backlog_tokens()
-            if cfg.batch_max_tokens and backlog and backlog + len(req.input_ids) > cfg.batch_max_tokens:
-                continue
-            busy = g.used_fraction >= cfg.router_token_ratio
-            if g.peak_with(req, busy, cfg.router_max_new_token_len) > g.capacity:
-                continue
-            key = (g.capacity - g.held_tokens(), -len(g.placed))
-            if best is None or key > best_key:
-                best, best_key = g, key
-        return best
+    def _place(self, req: GenerateReq, g: GroupState, matched: int, act: Actions) -> None:
+        key = (g.name, g.instance)
+        g.place(req, matched)
+        self.where[req.rid] = g.name
+        act.admits.setdefault(key, []).append(req)
+        act.admit_seqs[key] = g.next_seq
+        act.released.append(req.rid)
+        self.stats.admitted[g.name] = self.stats.admitted.get(g.name, 0) + 1
+        routed = (g.name, self.routing.is_hit(req, matched))
+        self.stats.routed[routed] = self.stats.routed.get(routed, 0) + 1
+        log.debug(
+            "placed on group %s (%d requests there, %d prompt tokens matched)",
+            g.name,
+            len(g.placed),
+            matched,
+            extra={"rid": req.rid},
+        )
 
     def _can_never_fit(self, req: GenerateReq, act: Actions) -> bool:
         """Reject the head if no group could hold it even alone: it would block the queue for ever."""
@@ -307,7 +297,15 @@ class RouterCore:
 
     def figures(self, now_unix: float) -> RouterFigures:
         groups = tuple(
-            GroupFigures(g.name, g.capacity, g.used_tokens, len(g.placed), g.paused)
+            GroupFigures(
+                g.name,
+                g.capacity,
+                g.used_tokens,
+                len(g.placed),
+                g.paused,
+                cached_tokens=g.evictable_tokens + g.cache_locked_tokens,
+                index_tokens=g.index.size,
+            )
             for g in sorted(self.groups.values(), key=lambda g: g.name)
         )
         return RouterFigures(
@@ -318,6 +316,7 @@ class RouterCore:
             oldest_wait_s=max(now_unix - self.waiting.head().arrival, 0.0) if self.waiting else 0.0,
             groups=groups,
             admitted=dict(self.stats.admitted),
+            routed=dict(self.stats.routed),
             rejected=dict(self.stats.rejected),
             requeued=self.stats.requeued,
             failed=self.stats.failed,

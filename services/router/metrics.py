@@ -21,9 +21,11 @@ PREFIX = "lightstream_router_"
 class GroupFigures:
     name: str
     capacity_tokens: int
-    used_tokens: int  # KV tokens in use by its last status
+    used_tokens: int  # KV tokens in use by its last status (the cache's evictable ones count as free)
     running: int  # requests placed there: running, admitted and not started, or paused
     paused: int
+    cached_tokens: int = 0  # tokens in its prompt cache's tree by its last status (evictable + locked)
+    index_tokens: int = 0  # tokens in the router's index of what that cache holds
 
     @property
     def usage(self) -> float:
@@ -39,6 +41,7 @@ class RouterFigures:
     oldest_wait_s: float = 0.0  # how long the head of the queue has waited
     groups: tuple[GroupFigures, ...] = ()
     admitted: dict[str, int] = field(default_factory=dict)  # group -> requests placed there, ever
+    routed: dict[tuple[str, bool], int] = field(default_factory=dict)  # (group, prefix hit) -> requests placed
     rejected: dict[str, int] = field(default_factory=dict)  # error kind -> requests rejected
     requeued: int = 0
     failed: int = 0
@@ -83,6 +86,8 @@ class RouterCollector(Collector):
             ("group_token_usage", "Fraction of each worker group's KV pool in use", lambda g: g.usage),
             ("group_running_requests", "Requests placed on each worker group", lambda g: g.running),
             ("group_paused_requests", "Paused requests in each worker group", lambda g: g.paused),
+            ("group_cached_tokens", "Tokens in each worker group's prompt cache", lambda g: g.cached_tokens),
+            ("group_index_tokens", "Tokens in the router's index of each group's cache", lambda g: g.index_tokens),
         ]
         for name, doc, value in per_group:
             m = GaugeMetricFamily(PREFIX + name, doc, labels=["group"])
@@ -93,6 +98,14 @@ class RouterCollector(Collector):
         for name, n in sorted(f.admitted.items()):
             admitted.add_metric([name], n)
         yield admitted
+        routed = CounterMetricFamily(
+            PREFIX + "routed",
+            "Requests placed, by worker group and whether its cache had their prefix",
+            labels=["group", "matched"],
+        )
+        for (name, hit), n in sorted(f.routed.items()):
+            routed.add_metric([name, "true" if hit else "false"], n)
+        yield routed
         rejected = CounterMetricFamily(PREFIX + "rejected", "Requests the router ended unadmitted", labels=["reason"])
         for kind, n in sorted(f.rejected.items()):
             rejected.add_metric([kind], n)

@@ -14,7 +14,7 @@ from services.tokenizer.drain import CLOSE_S, Drain, DrainingServer
 from services.tokenizer.generation import FrontContext
 from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.pipeline import Pipeline
-from services.tokenizer.tokenization import Tokenization
+from services.tokenizer.tokenization import Tokenization, load_chat_template
 from shared.busy_poll import BusyPoll
 from shared.cli import parse_config
 from shared.config import TokenizerConfig
@@ -30,8 +30,12 @@ log = logging.getLogger("services.tokenizer")
 
 def main() -> None:
     cfg = parse_config(TokenizerConfig, None, os.environ)
-    setup_logging(SERVICE_TOKENIZER, cfg.replica, cfg.log_level)
+    setup_logging(SERVICE_TOKENIZER, cfg.replica, cfg.log_level, cfg.log_format)
     model = ModelConfig.from_dir(cfg.model_dir)
+    try:
+        template = load_chat_template(cfg.chat_template) if cfg.chat_template else ""
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--chat-template: {e}") from None
     max_total_len = min(cfg.max_req_total_len or model.context_length, model.context_length)
     link = RedisLink(cfg.redis_url)
     names = StreamNames(cfg.namespace)
@@ -47,7 +51,7 @@ def main() -> None:
     ctx = FrontContext(
         cfg=cfg,
         pipeline=pipeline,
-        tok=Tokenization(cfg.model_dir, cfg.tokenizer_threads),
+        tok=Tokenization(cfg.tokenizer or cfg.model_dir, cfg.tokenizer_threads, template),
         max_total_len=max_total_len,
         model_name=cfg.model_name or os.path.basename(os.path.normpath(cfg.model_dir)),
         vocab_size=model.vocab_size,

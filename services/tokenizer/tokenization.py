@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import os
 import re
 from typing import Any
 
@@ -32,9 +33,24 @@ def _byte_level_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
+def load_chat_template(spec: str) -> str:
+    """--chat-template: a file's path, or the Jinja template itself (vLLM's rule: a path that
+    exists is read, anything else is the template)."""
+    if os.path.isfile(spec):
+        with open(spec, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in spec:  # neither a file nor a template: most likely a mistyped path
+        raise ValueError(f"chat template {spec!r}: no such file, and not a Jinja template")
+    return spec
+
+
 class Tokenization:
-    def __init__(self, model_dir: str, threads: int) -> None:
+    def __init__(self, model_dir: str, threads: int, chat_template: str = "") -> None:
+        """model_dir: the tokenizer's directory (the model's, or --tokenizer's); chat_template:
+        replaces the tokenizer's own (load_chat_template's result)."""
         self.hf = AutoTokenizer.from_pretrained(model_dir)
+        if chat_template:
+            self.hf.chat_template = chat_template
         self._fast = self.hf.backend_tokenizer
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
         self.eos_token_id: int | None = self.hf.eos_token_id
@@ -48,22 +64,36 @@ class Tokenization:
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self._fast.encode(text, add_special_tokens=add_special_tokens).ids
 
-    async def encode_chat(self, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
+    async def encode_chat(
+        self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+    ) -> tuple[str, list[int]]:
         """The rendered chat and its tokens. The template writes any BOS itself, so the
         tokenizer adds no special tokens again."""
         loop = asyncio.get_running_loop()
-        text = await loop.run_in_executor(self._pool, self.render_chat, messages)
+        render = functools.partial(self.render_chat, messages, True, template_kwargs)
+        text = await loop.run_in_executor(self._pool, render)
         return text, await self.encode(text, add_special_tokens=False)
 
     async def decode(self, ids: list[int]) -> str:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._fast.decode, ids, False)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The model's chat template applied to OpenAI-style messages."""
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The model's chat template applied to OpenAI-style messages; template_kwargs: extra
+        variables the template reads (vLLM's chat_template_kwargs, e.g. enable_thinking)."""
         if not getattr(self.hf, "chat_template", None):
-            raise ValueError("the model has no chat template (tokenizer_config.json chat_template)")
-        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            raise ValueError(
+                "the model has no chat template (tokenizer_config.json chat_template); give one with --chat-template"
+            )
+        extra = template_kwargs or {}
+        return self.hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+        )
 
     def token_text(self, token_id: int) -> str:
         return self._fast.decode([token_id], skip_special_tokens=False)

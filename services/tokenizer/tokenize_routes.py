@@ -1,8 +1,8 @@
 """POST /tokenize and POST /detokenize in vLLM's shapes.
 
 /tokenize takes {"prompt": str, "add_special_tokens": true} or {"messages": [...],
-"add_generation_prompt": true, "add_special_tokens": false} (the chat template writes any
-BOS itself) and answers {"count", "max_model_len", "tokens"}, with "token_strs" when
+"add_generation_prompt": true, "add_special_tokens": false, "chat_template_kwargs": {...}}
+(the chat template writes any BOS itself) and answers {"count", "max_model_len", "tokens"}, with "token_strs" when
 return_token_strs is true. /detokenize takes {"tokens": [int]} and answers {"prompt"}.
 "model", when given, must name the model served.
 """
@@ -41,6 +41,7 @@ class TokenizeChat(_Body):
     add_generation_prompt: bool = True
     add_special_tokens: bool = False
     return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def chat(self) -> list[dict[str, Any]]:
         return [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {}) for m in self.messages]
@@ -69,7 +70,9 @@ async def _tokens(ctx: FrontContext, body: TokenizePrompt | TokenizeChat) -> lis
     if isinstance(body, TokenizePrompt):
         return await ctx.tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     try:
-        text = await asyncio.to_thread(ctx.tok.render_chat, body.chat(), body.add_generation_prompt)
+        text = await asyncio.to_thread(
+            ctx.tok.render_chat, body.chat(), body.add_generation_prompt, body.chat_template_kwargs
+        )
     except (ValueError, jinja2.TemplateError) as e:
         raise APIError(400, f"messages: the chat template refused them: {e}", param="messages") from e
     return await ctx.tok.encode(text, add_special_tokens=body.add_special_tokens)

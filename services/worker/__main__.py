@@ -29,7 +29,7 @@ def main() -> None:
     cfg = parse_config(WorkerConfig, None, os.environ)
     if cfg.group == GROUP_AUTO:
         cfg = dataclasses.replace(cfg, group=cfg.replica)
-    setup_logging(SERVICE_WORKER, cfg.replica, cfg.log_level)
+    setup_logging(SERVICE_WORKER, cfg.replica, cfg.log_level, cfg.log_format)
     link = RedisLink(cfg.redis_url)
     stop_on_signals(link)
     group = start_group(cfg) if cfg.tp > 1 else None

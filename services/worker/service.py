@@ -170,6 +170,7 @@ class WorkerService:
             time=time.time(),
             evictable_tokens=kv.evictable_tokens,
             cache_locked_tokens=kv.cache_locked_tokens,
+            prompt_cache=kv.cache is not None,
         )
         self._send([(self.names.router, status)])
         self._last_status = time.monotonic()

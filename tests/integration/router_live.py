@@ -78,6 +78,11 @@ def admitted(f: Figures, group: str) -> float:
     return f.get(f'admitted_total{{group="{group}"}}', 0.0)
 
 
+def available(info: dict) -> float:
+    """A worker's free KV tokens by its heartbeat, the prompt cache's evictable ones included."""
+    return info["free_tokens"] + info.get("evictable_tokens", 0)
+
+
 def worker_beats(redis_url: str, namespace: str) -> dict[str, Heartbeat]:
     link = RedisLink(redis_url)
     try:

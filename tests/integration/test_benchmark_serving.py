@@ -11,7 +11,7 @@ import statistics
 import pytest
 
 from tests.integration.conftest import start_stack
-from tools import benchmark_serving
+from tools import bench_prompt_cache, benchmark_serving
 from tools.redis_server import RedisServer
 
 
@@ -55,3 +55,21 @@ def test_benchmark_serving_on_the_tiny_model(long_context_model: str, redis_serv
     assert statistics.median(each) == pytest.approx(one_by_one[0]["ttft_ms"]["median"])
     assert "per_request_ttft_ms" not in results[0]
     assert png.exists() and os.path.getsize(png) > 1000
+
+
+def test_the_prompt_cache_variants_run_multi_turn_through_two_groups(long_context_model: str, tmp_path) -> None:
+    """tools/bench_prompt_cache.py: a stack per variant (here the prompt cache on and off, under
+    the router's own policy), two worker groups, conversations whose replies come back as ids."""
+    flags = ["--model-dir", long_context_model, "--device", "cpu", "--vocab", "1000", "--fronts", "1"]
+    flags += ["--policies", "default", "--prompt-cache", "on,off", "--groups", "2", "--gpus-per-group", "0"]
+    small = ["--multi-turn-conversations", "3", "--multi-turn-turns", "3", "--multi-turn-max-context", "1200"]
+    out = tmp_path / "out"
+    res = bench_prompt_cache.main(
+        ["--out-dir", str(out), "--work-dir", str(tmp_path / "work"), *flags, "--workload", "multi_turn", "--", *small]
+    )
+    assert set(res["runs"]) == {"default-on", "default-off"}
+    for run in res["runs"].values():
+        assert run["completed"] == run["turns"] > run["conversations"] and run["failed"] == 0, run["errors"]
+        assert run["unknown_labels"] == 0 and run["ambiguous_tokens"] == 0
+    assert res["ratios"]["on_over_off"]["default"]["req_per_s"] > 0
+    assert json.loads((out / "prompt_cache.json").read_text())["ratios"] == res["ratios"]

@@ -62,7 +62,7 @@ class Watch:
         """The latest status, if it shows every KV token free."""
         sts = self.statuses()
         last = sts[-1][1] if sts else None
-        return last if last is not None and last.free_tokens == last.capacity_tokens else None
+        return last if last is not None and last.free_tokens + last.evictable_tokens == last.capacity_tokens else None
 
     def rid(self) -> str | None:
         gens = [m.rid for _, m in self.entries(self.names.router) if isinstance(m, GenerateReq)]
@@ -116,7 +116,8 @@ def _check_freed(watch: Watch, rid: str, left_at: float) -> None:
     # worker's idle wait (status_interval_s / 2) to end
     after = [(i, st) for i, st in watch.statuses() if i[0] >= ended_at[0] and rid not in st.running.rids]
     assert after and after[0][0][0] - ended_at[0] < 400, "no worker status soon after the abort"
-    assert after[0][1].free_tokens == after[0][1].capacity_tokens, "KV tokens still held after the abort"
+    st = after[0][1]
+    assert st.free_tokens + st.evictable_tokens == st.capacity_tokens, "KV tokens still held after the abort"
 
 
 async def _leave_a_stream(stack: Stack, watch: Watch, open_stream: Callable[[], Awaitable[Any]]) -> None:

@@ -15,7 +15,14 @@ import httpx
 import pytest
 
 from tests.integration.conftest import start_stack
-from tests.integration.router_live import LONG_CONTEXT, RouterProbe, _long_llama, wait_until, worker_beats  # noqa: F401
+from tests.integration.router_live import (  # noqa: F401 (_long_llama: a fixture)
+    LONG_CONTEXT,
+    RouterProbe,
+    _long_llama,
+    available,
+    wait_until,
+    worker_beats,
+)
 from tools.redis_server import RedisServer, free_port
 from tools.stack import Stack
 
@@ -89,7 +96,7 @@ async def _cancel(task: asyncio.Task) -> None:
 def _pool_free(stack: Stack) -> None:
     """The worker's KV pool is entirely free again (its heartbeat says so)."""
     wait_until(
-        lambda: worker_beats(stack.opts.redis_url, stack.opts.namespace)["0"].info["free_tokens"] == POOL,
+        lambda: available(worker_beats(stack.opts.redis_url, stack.opts.namespace)["0"].info) == POOL,
         15,
         "the worker's KV pool free again",
     )

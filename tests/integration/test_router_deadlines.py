@@ -10,7 +10,13 @@ import time
 import httpx
 
 from tests.integration.conftest import start_stack
-from tests.integration.router_live import RouterProbe, _long_llama, wait_until, worker_beats  # noqa: F401 (a fixture)
+from tests.integration.router_live import (  # noqa: F401 (_long_llama: a fixture)
+    RouterProbe,
+    _long_llama,
+    available,
+    wait_until,
+    worker_beats,
+)
 from tools.redis_server import RedisServer, free_port
 
 TIMEOUT_S = 3.0  # the front end's request_timeout_s: every request's deadline
@@ -57,7 +63,7 @@ def test_deadlines_end_requests_running_and_queued(long_llama: str, redis_server
         rejected = probe.figures().get('rejected_total{reason="deadline"}', 0.0)
         assert rejected == float(len(queued))
         wait_until(
-            lambda: worker_beats(redis_server.url, stack.opts.namespace)["0"].info["free_tokens"] == POOL,
+            lambda: available(worker_beats(redis_server.url, stack.opts.namespace)["0"].info) == POOL,
             15,
             "the worker's KV pool free again",
         )

@@ -13,6 +13,7 @@ from tests.integration.conftest import start_stack
 from tests.integration.router_live import (  # noqa: F401 (_long_llama: a fixture)
     RouterProbe,
     _long_llama,
+    available,
     plain_generate,
     stream_generate,
     wait_until,
@@ -53,7 +54,7 @@ def test_router_killed_and_restarted_under_load(long_llama: str, redis_server: R
         )
         ns = stack.opts.namespace
         wait_until(
-            lambda: worker_beats(redis_server.url, ns)["0"].info["free_tokens"] == POOL,
+            lambda: available(worker_beats(redis_server.url, ns)["0"].info) == POOL,
             10,
             "the worker's pool free again",
         )

@@ -72,12 +72,39 @@ def test_missing_and_corrupt_weights_are_refused(tiny_llama: str, tmp_path) -> N
         f.truncate(os.path.getsize(weights) // 2)
     assert "not a readable safetensors file" in _refused(model)
     os.rename(weights, os.path.join(model, "pytorch_model.bin"))
+    assert "pytorch_model.bin is not a PyTorch checkpoint" in _refused(model)
+    os.remove(os.path.join(model, "pytorch_model.bin"))
     line = _refused(model)
-    assert "only pytorch_model.bin" in line and "supported: *.safetensors" in line, line
+    assert "no weight files" in line and "supported: *.safetensors or PyTorch *.bin" in line, line
 
 
 def test_a_path_that_is_not_a_directory_is_refused(tmp_path) -> None:
     assert "is not a directory" in _refused(str(tmp_path / "meta-llama/Llama-3-8B"))
+
+
+def test_a_model_id_missing_from_the_hugging_face_cache_is_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no download tried: none could succeed here
+    line = _refused("meta-llama/Llama-3-8B")
+    assert "neither a directory nor a model in the local Hugging Face cache" in line, line
+
+
+def test_a_model_id_is_served_from_the_hugging_face_cache(tiny_llama: str, tmp_path, monkeypatch) -> None:
+    """The id resolves to its snapshot, which is then checked like any directory (an
+    architecture made unsupported here shows that the snapshot is what was read)."""
+    snapshot = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / "0123abcd"
+    model = _copy(tiny_llama, str(snapshot))
+    (tmp_path / "hub" / "models--acme--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny" / "refs" / "main").write_text("0123abcd")
+    with open(os.path.join(model, "config.json")) as f:
+        config = json.load(f)
+    config.update(architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    with open(os.path.join(model, "config.json"), "w") as f:
+        json.dump(config, f)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    line = _refused("acme/tiny")
+    assert "0123abcd" in line and "GPT2LMHeadModel" in line, line
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> None:

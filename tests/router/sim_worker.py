@@ -10,8 +10,8 @@ max_new_tokens. It reports a WorkerStatus like the real worker's.
 The "model" makes a request's next token a function of every token before it, through a
 rolling hash kept per KV slot, the way attention reads the KV cache: a paused request
 loses its slots, and only a recomputation over exactly the same tokens gives it the
-same continuation. The pool's invariant (never more tokens held than it has) is
-asserted at every allocation.
+same continuation. The pool (sim_pool.py, with an optional prompt cache) asserts its
+invariant, never more tokens held than it has, at every allocation.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from shared.messages import (
     TokenItem,
     WorkerStatus,
 )
+from shared.prefix_tree import Node
+from tests.router.sim_pool import SimPool
 
 EOS = 0
 _MASK = (1 << 64) - 1
@@ -86,6 +88,9 @@ class SimReq:
         self.tokens = list(msg.input_ids)
         self.prompt_len = len(msg.input_ids)
         self.kv: list[int] = []  # one rolling state per token in the pool
+        self.cached = 0  # of kv, the tokens in the prompt cache's tree (the first ones)
+        self.node: Node | None = None  # the tree path it holds locked
+        self.started = False
         self.finish_reason = ""
         self.error_kind = ""
 
@@ -111,6 +116,7 @@ class SimWorker:
         prefill_budget: int = 512,
         max_running: int = 256,
         incarnation: int = 0,
+        prompt_cache: bool = False,
     ) -> None:
         self.group = group
         self.instance = f"sim-{group}-{incarnation}"
@@ -118,8 +124,7 @@ class SimWorker:
         self.model = model
         self.prefill_budget = prefill_budget
         self.max_running = max_running
-        self.used = 0
-        self.peak_used = 0
+        self.pool = SimPool(capacity, prompt_cache)
         self.admit_seq = 0
         self.admitted = 0
         self.waiting: deque[SimReq] = deque()
@@ -176,30 +181,18 @@ class SimWorker:
                 break
             if not req.decoding and req.pending > 0:
                 n = min(req.pending, budget)
-                if self.capacity - self.used < n + len(decodes):
+                if self.pool.room < n + len(decodes):
                     break
                 extends.append((req, n))
-                self._alloc(n)
+                self.pool.alloc(n)
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_running:
-            req = self.waiting[0]
-            n = min(req.pending, budget)
-            if self.capacity - self.used < n + 2 * len(decodes) + 1:
-                if not self.running and self.capacity - self.used < req.pending:
-                    self.waiting.popleft()
-                    items.append(self._item(self._finish(req, FINISH_ERROR, ERR_TOO_LARGE), with_token=False))
-                    continue
-                break
-            self.waiting.popleft()
-            self.running.append(req)
-            extends.append((req, n))
-            self._alloc(n)
-            budget -= n
-        self._alloc(len(decodes))
+        self._start_waiting(budget, len(decodes), extends, items)
+        self.pool.alloc(len(decodes))
         sampled: list[SimReq] = []
         for req, n in extends:
             self._compute(req, n)
             if req.pending == 0:
+                self.pool.cache(req)  # its prefill is done: its tokens join the prompt cache
                 sampled.append(req)
         for req in decodes:
             self._compute(req, 1)
@@ -217,13 +210,38 @@ class SimWorker:
                 reason = FINISH_LENGTH
             if reason:
                 self.running.remove(req)
+                self.pool.cache(req)
                 self._finish(req, reason)
             items.append(self._item(req, with_token=True))
+        self.pool.check([*self.running, *self.waiting])
         return items
+
+    def _start_waiting(
+        self, budget: int, decodes: int, extends: list[tuple[SimReq, int]], items: list[TokenItem]
+    ) -> None:
+        """New or paused requests start, in order, while the budget and the pool allow (keeping
+        room for this step's decodes and the next)."""
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+            req = self.waiting[0]
+            cached, unlocked = self.pool.peek(req)
+            pending = len(req.tokens) - cached
+            n = min(pending, budget)
+            if self.pool.room - unlocked < n + 2 * decodes + 1:
+                if not self.running and self.pool.room - unlocked < pending:
+                    self.waiting.popleft()
+                    items.append(self._item(self._finish(req, FINISH_ERROR, ERR_TOO_LARGE), with_token=False))
+                    continue
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            self.pool.start(req)
+            extends.append((req, n))
+            self.pool.alloc(n)
+            budget -= n
 
     def _make_room(self, decodes: list[SimReq], items: list[TokenItem]) -> list[SimReq]:
         """Pause the newest requests until this step's decode tokens fit (as the real scheduler)."""
-        while decodes and self.capacity - self.used < len(decodes):
+        while decodes and self.pool.room < len(decodes):
             victim = max(self.running, key=lambda r: r.admit_order)
             self.running.remove(victim)
             if victim in decodes:
@@ -243,14 +261,8 @@ class SimWorker:
             state = self.model.kv(state, tok)
             req.kv.append(state)
 
-    def _alloc(self, n: int) -> None:
-        self.used += n
-        assert self.used <= self.capacity, f"KV pool overflow: {self.used} > {self.capacity}"
-        self.peak_used = max(self.peak_used, self.used)
-
     def _release(self, req: SimReq) -> None:
-        self.used -= len(req.kv)
-        req.kv = []
+        self.pool.release(req)
 
     def _finish(self, req: SimReq, reason: str, kind: str = "") -> SimReq:
         self._release(req)
@@ -273,6 +285,14 @@ class SimWorker:
     # ---------------------------------------------------------------- state out
 
     @property
+    def used(self) -> int:
+        return self.pool.used
+
+    @property
+    def peak_used(self) -> int:
+        return self.pool.peak_used
+
+    @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -293,6 +313,7 @@ class SimWorker:
                 held_tokens=len(r.tokens),
                 remaining_tokens=max(0, r.params.max_new_tokens - r.output_len),
                 paused=id(r) in in_waiting and r.output_len > 0,
+                cached_tokens=r.cached,
             )
             for r in [*self.running, *self.waiting]
         ]
@@ -305,4 +326,7 @@ class SimWorker:
             admit_seq=self.admit_seq,
             running=RunningTable.of(running),
             time=now_unix,
+            evictable_tokens=self.pool.evictable,
+            cache_locked_tokens=self.pool.locked,
+            prompt_cache=self.pool.tree is not None,
         )

@@ -114,9 +114,9 @@ class Simulation:
 
     def restart(self, group: str) -> SimWorker:
         old = self.workers[group]
-        w = SimWorker(
-            group, old.capacity, old.model, old.prefill_budget, old.max_running, int(old.instance.rsplit("-", 1)[1]) + 1
-        )
+        incarnation = int(old.instance.rsplit("-", 1)[1]) + 1
+        cache = old.pool.tree is not None
+        w = SimWorker(group, old.capacity, old.model, old.prefill_budget, old.max_running, incarnation, cache)
         self.workers[group] = w
         self.dead.discard(group)
         self._last_status.pop(group, None)
@@ -221,4 +221,30 @@ def mixed_workload(n: int, seed: int, rate_per_s: float = 0.0) -> list[GenerateR
         if rate_per_s:
             t += rng.expovariate(rate_per_s)
         out.append(make_req(f"r{seed}-{i}", prompt, max_new, rng.random() < 0.5, arrival_s=t))
+    return out
+
+
+def shared_prefix_workload(
+    prefixes: int,
+    per_prefix: int,
+    seed: int,
+    prefix_len: int = 200,
+    suffix_len: int = 40,
+    max_new: int = 32,
+    rate_per_s: float = 0.0,
+) -> list[GenerateReq]:
+    """per_prefix requests for each of ``prefixes`` random prefixes (a system prompt, a document),
+    each prefix followed by a suffix of its own, shuffled; ignore_eos, so their lengths are known.
+    rate_per_s 0: all arrive at once."""
+    rng = random.Random(seed)
+    heads = [[rng.randint(1, 49_999) for _ in range(prefix_len)] for _ in range(prefixes)]
+    order = [p for p in range(prefixes) for _ in range(per_prefix)]
+    rng.shuffle(order)
+    out, t = [], 0.0
+    for i, p in enumerate(order):
+        if rate_per_s:
+            t += rng.expovariate(rate_per_s)
+        prompt = heads[p] + [rng.randint(1, 49_999) for _ in range(suffix_len)]
+        params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+        out.append(GenerateReq(f"s{seed}-{p}-{i}", "front", "detok", prompt, params, T0_UNIX + t, 0.0))
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.router.admission import Load, estimated_remaining, peak_tokens
 from services.router.core import Actions, RouterCore
+from services.router.group import SEQ_GAP
 from shared.config import RouterConfig
 from shared.messages import GenerateReq, RunningReq, RunningTable, SamplingParams, WorkerStatus
 
@@ -73,3 +74,83 @@ def test_places_on_the_group_with_most_headroom() -> None:
     core.on_generate(_req("new", 10, 10), 0.0, act)
     core.tick(0.0, 0.0, act)
     assert list(act.admits) == [("1", "inst-1")]
+
+
+# ---------------------------------------------------------------- with the prompt cache
+
+P = list(range(1000, 1400))  # a 400-token prefix
+
+
+def _cache_status(
+    capacity: int, free: int, evictable: int = 0, locked: int = 0, seq: int = 0, cache: bool = True
+) -> WorkerStatus:
+    table = RunningTable.of([])
+    return WorkerStatus("0", "inst-0", capacity, free, 64, seq, table, 0.0, evictable, locked, prompt_cache=cache)
+
+
+def _tokens_req(rid: str, tokens: list[int], max_new: int) -> GenerateReq:
+    return GenerateReq(rid, "f", "d", tokens, SamplingParams(max_new_tokens=max_new, ignore_eos=True), 0.0, 0.0)
+
+
+def _admit(core: RouterCore, *reqs: GenerateReq) -> list[str]:
+    act = Actions()
+    for r in reqs:
+        core.on_generate(r, 0.0, act)
+    core.tick(0.0, 0.0, act)
+    core.seal_admissions(act)
+    return [r.rid for rs in act.admits.values() for r in rs]
+
+
+def test_a_pool_full_of_cache_still_admits() -> None:
+    core = RouterCore(RouterConfig(router_token_ratio=0.5, router_max_new_token_len=40))
+    core.on_status(_cache_status(1_000, free=0, evictable=1_000), 0.0, Actions())
+    assert core.groups["0"].used_fraction == 0.0  # not busy: evictable tokens are free
+    reqs = [
+        GenerateReq(str(i), "f", "d", [i + 1] * 10, SamplingParams(max_new_tokens=500), 0.0, 0.0) for i in range(20)
+    ]
+    assert len(_admit(core, *reqs)) == 20  # each counted at 10 + 40 tokens
+
+
+def test_requests_sharing_a_prefix_count_it_once() -> None:
+    def admitted(cache_on: bool) -> list[str]:
+        core = RouterCore(RouterConfig())
+        status = _cache_status(1_000, free=1_000 - cache_on, evictable=int(cache_on), cache=cache_on)
+        core.on_status(status, 0.0, Actions())
+        a, b = _tokens_req("a", [*P, 1], 50), _tokens_req("b", [*P, 2], 50)
+        c, d = _tokens_req("c", list(range(1, 301)), 50), _tokens_req("d", list(range(2, 302)), 50)
+        return _admit(core, a, b, c, d)
+
+    # a: 401 + 50; b shares a's 400 prefix: 1 + 50 more; c: 300 + 50: 852 tokens at the peak; d would pass 1000
+    assert admitted(cache_on=True) == ["a", "b", "c"]
+    assert admitted(cache_on=False) == ["a", "b"]  # two copies of the prefix: 902 already
+
+
+def test_a_prefix_only_the_evictable_cache_holds_is_paid_by_the_request_that_reuses_it() -> None:
+    core = RouterCore(RouterConfig())
+    core.on_status(_cache_status(1_000, free=999, evictable=1), 0.0, Actions())
+    assert _admit(core, _tokens_req("a", [*P, 1], 10)) == ["a"]
+    # a ended; its prompt and output are cached, held by no one: free on demand
+    core.on_status(_cache_status(1_000, free=589, evictable=411, seq=SEQ_GAP), 0.0, Actions())
+    b = _tokens_req("b", [*P, 2], 300)
+    c = _tokens_req("c", list(range(1, 301)), 10)
+    # b reuses P and holds it again: 401 + 300 tokens at its end; beside c's 300 that is 1001
+    assert _admit(core, b, c) == ["b"]
+    g = core.groups["0"]
+    assert g.placed["b"].cached == 400  # its prefill skips the prefix
+    assert g.peak_with(None, 0, True, 1) == 401 + 300
+
+
+def test_the_workers_locked_tokens_count_once_beside_each_requests_own() -> None:
+    core = RouterCore(RouterConfig())
+    core.on_status(_cache_status(1_000, free=999, evictable=1), 0.0, Actions())
+    assert _admit(core, _tokens_req("a", [*P, 1], 100), _tokens_req("b", [*P, 2], 100)) == ["a", "b"]
+    # both started, their prompts in the tree (402 tokens locked), 20 output tokens each
+    running = [
+        RunningReq("a", "d", 401, 421, 80, cached_tokens=401),
+        RunningReq("b", "d", 401, 421, 80, cached_tokens=401),
+    ]
+    st = WorkerStatus("0", "inst-0", 1_000, 1_000 - 402 - 40, 64, SEQ_GAP, RunningTable.of(running), 0.0, 0, 402, True)
+    core.on_status(st, 0.0, Actions())
+    g = core.groups["0"]
+    assert g.headroom() == 1_000 - 402 - 40
+    assert g.peak_with(None, 0, True, 1) == 402 + 2 * (20 + 80)

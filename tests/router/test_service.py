@@ -101,6 +101,9 @@ def test_the_router_serves_its_figures_to_prometheus(redis_url: str) -> None:
         'lightstream_router_group_capacity_tokens{group="0"} 1000.0',
         'lightstream_router_group_used_tokens{group="0"} 30.0',
         'lightstream_router_admitted_total{group="0"} 1.0',
+        'lightstream_router_routed_total{group="0",matched="false"} 1.0',
+        'lightstream_router_group_cached_tokens{group="0"} 0.0',
+        'lightstream_router_group_index_tokens{group="0"} 10.0',
         "lightstream_router_worker_groups 1.0",
     ):
         assert line in text, line

@@ -41,6 +41,7 @@ EXAMPLES = [
         time=1.5,
         evictable_tokens=500,
         cache_locked_tokens=3,
+        prompt_cache=True,
     ),
     m.AdmitReqs("abc", 13, [GEN, GEN]),
     m.AbortReqs(["r1", "r2"], "aborted"),
@@ -108,6 +109,7 @@ def test_unknown_type_and_bad_shapes_are_refused() -> None:
         1.5,
         0,
         0,
+        False,
     ]
     with pytest.raises(m.WireError, match="columns of different lengths"):
         m.decode(msgpack.packb(ragged))
@@ -125,7 +127,7 @@ def test_the_wire_layout_is_fields_in_declaration_order_nested_as_arrays() -> No
     status = m.WorkerStatus("0", "x", 100, 40, 8, 3, running, 1.5)
     columns = [["r1", "r2"], ["d0", "d1"], [5, 6], [9, 6], [7, 3], [True, False], [0, 0]]
     assert m.encode(status) == msgpack.packb(
-        [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, columns, 1.5, 0, 0], use_bin_type=True
+        [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, columns, 1.5, 0, 0, False], use_bin_type=True
     )
     assert running.rows()[1] == m.RunningReq("r2", "d1", 6, 6, 3, False)
     gen = m.GenerateReq("r", "f", "d", [1, 2], m.SamplingParams(max_new_tokens=4), 1.0, 2.0)

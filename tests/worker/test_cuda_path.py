@@ -43,7 +43,21 @@ def test_tiny_fp32_greedy_equals_cpu_and_hf(
     fold: the norms folded into the weights (llama and phi3; qwen2's QKV bias, qwen3's head
     norms and Gemma's (1 + w) post-norms keep them apart). Gemma's prompts outrun its 8-token
     window: the windowed and soft-capped kernels run in graphs and pieces."""
-    model_dir = tiny_models[arch]
+    _tiny_fp32(tiny_models[arch], graphs, pieces, budget, fold, folds=arch in ("llama", "phi3"))
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize(("graphs", "pieces", "budget"), [(512, 2048, 8192), (512, 2048, 16), (0, 0, 8192)])
+def test_tiny_moe_fp32_greedy_equals_cpu_and_hf(
+    tiny_moe_models: dict[str, str], arch: str, graphs: int, pieces: int, budget: int
+) -> None:
+    """The experts' Triton kernels (moe_align, the grouped GEMMs) eagerly and under decode and
+    piecewise graphs, against PyTorch's loop over the experts on the CPU and Hugging Face."""
+    _tiny_fp32(tiny_moe_models[arch], graphs, pieces, budget, fold=True, folds=False)
+
+
+def _tiny_fp32(model_dir: str, graphs: int, pieces: int, budget: int, fold: bool, folds: bool) -> None:
+    """folds: whether the family folds its norms when asked to (fold)."""
     tok = hf_reference.tokenizer(model_dir)
     texts = [
         "Hello world",
@@ -69,7 +83,7 @@ def test_tiny_fp32_greedy_equals_cpu_and_hf(
         fold_norms=fold,
     )
     engine = build_engine(cuda_cfg)
-    assert engine.runner.step.folded == (fold and arch in ("llama", "phi3"))
+    assert engine.runner.step.folded == (fold and folds)
     cuda = run(engine, reqs)
     cpu = run(build_engine(WorkerConfig(model_dir=model_dir, device="cpu")), reqs)
     for r in reqs:

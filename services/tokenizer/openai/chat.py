@@ -35,7 +35,7 @@ async def chat_completions(
     body.check()
     check_token_ids(body.stop_token_ids or [], ctx.vocab_size, "stop_token_ids")
     try:
-        _, ids = await ctx.tok.encode_chat(body.chat())
+        _, ids = await ctx.tok.encode_chat(body.chat(), body.chat_template_kwargs)
     except (ValueError, jinja2.TemplateError) as e:
         raise APIError(400, f"messages: the chat template refused them: {e}", param="messages") from e
     asked, name = body.max_tokens_asked()

@@ -255,12 +255,17 @@ class ChatCompletionRequest(OpenAISampling):
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
+    # vLLM's: extra variables for the chat template (e.g. {"enable_thinking": false} for Qwen3)
     chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("chat_template_kwargs")
     @classmethod
-    def _no_template_kwargs(cls, v: Any) -> Any:
-        return _not_supported("chat_template_kwargs", v)
+    def _template_kwargs(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = {"messages", "tokenize", "add_generation_prompt", "conversation", "chat_template", "tools"}
+        clash = sorted(reserved & set(v or {}))
+        if clash:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(clash)}")
+        return v
 
     @field_validator("tools", "tool_choice", "functions", "function_call")
     @classmethod

@@ -1,10 +1,12 @@
-"""``LayerOps`` on Triton kernels: the CUDA path of the elementwise and normalisation steps."""
+"""``LayerOps`` on Triton kernels: the CUDA path of the elementwise and normalisation steps, and
+of a mixture of experts' routed experts."""
 
 from __future__ import annotations
 
 import torch
 
 from services.worker.kernels.add_rmsnorm import add_rmsnorm_
+from services.worker.kernels.fused_moe import fused_experts
 from services.worker.kernels.gelu_tanh_mul import gelu_tanh_mul
 from services.worker.kernels.rmsnorm import rmsnorm
 from services.worker.kernels.rotary import rotary_
@@ -28,6 +30,11 @@ class TritonOps:
 
     def silu_mul(self, gate_up: torch.Tensor, norm: RowNorm | None = None) -> torch.Tensor:
         return silu_mul(gate_up, norm=norm)
+
+    def experts(
+        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        return fused_experts(x, w13, w2, weights, ids)
 
     def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return gelu_tanh_mul(gate_up)

@@ -20,18 +20,42 @@ class WeightLoadError(RuntimeError):
 
 
 def weight_files(model_dir: str) -> list[str]:
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            names = sorted(set(json.load(f)["weight_map"].values()))
-        return [os.path.join(model_dir, n) for n in names]
-    single = os.path.join(model_dir, "model.safetensors")
-    if os.path.exists(single):
-        return [single]
-    found = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
-    if not found:
-        raise WeightLoadError(f"no .safetensors files in {model_dir}")
-    return [os.path.join(model_dir, f) for f in found]
+    """The checkpoint's files: safetensors (one file, or shards with their index) or, where there
+    are none, PyTorch's .bin files (pytorch_model.bin, or shards with their index)."""
+    for stem, ext in (("model", ".safetensors"), ("pytorch_model", ".bin")):
+        index = os.path.join(model_dir, f"{stem}{ext}.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                names = sorted(set(json.load(f)["weight_map"].values()))
+            return [os.path.join(model_dir, n) for n in names]
+        single = os.path.join(model_dir, stem + ext)
+        if os.path.exists(single):
+            return [single]
+        found = sorted(f for f in os.listdir(model_dir) if f.endswith(ext) and not f.startswith("training_args"))
+        if found:
+            return [os.path.join(model_dir, f) for f in found]
+    raise WeightLoadError(f"no .safetensors or .bin weight files in {model_dir}")
+
+
+class _BinFile:
+    """A .bin checkpoint file as safe_open's handle: memory-mapped, tensors only (weights_only:
+    no code in the file runs)."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            self.tensors = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:  # a pickle with anything but tensors, or not a torch file
+            raise WeightLoadError(f"{path} cannot be read as a PyTorch checkpoint of tensors: {e}") from None
+
+    def keys(self) -> list[str]:
+        return list(self.tensors)
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+
+def _open(path: str):
+    return _BinFile(path) if path.endswith(".bin") else safe_open(path, framework="pt", device="cpu")
 
 
 class Checkpoint:
@@ -39,7 +63,7 @@ class Checkpoint:
     tensor to the serving device and dtype."""
 
     def __init__(self, model_dir: str, dtype: torch.dtype, device: torch.device | str, progress: bool = True) -> None:
-        self.handles = [safe_open(f, framework="pt", device="cpu") for f in weight_files(model_dir)]
+        self.handles = [_open(f) for f in weight_files(model_dir)]
         self.where = {name: h for h in self.handles for name in h.keys()}  # noqa: SIM118 (safe_open has no __iter__)
         self.dtype = dtype
         self.device = device

@@ -179,28 +179,37 @@ class LlamaModel:
 
 def load(ckpt: Checkpoint, cfg: ModelConfig, shard: Shard) -> ModelWeights:
     """The checkpoint's tensors by Hugging Face's Llama names, in LightStream's layout (this rank's shard)."""
-    put = ckpt.put
     layers = []
     for i in ckpt.progress(cfg.num_layers):
         p = f"model.layers.{i}."
-        q, k, v = (shard.rows(ckpt.get(p + f"self_attn.{n}_proj.weight")) for n in "qkv")
-        bias = None
-        if cfg.qkv_bias:
-            bias = put(torch.cat([shard.rows(ckpt.get(p + f"self_attn.{n}_proj.bias")) for n in "qkv"]))
-        gate = shard.rows(ckpt.get(p + "mlp.gate_proj.weight"))
-        up = shard.rows(ckpt.get(p + "mlp.up_proj.weight"))
-        layers.append(
-            LayerWeights(
-                attn_norm=put(ckpt.get(p + "input_layernorm.weight")),
-                qkv=put(torch.cat([q, k, v])),
-                qkv_bias=bias,
-                o=put(shard.cols(ckpt.get(p + "self_attn.o_proj.weight"))),
-                mlp_norm=put(ckpt.get(p + "post_attention_layernorm.weight")),
-                gate_up=put(torch.cat([gate, up])),
-                down=put(shard.cols(ckpt.get(p + "mlp.down_proj.weight"))),
-            )
-        )
+        gate_up, down = load_mlp(ckpt, shard, p + "mlp.")
+        layers.append(LayerWeights(**load_attention(ckpt, cfg, shard, p), gate_up=gate_up, down=down))
     return assemble(ckpt, cfg, shard, layers)
+
+
+def load_attention(ckpt: Checkpoint, cfg: ModelConfig, shard: Shard, p: str) -> dict[str, torch.Tensor | None]:
+    """A layer's norms and attention under prefix p ("model.layers.{i}.") by Llama's names, as
+    LayerWeights' fields (this rank's shard)."""
+    put = ckpt.put
+    q, k, v = (shard.rows(ckpt.get(p + f"self_attn.{n}_proj.weight")) for n in "qkv")
+    bias = None
+    if cfg.qkv_bias:
+        bias = put(torch.cat([shard.rows(ckpt.get(p + f"self_attn.{n}_proj.bias")) for n in "qkv"]))
+    return {
+        "attn_norm": put(ckpt.get(p + "input_layernorm.weight")),
+        "qkv": put(torch.cat([q, k, v])),
+        "qkv_bias": bias,
+        "o": put(shard.cols(ckpt.get(p + "self_attn.o_proj.weight"))),
+        "mlp_norm": put(ckpt.get(p + "post_attention_layernorm.weight")),
+    }
+
+
+def load_mlp(ckpt: Checkpoint, shard: Shard, p: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A SiLU-gated MLP's gate_proj, up_proj and down_proj under prefix p -> (gate_up [2I, H],
+    down [H, I]), this rank's share of I."""
+    gate = shard.rows(ckpt.get(p + "gate_proj.weight"))
+    up = shard.rows(ckpt.get(p + "up_proj.weight"))
+    return ckpt.put(torch.cat([gate, up])), ckpt.put(shard.cols(ckpt.get(p + "down_proj.weight")))
 
 
 def assemble(ckpt: Checkpoint, cfg: ModelConfig, shard: Shard, layers: list[LayerWeights]) -> ModelWeights:

@@ -35,7 +35,7 @@ class Qwen3LayerWeights(LayerWeights):
 
     @classmethod
     def of(cls, layer: LayerWeights, q_norm: torch.Tensor, k_norm: torch.Tensor) -> Qwen3LayerWeights:
-        """A dense layer's weights (no copy) with the head norms added."""
+        """A layer's weights (no copy) with the head norms added."""
         return cls(**{f.name: getattr(layer, f.name) for f in fields(LayerWeights)}, q_norm=q_norm, k_norm=k_norm)
 
 
@@ -65,7 +65,11 @@ class Qwen3Model(llama.LlamaModel):
 def load(ckpt: Checkpoint, cfg: ModelConfig, shard: Shard) -> ModelWeights:
     """Llama's tensors, and each layer's self_attn.q_norm and k_norm (replicated: every rank's
     heads share them)."""
-    w = llama.load(ckpt, cfg, shard)
+    return with_head_norms(ckpt, llama.load(ckpt, cfg, shard))
+
+
+def with_head_norms(ckpt: Checkpoint, w: ModelWeights) -> ModelWeights:
+    """w's layers with the checkpoint's self_attn.q_norm and k_norm added."""
 
     def norm(i: int, n: str) -> torch.Tensor:
         return ckpt.put(ckpt.get(f"model.layers.{i}.self_attn.{n}_norm.weight"))
@@ -77,9 +81,14 @@ def load(ckpt: Checkpoint, cfg: ModelConfig, shard: Shard) -> ModelWeights:
 def random_weights(
     cfg: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0, tp: TensorParallel | None = None
 ) -> ModelWeights:
-    """Dense random weights (random_weights.py) with head norms near one, drawn from a seed that
-    is the same on every rank, as every rank holds them whole."""
-    w = dense_random_weights(cfg, dtype, device, seed, tp)
+    """Dense random weights (random_weights.py) with head norms."""
+    return with_random_head_norms(dense_random_weights(cfg, dtype, device, seed, tp), cfg, seed)
+
+
+def with_random_head_norms(w: ModelWeights, cfg: ModelConfig, seed: int) -> ModelWeights:
+    """w's layers with head norms near one added, drawn from a seed that is the same on every
+    rank, as every rank holds them whole."""
+    dtype, device = w.embed.dtype, w.embed.device
     g = torch.Generator(device=device).manual_seed(seed + 1)
 
     def norm() -> torch.Tensor:

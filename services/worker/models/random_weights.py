@@ -4,6 +4,8 @@ shapes where no checkpoint can be downloaded. Projections have a standard deviat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from services.worker.models.weights import LayerWeights, ModelWeights
@@ -12,49 +14,71 @@ from shared.model_config import ModelConfig
 
 
 def dense_random_weights(
-    cfg: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0, tp: TensorParallel | None = None
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+    tp: TensorParallel | None = None,
+    dense_mlp: Callable[[int], bool] = lambda layer: True,
 ) -> ModelWeights:
     """The whole model, or with tp of several ranks this rank's shard of one: the shapes
     a checkpoint's loader gives it (q, k, v, gate and up by output rows; o and down by input columns;
     the vocabulary in equal padded parts). Weights every rank holds whole (the norms) come
-    from the same seed on every rank; each rank draws its shards from a seed of its own."""
+    from the same seed on every rank; each rank draws its shards from a seed of its own. A layer
+    for which dense_mlp is false gets no MLP (a mixture of experts adds its own: models/moe.py)."""
     tp = tp or TensorParallel()
     if cfg.num_kv_heads % tp.size or cfg.num_heads % tp.size or cfg.intermediate_size % tp.size:
         raise ValueError(
             f"{cfg.num_heads} heads, {cfg.num_kv_heads} KV heads and {cfg.intermediate_size} "
             f"MLP columns must all split over {tp.size} ranks"
         )
-    whole = torch.Generator(device=device).manual_seed(seed)
-    own = whole if tp.size == 1 else torch.Generator(device=device).manual_seed(seed + 1000 * (tp.rank + 1))
+    draw = Draws(cfg, dtype, device, seed, tp)
     h, d, n = cfg.hidden_size, cfg.head_dim, tp.size
     qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * d // n
     inter = cfg.intermediate_size // n
     vocab = -(-cfg.vocab_size // n)
 
-    def normal(*shape: int, std: float, g: torch.Generator = own) -> torch.Tensor:
-        return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * std).to(dtype)
-
-    def norm() -> torch.Tensor:
-        return 1.0 + normal(h, std=0.05, g=whole)
-
-    layers = [
-        LayerWeights(
-            attn_norm=norm(),
-            qkv=normal(qkv_rows, h, std=h**-0.5),
-            qkv_bias=normal(qkv_rows, std=0.02) if cfg.qkv_bias else None,
+    def layer(i: int) -> LayerWeights:
+        mlp = dense_mlp(i)
+        return LayerWeights(
+            attn_norm=draw.norm(),
+            qkv=draw.normal(qkv_rows, h, std=h**-0.5),
+            qkv_bias=draw.normal(qkv_rows, std=0.02) if cfg.qkv_bias else None,
             # the standard deviations are the whole matrix's: a shard is part of one
-            o=normal(h, cfg.num_heads * d // n, std=(cfg.num_heads * d) ** -0.5),
-            mlp_norm=norm(),
-            gate_up=normal(2 * inter, h, std=h**-0.5),
-            down=normal(h, inter, std=cfg.intermediate_size**-0.5),
+            o=draw.normal(h, cfg.num_heads * d // n, std=(cfg.num_heads * d) ** -0.5),
+            mlp_norm=draw.norm(),
+            gate_up=draw.normal(2 * inter, h, std=h**-0.5) if mlp else None,
+            down=draw.normal(h, inter, std=cfg.intermediate_size**-0.5) if mlp else None,
         )
-        for _ in range(cfg.num_layers)
-    ]
-    embed = normal(vocab, h, std=1.0)
-    lm_head = embed if cfg.tie_word_embeddings else normal(vocab, h, std=4.0 * h**-0.5)
+
+    layers = [layer(i) for i in range(cfg.num_layers)]
+    embed = draw.normal(vocab, h, std=1.0)
+    lm_head = embed if cfg.tie_word_embeddings else draw.normal(vocab, h, std=4.0 * h**-0.5)
     return ModelWeights(
-        embed=embed, layers=layers, final_norm=norm(), lm_head=lm_head, vocab_start=tp.rank * vocab if n > 1 else 0
+        embed=embed, layers=layers, final_norm=draw.norm(), lm_head=lm_head, vocab_start=tp.rank * vocab if n > 1 else 0
     )
+
+
+class Draws:
+    """Normal draws on the device in the weights' dtype: a rank's shards from a seed of its own,
+    weights every rank holds whole (whole=True) from one seed all ranks share."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int, tp: TensorParallel):
+        self.hidden = cfg.hidden_size
+        self.dtype = dtype
+        self.device = device
+        self.whole = torch.Generator(device=device).manual_seed(seed)
+        self.own = (
+            self.whole if tp.size == 1 else torch.Generator(device=device).manual_seed(seed + 1000 * (tp.rank + 1))
+        )
+
+    def normal(self, *shape: int, std: float, whole: bool = False) -> torch.Tensor:
+        g = self.whole if whole else self.own
+        return (torch.randn(*shape, generator=g, device=self.device, dtype=torch.float32) * std).to(self.dtype)
+
+    def norm(self) -> torch.Tensor:
+        """An RMSNorm's weight near one: [H]."""
+        return 1.0 + self.normal(self.hidden, std=0.05, whole=True)
 
 
 # the shapes benchmarks use (config.json fields, as a Hugging Face directory would give them)
@@ -75,6 +99,45 @@ LLAMA3_8B = {
     "torch_dtype": "bfloat16",
 }
 LLAMA_1B = {**LLAMA3_8B, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16}
+MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"],
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,  # each expert's
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+}
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
+}
 GEMMA2_9B = {  # google/gemma-2-9b's
     "architectures": ["Gemma2ForCausalLM"],
     "model_type": "gemma2",
@@ -118,4 +181,11 @@ GEMMA3_12B = {  # google/gemma-3-12b-it's text model
     "eos_token_id": 1,
     "torch_dtype": "bfloat16",
 }
-SHAPES = {"llama3-8b": LLAMA3_8B, "llama-1b": LLAMA_1B, "gemma2-9b": GEMMA2_9B, "gemma3-12b": GEMMA3_12B}
+SHAPES = {
+    "llama3-8b": LLAMA3_8B,
+    "llama-1b": LLAMA_1B,
+    "mixtral-8x7b": MIXTRAL_8X7B,
+    "qwen3-30b-a3b": QWEN3_30B_A3B,
+    "gemma2-9b": GEMMA2_9B,
+    "gemma3-12b": GEMMA3_12B,
+}

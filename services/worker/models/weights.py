@@ -1,15 +1,26 @@
-"""A dense decoder's weights in LightStream's layout, and what one piece of a forward hands the next.
+"""A decoder's weights in LightStream's layout, and what one piece of a forward hands the next.
 
 q, k and v are one projection and gate and up another, so each is one matmul. Under tensor
 parallelism each rank holds its share: q, k, v, gate and up by output rows; o and down by
-input columns; the embedding and the output layer by vocabulary rows.
+input columns; the embedding and the output layer by vocabulary rows. A mixture-of-experts
+layer's routed experts (``Experts``) are cut the same way, each expert's gate and up by rows
+and its down by columns; its router is whole on every rank.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+
+@dataclass
+class Experts:
+    """A mixture-of-experts layer's routed experts (models/moe.py) and its router."""
+
+    router: torch.Tensor  # [E, H], whole on every rank; with a shared expert, its gate's row after them: [E + 1, H]
+    w13: torch.Tensor  # [E, 2 * I, H]: each expert's gate rows, then its up rows (this rank's share of each)
+    w2: torch.Tensor  # [E, H, I]: each expert's down projection (this rank's columns)
 
 
 @dataclass
@@ -19,8 +30,11 @@ class LayerWeights:
     qkv_bias: torch.Tensor | None  # [(Hq + 2 * Hkv) * D]
     o: torch.Tensor  # [H, Hq * D]
     mlp_norm: torch.Tensor  # [H]
-    gate_up: torch.Tensor  # [2 * I, H], this rank's share of the intermediate size
-    down: torch.Tensor  # [H, I]
+    # the dense MLP: this rank's share of the intermediate size. A mixture-of-experts layer's is
+    # its shared expert (Qwen2-MoE), or None where its MLP is the routed experts alone
+    gate_up: torch.Tensor | None  # [2 * I, H]
+    down: torch.Tensor | None  # [H, I]
+    experts: Experts | None = field(default=None, kw_only=True)  # a mixture-of-experts layer's routed experts
 
 
 @dataclass

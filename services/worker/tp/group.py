@@ -107,7 +107,7 @@ def follower_main(cfg: WorkerConfig, rank: int, port: int, parent: int, pipe: Co
     from shared.log import setup_logging
     from shared.streams import SERVICE_WORKER
 
-    setup_logging(SERVICE_WORKER, f"{cfg.replica}-rank{rank}", cfg.log_level)
+    setup_logging(SERVICE_WORKER, f"{cfg.replica}-rank{rank}", cfg.log_level, cfg.log_format)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 decides when the group stops
     _exit_with_parent(parent)
     tp = init_rank(cfg, rank, port)

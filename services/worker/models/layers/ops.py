@@ -1,8 +1,9 @@
-"""The elementwise and normalisation steps of a layer, as a strategy object.
+"""The elementwise and normalisation steps of a layer, and a mixture of experts' routed experts,
+as a strategy object.
 
 ``TorchOps`` is plain PyTorch written to match Hugging Face's arithmetic (the CPU path
 and the kernels' reference); ``services.worker.kernels.triton_ops.TritonOps`` does the
-same with one fused Triton kernel per step on CUDA.
+same with one fused Triton kernel per step on CUDA (the experts: a grouped GEMM).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 import torch
+
+from services.worker.models.layers.moe import experts_reference
 
 
 class RowNorm(NamedTuple):
@@ -53,6 +56,12 @@ class LayerOps(Protocol):
         by its rows' inverse RMS (scale_rows)."""
         ...
 
+    def experts(
+        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """x [T, H] through its routed experts: w13 [E, 2I, H], w2 [E, H, I], weights and ids
+        [T, k] (layers/moe.py's route) -> [T, H], the weighted sum of each token's k experts."""
+
     def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[T, 2I] (gate | up) -> gelu(gate) * up: [T, I], GELU's tanh approximation (Gemma's GeGLU)."""
         ...
@@ -91,6 +100,11 @@ class TorchOps:
             gate_up = scale_rows(gate_up, norm.inv_rms())
         half = gate_up.shape[-1] // 2
         return torch.nn.functional.silu(gate_up[..., :half]) * gate_up[..., half:]
+
+    def experts(
+        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        return experts_reference(x, w13, w2, weights, ids)
 
     def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         half = gate_up.shape[-1] // 2
