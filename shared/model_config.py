@@ -29,8 +29,9 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
-# model types whose family name differs (config.json without architectures)
-MODEL_TYPE_FAMILIES = {"gemma3_text": "gemma3"}
+# model type -> family name, for a config.json without architectures: the family's own name, or
+# (Gemma 3's text model) another
+MODEL_TYPE_FAMILIES = {n: n for n in SUPPORTED_ARCHITECTURES.values()} | {"gemma3_text": "gemma3"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
@@ -130,9 +131,7 @@ class ModelConfig:
         archs = raw.get("architectures") or []
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if family is None:
-            family = ({n: n for n in SUPPORTED_ARCHITECTURES.values()} | MODEL_TYPE_FAMILIES).get(
-                raw.get("model_type", "")
-            )
+            family = MODEL_TYPE_FAMILIES.get(raw.get("model_type", ""))
         if family is None:
             raise ModelConfigError(
                 f"architecture {archs or raw.get('model_type')!r} is not supported; "
