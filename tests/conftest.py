@@ -20,7 +20,7 @@ if ROOT not in sys.path:
 from tools import make_tiny_model  # noqa: E402
 from tools.redis_server import RedisServer  # noqa: E402
 
-ARCHS = ("llama", "qwen2", "qwen3", "phi3")
+ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 # the mixtures of experts: built only for the sessions whose tests ask for them (tiny_moe_models),
 # so the many tests over tiny_models do not each run them too
 MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")

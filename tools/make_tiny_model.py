@@ -2,15 +2,21 @@
 byte-level BPE tokenizer trained here on tools/data/corpus.txt.
 
     python tools/make_tiny_model.py --out DIR [--seed N]
-        [--arch llama|qwen2|qwen3|phi3|mixtral|qwen2_moe|qwen3_moe]
-        [--hidden 64] [--layers 2] [--heads 4] [--kv-heads 2] [--intermediate 128]
+        [--arch llama|qwen2|qwen3|phi3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3]
+        [--hidden 64] [--layers 2 (gemma: 4)] [--heads 4] [--kv-heads 2] [--intermediate 128]
         [--experts 4] [--top-k 2] [--moe-intermediate 48] [--shared-intermediate 96]
         [--mlp-only-layers I ...] [--vocab 1000] [--max-positions 1024] [--dtype float32]
 
 qwen3's heads are twice hidden / heads wide (its config.json gives head_dim, which need not
 be hidden / heads), and each layer has its per-head q and k norms. phi3 stores q, k and v as
 one tensor and gate and up as another, and has LongRoPE scaling (Phi-3-mini-128k's shape,
-shrunk: the context four times the original, a factor per rotary frequency).
+shrunk: the context four times the original, a factor per rotary frequency). gemma2 and gemma3
+have four layers, both kinds of attention among them, and an 8-token sliding window, so prompts
+outrun it; Gemma's four norms a layer (weights near zero: they scale by 1 + w), a
+query_pre_attn_scalar unequal to head_dim, tied embeddings. gemma2 soft-caps its attention
+scores and its logits, with caps small enough to matter at these scales; gemma3 has its heads
+twice hidden / heads wide with q and k norms, a local rotary base for its sliding layers and
+linear rope scaling on its global ones.
 
 The mixtures of experts store each expert's projections as their checkpoints do: mixtral's
 block_sparse_moe.experts.{e}.w1/w2/w3 (each expert --moe-intermediate wide, which its config
@@ -57,6 +63,8 @@ ARCHS = {
     "mixtral": LLAMA_TOKENS,
     "qwen2_moe": QWEN_TOKENS,
     "qwen3_moe": QWEN_TOKENS,
+    "gemma2": LLAMA_TOKENS,
+    "gemma3": LLAMA_TOKENS,
 }
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -66,17 +74,23 @@ ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
+GEMMA = ("gemma2", "gemma3")
 QKV_BIAS = ("qwen2", "qwen2_moe")
 HEAD_NORMS = ("qwen3", "qwen3_moe")
-TIED = ("qwen2", "qwen3")  # the output layer is the embedding, as in the small Qwen checkpoints
+WIDE_HEADS = (*HEAD_NORMS, "gemma3")  # heads twice hidden / heads wide
+TIED = ("qwen2", "qwen3", *GEMMA)  # the output layer is the embedding, as in the small Qwen and every Gemma checkpoint
 ROPE_THETA = {"llama": 500000.0, "qwen2": 10000.0, "qwen3": 1000000.0, "phi3": 10000.0}
 ROPE_THETA |= {"mixtral": 1000000.0, "qwen2_moe": 1000000.0, "qwen3_moe": 1000000.0}
+ROPE_THETA |= {"gemma2": 10000.0, "gemma3": 1000000.0}
+GEMMA_WINDOW = 8
 
 
 def head_dim(args: argparse.Namespace) -> int:
-    return args.hidden // args.heads * (2 if args.arch in HEAD_NORMS else 1)
+    return args.hidden // args.heads * (2 if args.arch in WIDE_HEADS else 1)
 
 
 def train_tokenizer(vocab_size: int, specials: list[str], bos: str | None) -> Tokenizer:
@@ -129,7 +143,9 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
         if args.arch in HEAD_NORMS:
             w[p + "self_attn.q_norm.weight"] = 1.0 + normal(d, std=0.1)
             w[p + "self_attn.k_norm.weight"] = 1.0 + normal(d, std=0.1)
-        w[p + "post_attention_layernorm.weight"] = norm()
+        if args.arch in GEMMA:  # Gemma's norms scale by 1 + w: their weights sit near zero
+            w.update(gemma_norms(p, args, d, normal))
+        w[p + "post_attention_layernorm.weight"] = norm() if args.arch not in GEMMA else normal(args.hidden, std=0.1)
         if args.arch in MOE and i not in args.mlp_only_layers:
             w.update(expert_weights(args, p, linear))
         else:
@@ -142,8 +158,10 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
             gate_up = [w.pop(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
             w[p + "mlp.gate_up_proj.weight"] = torch.cat(gate_up)
     # with tied embeddings a positive final norm makes each token its own best successor
-    # (logit = |embedding|^2); random signs break that self-attraction
+    # (logit = |embedding|^2); random signs break that self-attraction (Gemma's: 1 + w of random sign)
     w["model.norm.weight"] = normal(args.hidden, std=1.0) if args.arch in TIED else norm()
+    if args.arch in GEMMA:
+        w["model.norm.weight"] -= 1.0
     # peaked logits: each logit has a standard deviation of about args.logit_scale
     head = normal(vocab, args.hidden, std=args.logit_scale * args.hidden**-0.5)
     head[eos_id] *= args.eos_boost
@@ -202,7 +220,7 @@ def moe_fields(args: argparse.Namespace) -> dict:
 def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_id: int) -> dict:
     cfg = {
         "architectures": [ARCHITECTURES[args.arch]],
-        "model_type": args.arch,
+        "model_type": "gemma3_text" if args.arch == "gemma3" else args.arch,  # gemma3: the multimodal one
         "vocab_size": vocab,
         "hidden_size": args.hidden,
         "intermediate_size": args.intermediate,
@@ -236,6 +254,8 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
         )  # Hugging Face's default pad id, 32000, is past the vocabulary
     elif args.arch in MOE:
         cfg.update(moe_fields(args))
+    elif args.arch in GEMMA:
+        cfg.update(gemma_fields(args), pad_token_id=eos_id)
     else:
         cfg["use_sliding_window"] = False
         cfg["sliding_window"] = None
@@ -254,6 +274,36 @@ def phi3_fields(args: argparse.Namespace) -> dict:
             "long_factor": [round(1.0 + 8.0 * i / n, 4) for i in range(n)],
         },
         "sliding_window": args.max_positions,
+    }
+
+
+def gemma_norms(p: str, args: argparse.Namespace, d: int, normal) -> dict[str, torch.Tensor]:
+    """A Gemma layer's norms beyond Llama's two (input and post-attention), and Gemma 3's head norms."""
+    w = {p + f"{n}_feedforward_layernorm.weight": normal(args.hidden, std=0.1) for n in ("pre", "post")}
+    if args.arch == "gemma3":
+        w |= {p + f"self_attn.{n}_norm.weight": normal(d, std=0.1) for n in "qk"}
+    return w
+
+
+def gemma_fields(args: argparse.Namespace) -> dict:
+    """Gemma 2's or 3's own config.json fields (see the module's docstring)."""
+    n = args.layers
+    fields = {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 24,
+        "sliding_window": GEMMA_WINDOW,
+    }
+    if args.arch == "gemma2":  # Hugging Face's default layer types: the even layers slide
+        return fields | {"attn_logit_softcapping": 2.0, "final_logit_softcapping": 6.0}
+    types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(n)]
+    return fields | {
+        "layer_types": types,
+        "sliding_window_pattern": 4,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
     }
 
 
@@ -297,7 +347,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arch", choices=sorted(ARCHS), default="llama")
     ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=None, help="2 (gemma: 4, both kinds of attention)")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--intermediate", type=int, default=128, help="the dense MLP's width")
@@ -316,6 +366,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if args.layers is None:
+        args.layers = 4 if args.arch in GEMMA else 2
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise SystemExit("--hidden must divide by --heads, and --heads by --kv-heads")
     write(args.out, args)

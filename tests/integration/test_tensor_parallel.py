@@ -1,7 +1,8 @@
 """Tensor parallelism on the CPU (gloo): a worker group of two ranks behind the real services.
 
 TP=2 greedy output equals Hugging Face's (which the TP=1 stack is held to elsewhere, so the
-two equal each other), for both tiny models; a rank killed under load ends its group's
+two equal each other), for four tiny models (Gemma's norms after the all-reduces, its head
+norms and windows on each rank's share of the heads); a rank killed under load ends its group's
 requests with an explicit error within 10 seconds, and the restarted group serves again.
 """
 
@@ -31,7 +32,7 @@ PROMPTS = [
 TP2 = ["--tp", "2"]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma2", "gemma3"])
 def tp_stack(
     request: pytest.FixtureRequest,
     tiny_models: dict[str, str],
