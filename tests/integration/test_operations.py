@@ -84,6 +84,16 @@ def test_metrics_are_open_without_the_key(stack: Stack) -> None:
     assert httpx.post(stack.url + "/generate", json={"inputs": "x"}).status_code == 401
 
 
+def test_openapi_lists_every_route_those_outside_fastapi_too(stack: Stack) -> None:
+    with _client(stack, headers=AUTH) as c:
+        paths = c.get("/openapi.json").json()["paths"]
+        assert c.get("/docs").status_code == 200
+    generating = ["/generate", "/generate_stream", "/", "/v1/completions", "/v1/chat/completions"]
+    generating += ["/worker_generate", "/worker_generate_stream"]
+    assert all("post" in paths[p] for p in generating), sorted(paths)
+    assert {"/health", "/readiness", "/version", "/tokenize", "/detokenize", "/v1/models", "/info"} <= set(paths)
+
+
 def test_tokenize_and_detokenize_give_the_hf_tokenizers_tokens(stack: Stack) -> None:
     tok = hf_reference.tokenizer(stack.opts.model_dir)
     chat_text = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)

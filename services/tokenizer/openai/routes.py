@@ -55,6 +55,6 @@ def openai_post_routes(ctx: FrontContext) -> dict[str, PostRoute]:
         return await chat_completions(ctx, body, request, arrival)
 
     return {
-        "/v1/completions": PostRoute(CompletionRequest, completions_route),
-        "/v1/chat/completions": PostRoute(ChatCompletionRequest, chat_route),
+        "/v1/completions": PostRoute(CompletionRequest, completions_route, "OpenAI completions"),
+        "/v1/chat/completions": PostRoute(ChatCompletionRequest, chat_route, "OpenAI chat completions"),
     }
