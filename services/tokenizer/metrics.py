@@ -17,7 +17,15 @@ from shared.messages import FINISH_REASONS
 from shared.metrics import labelled
 
 # routes counted; any other path (health, metrics, unknown) is not an API request
-API_ROUTES = ("/generate", "/generate_stream", "/", "/v1/models", "/v1/completions", "/v1/chat/completions")
+API_ROUTES = (
+    "/generate",
+    "/generate_stream",
+    "/",
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/responses",
+)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)

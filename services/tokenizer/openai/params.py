@@ -40,7 +40,7 @@ NO_OPS = (
 )
 
 
-def _not_supported(name: str, value: Any) -> Any:
+def not_supported(name: str, value: Any) -> Any:
     if value:
         raise ValueError(f"not supported by this server ({name})")
     return value
@@ -103,7 +103,7 @@ class OpenAISampling(BaseModel):
     @field_validator("logit_bias")
     @classmethod
     def _no_logit_bias(cls, v: Any) -> Any:
-        return _not_supported("logit_bias", v)
+        return not_supported("logit_bias", v)
 
     @field_validator("spaces_between_special_tokens")
     @classmethod
@@ -187,7 +187,7 @@ class CompletionRequest(OpenAISampling):
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, v: Any) -> Any:
-        return _not_supported("suffix", v)
+        return not_supported("suffix", v)
 
     @property
     def sequences(self) -> int:
@@ -270,7 +270,7 @@ class ChatCompletionRequest(OpenAISampling):
     @field_validator("tools", "tool_choice", "functions", "function_call")
     @classmethod
     def _no_tools(cls, v: Any) -> Any:
-        return _not_supported("tool calls", v)
+        return not_supported("tool calls", v)
 
     @field_validator("response_format")
     @classmethod
