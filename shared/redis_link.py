@@ -77,6 +77,7 @@ class RedisLink:
             url, socket_timeout=quick_timeout_s, socket_connect_timeout=quick_timeout_s, decode_responses=False
         )
         self._outage_since: float | None = None
+        self.outages = 0  # outages ended so far: a caller that sees it change knows Redis was away
         self._lock = threading.Lock()
 
     def call(self, fn: Callable[[redis.Redis], T], on_reconnect: Callable[[], None] | None = None) -> T:
@@ -137,6 +138,7 @@ class RedisLink:
             if self._outage_since is not None:
                 log.warning("redis back after %.1fs", time.monotonic() - self._outage_since)
                 self._outage_since = None
+                self.outages += 1
 
 
 def is_nogroup(err: Exception) -> bool:
