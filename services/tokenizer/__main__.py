@@ -47,6 +47,7 @@ def main() -> None:
         cfg.pipeline_dead_after_s,
         cfg.pipeline_check_s,
         BusyPoll.for_host(cfg.busy_poll_ms, by="the event loop"),  # its reads are the loop's own (redis.asyncio)
+        cfg.router_dead_after_s,
     )
     ctx = FrontContext(
         cfg=cfg,

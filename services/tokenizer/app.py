@@ -59,6 +59,7 @@ def create_app(ctx: FrontContext, drain: Drain | None = None) -> ASGIApp:
         live = ctx.pipeline.live
         body = {
             "status": "ok" if live.ready else "unavailable",
+            "redis": "ok" if live.redis else "unreachable",
             "workers": sorted(live.workers),
             "detokenizers": sorted(live.detoks),
             "routers": sorted(live.routers),

@@ -44,6 +44,10 @@ class Tally:
             f"{self.count(ERROR)} explicit errors, {self.count(LOST)} lost"
         )
 
+    def slow_to_end(self, fault: float, within_s: float) -> list[Outcome]:
+        """Requests that ended more than within_s after the fault (or after they were sent, if later)."""
+        return [o for o in self.outcomes if o.ended - max(o.sent, fault) > within_s]
+
     def wrong_texts(self, reference: dict[str, str]) -> list[Outcome]:
         """Completed requests whose text is not the one an unbroken stack gave."""
         return [o for o in self.of(COMPLETED) if o.text != reference[o.prompt]]
