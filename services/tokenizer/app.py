@@ -78,5 +78,5 @@ def create_app(ctx: FrontContext, drain: Drain | None = None) -> ASGIApp:
     document_post_routes(app, post)
     drained = DrainGate(PostRoutes(app, routes=post), drain, paths=post)
     keys = ctx.cfg.api_keys
-    gated = Gates(drained, ctx.cfg.max_body_bytes, keys, open_paths(ctx.cfg.protect_metrics))
+    gated = Gates(drained, ctx.cfg.max_body_bytes, keys, open_paths(ctx.cfg.protect_metrics), ctx.cfg.body_timeout_s)
     return CountRequests(gated, metrics=ctx.metrics)
