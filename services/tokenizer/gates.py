@@ -76,6 +76,8 @@ class Gates:
         except TimeoutError:
             await _refuse(send, path, 408, f"the request body took over {self.body_timeout_s:g}s", "timeout")
             return
+        if first["type"] == "http.disconnect":
+            return  # the client left mid-upload: nobody to answer, nothing went wrong here
         await self.app(scope, _replay(first, receive), send)
 
     def _key_ok(self, authorization: bytes) -> bool:

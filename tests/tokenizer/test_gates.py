@@ -84,3 +84,18 @@ def test_a_body_slower_than_its_time_limit_gets_408() -> None:
     client = Client(chunk=10, chunks=100, gap_s=0.05)  # 5 s of dribbling
     status, headers, body = _call(Gates(Echo(), 1 * MB, (), body_timeout_s=0.3), client, CHUNKED)
     assert status == 408 and "took over 0.3s" in body["error"] and headers[b"connection"] == b"close"
+
+
+def test_a_client_that_leaves_mid_upload_reaches_no_route() -> None:
+    sent: list[dict] = []
+    messages = [{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}]
+
+    async def receive() -> dict:
+        return messages.pop(0)
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/generate", "headers": CHUNKED}
+    asyncio.run(Gates(Echo(), MB, ())(scope, receive, send))
+    assert sent == []  # no 500, no traceback: there is no one to answer
