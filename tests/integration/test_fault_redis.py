@@ -9,11 +9,14 @@ import asyncio
 import time
 
 import httpx
+import pytest
 
 from tests.integration.conftest import start_stack
 from tests.integration.fault_load import COMPLETED, ERROR, LOST, Load, Tally, prompts
 from tools.redis_server import RedisServer
 from tools.stack import Stack
+
+pytestmark = pytest.mark.slow  # the fault suite: CI runs it (not deselected)
 
 MAX_NEW = 16
 CLIENTS = 4

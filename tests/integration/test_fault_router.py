@@ -17,6 +17,8 @@ from tests.integration.fault_load import COMPLETED, ERROR, LOST, Load, Tally, pr
 from tools.redis_server import RedisServer
 from tools.stack import Stack
 
+pytestmark = pytest.mark.slow  # the fault suite: CI runs it (not deselected)
+
 MAX_NEW = 16
 CLIENTS = 4
 

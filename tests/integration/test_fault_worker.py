@@ -11,13 +11,17 @@ import os
 import signal
 import time
 
+import pytest
+
 from tests.integration.conftest import start_stack
 from tests.integration.fault_load import COMPLETED, ERROR, LOST, Load, Tally, prompts, reference_texts
 from tests.integration.router_live import RouterProbe, wait_until, worker_beats
 from tools.redis_server import RedisServer, free_port
 from tools.stack import Stack
 
-KILLS = int(os.environ.get("LS_FAULT_KILLS", "4"))  # the acceptance run: 10
+pytestmark = pytest.mark.slow  # the fault suite: CI runs it (not deselected)
+
+KILLS = int(os.environ.get("LS_FAULT_KILLS", "3"))  # the acceptance run: 10
 MAX_NEW = 32
 CLIENTS = 6
 
