@@ -1,6 +1,7 @@
 """A hostile client against a real front end: a 200 MB chunked body is refused after at most the
-limit's bytes, and a thousand connections sending their headers a byte at a time neither keep
-normal requests from being served within a second nor stay open past the head deadline."""
+limit's bytes, a thousand connections sending their headers a byte at a time neither keep
+normal requests from being served within a second nor stay open past the head deadline, and a
+head without end is cut off."""
 
 from __future__ import annotations
 
@@ -83,3 +84,17 @@ def test_a_thousand_slow_heads_do_not_hold_up_normal_requests(stack: Stack) -> N
     for s in slow:
         s.close()
     assert closed == len(slow)  # each closed by the front end at the head deadline
+
+
+def test_a_head_without_end_is_cut_off(stack: Stack) -> None:
+    sock = socket.create_connection(("127.0.0.1", stack.opts.port), timeout=10)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Long: ")
+    sent = 0
+    try:
+        while sent < 50 * 1024 * 1024:
+            sock.sendall(b"a" * 65536)
+            sent += 65536
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    sock.close()
+    assert sent < 16 * 1024 * 1024  # closed after its first 64 KiB (and what the buffers held)
