@@ -9,11 +9,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.tokenizer.pipeline import Pipeline, Unavailable
+from services.tokenizer.pipeline import PendingRequest, Pipeline, Unavailable
 from services.tokenizer.watchdog import Watchdog
-from shared.messages import Heartbeat, SamplingParams, TextItem, encode
+from shared.messages import AbortReq, Heartbeat, SamplingParams, TextItem, encode
 from shared.redis_link import RedisLink
+from shared.redis_streams import StreamReader
 from shared.streams import SERVICE_DETOK, SERVICE_ROUTER, SERVICE_WORKER, StreamNames
+from tests.polling import until
 from tools.redis_server import RedisServer
 
 NAMES = StreamNames("t")
@@ -70,8 +72,7 @@ def test_redis_unreachable_is_seen_refused_and_after_a_while_fails_everything(se
     all_alive(link, now)
     dog.refresh(now)
     assert dog.live.ready
-    server.proc.kill()  # type: ignore[union-attr]
-    server.proc.wait()  # type: ignore[union-attr]
+    server.kill()
     t0 = time.monotonic()
     dog.refresh(now + 1)
     assert time.monotonic() - t0 < 3.0  # the check does not wait for Redis
@@ -104,7 +105,7 @@ def test_with_redis_away_a_submission_is_refused_and_one_in_flight_ends_naming_r
         p.start(asyncio.get_running_loop())
         queue: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()
         await p.submit("r0", [1, 2], SamplingParams(), [], True, time.time() + 60, queue, 0)
-        server.proc.kill()  # type: ignore[union-attr]
+        server.kill()
         killed = time.monotonic()
         _, item = await asyncio.wait_for(queue.get(), 10)
         took = time.monotonic() - killed
@@ -116,3 +117,29 @@ def test_with_redis_away_a_submission_is_refused_and_one_in_flight_ends_naming_r
     item, took = asyncio.run(scenario())
     assert item.finish_reason == "error" and "redis is unreachable" in item.error
     assert took < 4.0, took
+
+
+def test_aborts_that_could_not_be_sent_go_out_once_redis_answers_again(server: RedisServer) -> None:
+    async def scenario() -> list[str]:
+        link = RedisLink(server.url)
+        p = Pipeline(link, NAMES, "front-0", maxlen=1000, dead_after_s=0.5, check_s=60.0)  # checks by hand
+        p.loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()
+        for rid in ("a", "b"):
+            p.pending[rid] = PendingRequest(rid, "d0", 1.0, 2, queue, 0)
+        server.kill()
+        now = time.time()
+        p.check(now)  # Redis away: seen
+        p.check(now + 1.0)  # away for longer than dead_after_s: both fail, their aborts cannot be sent
+        for _ in range(2):
+            _, item = await asyncio.wait_for(queue.get(), 5)
+            assert "redis is unreachable" in item.error
+        await asyncio.to_thread(until, lambda: len(p._unsent) == 2, 10, "both aborts kept")
+        server.start()
+        p.check(time.time())  # it answers again: the kept aborts go out
+        reader = StreamReader(RedisLink(server.url), NAMES.router, "g", "c")
+        got = await asyncio.to_thread(until, lambda: reader.read(count=10), 10, "the aborts reach the router")
+        p.stop()
+        return sorted(e.msg.rid for e in got if isinstance(e.msg, AbortReq))
+
+    assert asyncio.run(scenario()) == ["a", "b"]
