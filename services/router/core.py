@@ -113,9 +113,10 @@ class RouterCore:
         silent, and a router that restarted since took it back): that copy is stopped, its items
         are stale to the detokenizer already."""
         group = self.where.get(req.rid)
-        if group is None:
+        placed = self.groups[group].placed.get(req.rid) if group in self.groups else None
+        if group is None or placed is None:
             return
-        older = self.groups[group].placed[req.rid].req
+        older = placed.req
         if older is None or older.handovers < req.handovers:
             del self.where[req.rid]
             act.abort(group, req.rid)
