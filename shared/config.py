@@ -78,10 +78,17 @@ class TokenizerConfig(CommonConfig):
     # spreads new connections among them, so one port scales past one Python process
     reuse_port: bool = False
     max_req_total_len: int = 0  # prompt + output tokens; 0: the model's context length
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = 4 * 1024 * 1024  # counted on the bytes read, chunked bodies too: past it, 413
+    body_timeout_s: float = 30.0  # a request's whole body must arrive within this: past it, 408
+    # open connections (and requests in them) served at once; past it, uvicorn answers 503
+    max_connections: int = 4096
+    header_timeout_s: float = 10.0  # a connection must send a request's headers within this: past it, closed
     request_timeout_s: float = 600.0  # no request outlives this, queued or running
-    pipeline_dead_after_s: float = 3.0  # a service whose heartbeat is older than this is dead
+    pipeline_dead_after_s: float = 3.0  # a service whose heartbeat is older than this is dead; Redis away this long too
     pipeline_check_s: float = 1.0  # how often the heartbeats are read: who is alive, how full the router's queue is
+    # the router is dead only after this long without a heartbeat: one restarted sooner takes over its queue
+    # (services/tokenizer/watchdog.py); requests not answered yet then end with an error
+    router_dead_after_s: float = 8.0
     tokenizer_threads: int = 2
     # clients must send one of these as "Authorization: Bearer <key>"; empty: no keys asked
     api_keys: tuple[str, ...] = ()
@@ -102,7 +109,10 @@ class TokenizerConfig(CommonConfig):
         _check(all(k and k == k.strip() for k in self.api_keys), "api_keys must be non-empty, without spaces around")
         _check(self.max_req_total_len >= 0, "max_req_total_len must be >= 0")
         _check(self.request_timeout_s > 0, "request_timeout_s must be > 0")
+        _check(self.max_body_bytes > 0 and self.body_timeout_s > 0, "max_body_bytes and body_timeout_s must be > 0")
+        _check(self.max_connections >= 1 and self.header_timeout_s > 0, "max_connections, header_timeout_s must be > 0")
         _check(self.pipeline_check_s > 0, "pipeline_check_s must be > 0")
+        _check(self.router_dead_after_s > 0, "router_dead_after_s must be > 0")
         _check(self.tokenizer_threads >= 1, "tokenizer_threads must be >= 1")
         _check(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
         for name in ("fastchat_controller", "worker_address"):

@@ -1,30 +1,30 @@
 """Every message that crosses a service boundary, grouped by the stream that carries it.
 
 Wire format: a msgpack array ``[SCHEMA_VERSION, tag, field_1, field_2, ...]`` with the
-fields in declaration order; a nested struct is the array of its own fields. No pickle,
-no tensors. ``encode`` and ``decode`` are the only ways in and out, and ``decode``
-rejects a message from another schema version or of an unknown type.
+fields in declaration order; a nested struct is the array of its own fields
+(shared/wire_structs.py). No pickle, no tensors. ``encode`` and ``decode`` are the only ways
+in and out, and ``decode`` rejects a message from another schema version or of an unknown type.
 
 Streams (names in shared/streams.py):
     router inbox       GenerateReq, AbortReq, WorkerStatus
     worker[g] inbox    AdmitReqs, AbortReqs
-    detokenizer[k]     DetokRegister, TokenBatch
+    detokenizer[k]     DetokRegister, TokenBatch, Handover
     front[f]           TextBatch
     heartbeat keys     Heartbeat
 """
 
 from __future__ import annotations
 
-import dataclasses
-import operator
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgpack
 
-SCHEMA_VERSION = 3  # 2: WorkerStatus.running as columns (RunningTable); 3: the prompt cache's counts
+from shared.wire_structs import WireError, struct_from_wire, struct_to_wire
+
+# 2: WorkerStatus.running as columns (RunningTable); 3: the prompt cache's counts; 4: hand-over of a
+# dead group's requests (GenerateReq.resumed and .handovers, TokenItem.handovers, Handover)
+SCHEMA_VERSION = 4
 
 # finish reasons shared by every stage; "" means still running
 FINISH_STOP = "stop"  # EOS, a stop token or a stop string
@@ -39,10 +39,6 @@ ERR_OVERLOADED = "overloaded"  # the queue is full: 503 with Retry-After
 ERR_TOO_LARGE = "too_large"  # no worker group could ever hold it: 400
 ERR_DEADLINE = "deadline"  # it outlived its deadline: 504
 ERROR_KINDS = ("", ERR_FAILED, ERR_OVERLOADED, ERR_TOO_LARGE, ERR_DEADLINE)
-
-
-class WireError(ValueError):
-    """A message that cannot be decoded: wrong version, unknown type or wrong shape."""
 
 
 # ---------------------------------------------------------------- nested structs
@@ -152,6 +148,9 @@ class TokenItem:
     prompt_tokens: int = 0
     output_tokens: int = 0  # total output tokens so far, this step's included
     cached_tokens: int = 0  # prompt tokens whose KV the prompt cache held when the request started
+    # its GenerateReq's handovers: a detokenizer that has handed the request over drops the
+    # items of the copy that ran before (a group declared dead that was only silent)
+    handovers: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +183,19 @@ class GenerateReq:
     params: SamplingParams
     arrival: float  # unix time the front accepted it
     deadline: float  # unix time after which it is failed wherever it is
+    # a request handed over from a dead worker group (docs/router.md, Failures): the last
+    # ``resumed`` of input_ids are output its client has already had, and the worker goes on
+    # from there by recomputation, as after a pause; handovers counts how often that happened
+    resumed: int = 0
+    handovers: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.resumed < max(len(self.input_ids), 1) or self.handovers < 0:
+            raise WireError(f"GenerateReq: resumed {self.resumed} of {len(self.input_ids)} input ids")
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.input_ids) - self.resumed
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +258,17 @@ class DetokRegister:
 
 
 @dataclass(frozen=True, slots=True)
+class Handover:
+    """From the router: the worker group running ``req`` died before its end went out. The
+    shard, which has every token the client was sent, sends the router the request to continue
+    (the prompt and those tokens, resumed) and drops any later item of the copy that died."""
+
+    TAG: ClassVar[str] = "handover"
+    req: GenerateReq
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class TokenBatch:
     TAG: ClassVar[str] = "tokens"
     source: str  # "worker:<group>" or "router"
@@ -282,6 +305,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     AdmitReqs,
     AbortReqs,
     DetokRegister,
+    Handover,
     TokenBatch,
     TextBatch,
     Heartbeat,
@@ -290,76 +314,6 @@ NESTED_TYPES: tuple[type, ...] = (SamplingParams, RunningTable, TokenItem, TextI
 
 
 # ---------------------------------------------------------------- codec
-
-
-def _converters(tp: Any) -> tuple[Any, Any]:
-    """(to_wire, from_wire) for one annotated field type; None means pass through."""
-    if dataclasses.is_dataclass(tp):
-        return _struct_to_wire, lambda v, tp=tp: _struct_from_wire(tp, v)
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(inner) == 1:
-            enc, dec = _converters(inner[0])
-            if enc is None:
-                return None, None
-            return (lambda v: None if v is None else enc(v)), (lambda v: None if v is None else dec(v))
-        return None, None
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        enc, dec = _converters(item)
-        if enc is None:
-            return None, None
-        return (lambda v: [enc(x) for x in v]), (lambda v: [dec(x) for x in v])
-    return None, None
-
-
-_FIELDS: dict[type, list[tuple[str, Any, Any]]] = {}
-
-
-def _fields(cls: type) -> list[tuple[str, Any, Any]]:
-    spec = _FIELDS.get(cls)
-    if spec is None:
-        hints = typing.get_type_hints(cls)
-        spec = [(f.name, *_converters(hints[f.name])) for f in dataclasses.fields(cls)]
-        _FIELDS[cls] = spec
-    return spec
-
-
-_PLANS: dict[type, tuple[Any, bool]] = {}
-
-
-def _plan(cls: type) -> tuple[Any, bool]:
-    """(a getter of every field's value as a tuple, in order; whether every field goes on the
-    wire as it is). A status lists thousands of requests and a token batch one item per
-    request, so the flat structs skip the per-field loop both ways."""
-    plan = _PLANS.get(cls)
-    if plan is None:
-        spec = _fields(cls)
-        names = [name for name, _, _ in spec]
-        getter = operator.attrgetter(*names) if len(names) > 1 else (lambda obj, n=names[0]: (getattr(obj, n),))
-        plan = (getter, all(enc is None for _, enc, _ in spec))
-        _PLANS[cls] = plan
-    return plan
-
-
-def _struct_to_wire(obj: Any) -> Any:
-    """The struct's fields in declaration order (a tuple or a list; msgpack writes both as an array)."""
-    getter, flat = _plan(type(obj))
-    values = getter(obj)
-    if flat:
-        return values
-    return [v if enc is None else enc(v) for (_, enc, _), v in zip(_fields(type(obj)), values, strict=True)]
-
-
-def _struct_from_wire(cls: type, values: Any) -> Any:
-    spec = _fields(cls)
-    if not isinstance(values, list) or len(values) != len(spec):
-        raise WireError(f"{cls.__name__}: expected {len(spec)} fields, got {values!r:.200}")
-    if _plan(cls)[1]:
-        return cls(*values)  # fields in declaration order are the dataclass's positional arguments
-    return cls(*[v if dec is None else dec(v) for (_, _, dec), v in zip(spec, values, strict=True)])
-
 
 _BY_TAG: dict[str, type] = {cls.TAG: cls for cls in MESSAGE_TYPES}
 assert len(_BY_TAG) == len(MESSAGE_TYPES), "message tags must be unique"
@@ -370,7 +324,7 @@ def encode(msg: Any) -> bytes:
     cls = type(msg)
     if _BY_TAG.get(getattr(cls, "TAG", None)) is not cls:
         raise WireError(f"{cls.__name__} is not a wire message type")
-    return msgpack.packb([SCHEMA_VERSION, cls.TAG, *_struct_to_wire(msg)], use_bin_type=True)
+    return msgpack.packb([SCHEMA_VERSION, cls.TAG, *struct_to_wire(msg)], use_bin_type=True)
 
 
 def decode(data: bytes) -> Any:
@@ -388,6 +342,6 @@ def decode(data: bytes) -> Any:
     if cls is None:
         raise WireError(f"unknown message type {tag!r}")
     try:
-        return _struct_from_wire(cls, raw[2:])
+        return struct_from_wire(cls, raw[2:])
     except (TypeError, ValueError) as e:
         raise WireError(f"{cls.__name__}: {e}") from e

@@ -35,6 +35,10 @@ class NotAtOnce(Exception):
     """call_once could not reach Redis at once: try again with call, where blocking is fine."""
 
 
+class RedisUnreachable(Exception):
+    """A call gave up waiting for Redis (its give_up said so): Redis has been away too long."""
+
+
 def client(url: str, **options: Any) -> redis.Redis:
     """A redis-py client for url that tries each command once. Retrying is RedisLink's (call,
     with its backoff and its stop event), and call_once must fail at once. redis-py's own
@@ -54,9 +58,10 @@ class RedisLink:
         self,
         url: str,
         stop: threading.Event | None = None,
-        max_backoff_s: float = 2.0,
+        max_backoff_s: float = 1.0,
         socket_timeout_s: float = 10.0,
         quick_timeout_s: float = 0.5,
+        check_timeout_s: float = 2.0,
     ) -> None:
         self.url = url
         self.stop = stop or threading.Event()
@@ -76,17 +81,30 @@ class RedisLink:
         self.quick = client(
             url, socket_timeout=quick_timeout_s, socket_connect_timeout=quick_timeout_s, decode_responses=False
         )
+        # for try_call: a check that must learn within a bounded time whether Redis answers
+        self.checks = client(
+            url, socket_timeout=check_timeout_s, socket_connect_timeout=check_timeout_s, decode_responses=False
+        )
         self._outage_since: float | None = None
+        self.outages = 0  # outages ended so far: a caller that sees it change knows Redis was away
         self._lock = threading.Lock()
 
-    def call(self, fn: Callable[[redis.Redis], T], on_reconnect: Callable[[], None] | None = None) -> T:
-        """Run ``fn(client)``, retrying through connection errors with backoff."""
+    def call(
+        self,
+        fn: Callable[[redis.Redis], T],
+        on_reconnect: Callable[[], None] | None = None,
+        give_up: Callable[[], bool] | None = None,
+    ) -> T:
+        """Run ``fn(client)``, retrying through connection errors with backoff; with ``give_up``,
+        raise RedisUnreachable after a failed try when it says so."""
         delay = 0.05
         while True:
             try:
                 result = fn(self.client)
             except TRANSIENT as e:
                 self._note_outage(e)
+                if give_up is not None and give_up():
+                    raise RedisUnreachable(str(e)) from e
                 if self.stop.wait(delay):
                     raise Stopping() from e
                 delay = min(delay * 2, self.max_backoff_s)
@@ -114,6 +132,17 @@ class RedisLink:
             self._note_outage(e)
             raise NotAtOnce(str(e)) from e
 
+    def try_call(self, fn: Callable[[redis.Redis], T]) -> T:
+        """Run ``fn`` once on the checks connection, whose timeout is short: a connection error or
+        timeout is raised (a TRANSIENT error) for the caller to learn that Redis is away."""
+        try:
+            result = fn(self.checks)
+        except TRANSIENT as e:
+            self._note_outage(e)
+            raise
+        self._note_recovery()
+        return result
+
     def ping(self) -> bool:
         try:
             return bool(self.client.ping())
@@ -123,6 +152,7 @@ class RedisLink:
     def close(self) -> None:
         self.client.close()
         self.quick.close()
+        self.checks.close()
 
     def _note_outage(self, err: BaseException) -> None:
         with self._lock:
@@ -137,6 +167,7 @@ class RedisLink:
             if self._outage_since is not None:
                 log.warning("redis back after %.1fs", time.monotonic() - self._outage_since)
                 self._outage_since = None
+                self.outages += 1
 
 
 def is_nogroup(err: Exception) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,14 +53,21 @@ class StreamWriter:
         data = encode(msg)
         self.link.call(lambda r: r.xadd(stream, {FIELD: data}, maxlen=self.maxlen, approximate=True))
 
-    def send_many(self, items: Iterable[tuple[str, Any]], acks: Iterable[Entry] = (), once: bool = False) -> None:
+    def send_many(
+        self,
+        items: Iterable[tuple[str, Any]],
+        acks: Iterable[Entry] = (),
+        once: bool = False,
+        give_up: Callable[[], bool] | None = None,
+    ) -> None:
         """Append several messages in one round trip, each to its own stream, in order.
 
         Entries in ``acks`` are acknowledged in the same MULTI/EXEC transaction, so a
         consumer that dies mid-way has either done both (sent and acknowledged) or
         neither, and its successor neither loses nor repeats the work. With ``once``, one
         attempt that never blocks long (RedisLink.call_once): it raises where the default
-        would wait for Redis with backoff."""
+        would wait for Redis with backoff; with ``give_up``, the wait ends (RedisUnreachable)
+        when it says so."""
         encoded = [(stream, encode(msg)) for stream, msg in items]
         ack_list = list(acks)
         if not encoded and not ack_list:
@@ -77,7 +84,7 @@ class StreamWriter:
         if once:
             self.link.call_once(run)
         else:
-            self.link.call(run)
+            self.link.call(run, give_up=give_up)
 
 
 def _id_key(entry_id: bytes | str) -> tuple[int, int]:

@@ -51,10 +51,12 @@ def _ephemeral_low() -> int:
 
 
 class RedisServer:
-    def __init__(self, port: int | None = None, binary: str = "redis-server") -> None:
+    def __init__(self, port: int | None = None, binary: str = "redis-server", appendonly: bool = False) -> None:
         self.port = port or free_port()
         self.binary = shutil.which(binary) or binary
         self.dir = tempfile.mkdtemp(prefix="lightstream-redis-")
+        # append-only, fsync every second, as compose runs it: a restart keeps the streams
+        self.appendonly = appendonly
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -71,7 +73,7 @@ class RedisServer:
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes" if self.appendonly else "no",
             "--dir",
             self.dir,
             "--protected-mode",
@@ -89,6 +91,12 @@ class RedisServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
         raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout_s}s")
+
+    def kill(self) -> None:
+        """Kill it (SIGKILL), keeping its files: start() again restarts it on the same port."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -12,6 +12,7 @@ import uvicorn
 from services.tokenizer.app import create_app
 from services.tokenizer.drain import CLOSE_S, Drain, DrainingServer
 from services.tokenizer.generation import FrontContext
+from services.tokenizer.header_deadline import http_protocol
 from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.pipeline import Pipeline
 from services.tokenizer.tokenization import Tokenization, load_chat_template
@@ -47,6 +48,7 @@ def main() -> None:
         cfg.pipeline_dead_after_s,
         cfg.pipeline_check_s,
         BusyPoll.for_host(cfg.busy_poll_ms, by="the event loop"),  # its reads are the loop's own (redis.asyncio)
+        cfg.router_dead_after_s,
     )
     ctx = FrontContext(
         cfg=cfg,
@@ -75,6 +77,8 @@ def main() -> None:
         access_log=False,
         interface="asgi3",  # the app is plain ASGI middleware (app.py): no guessing from its __call__
         timeout_graceful_shutdown=CLOSE_S,  # after the drain (drain.py)
+        limit_concurrency=cfg.max_connections,  # past it (connections or requests), 503
+        http=http_protocol(cfg.header_timeout_s),  # closes a connection slow to send a request's head
     )
     server = DrainingServer(config, drain, fail_pending=pipeline.fail_all)
     sockets = [shared_listener(cfg.host, cfg.port)] if cfg.reuse_port else None

@@ -59,6 +59,7 @@ def create_app(ctx: FrontContext, drain: Drain | None = None) -> ASGIApp:
         live = ctx.pipeline.live
         body = {
             "status": "ok" if live.ready else "unavailable",
+            "redis": "ok" if live.redis else "unreachable",
             "workers": sorted(live.workers),
             "detokenizers": sorted(live.detoks),
             "routers": sorted(live.routers),
@@ -77,5 +78,5 @@ def create_app(ctx: FrontContext, drain: Drain | None = None) -> ASGIApp:
     document_post_routes(app, post)
     drained = DrainGate(PostRoutes(app, routes=post), drain, paths=post)
     keys = ctx.cfg.api_keys
-    gated = Gates(drained, ctx.cfg.max_body_bytes, keys, open_paths(ctx.cfg.protect_metrics))
+    gated = Gates(drained, ctx.cfg.max_body_bytes, keys, open_paths(ctx.cfg.protect_metrics), ctx.cfg.body_timeout_s)
     return CountRequests(gated, metrics=ctx.metrics)

@@ -37,6 +37,8 @@ def not_ready_because(ctx: FrontContext, drain: Drain) -> list[str]:
     why = []
     if drain.draining:
         why.append("the server is shutting down (draining)")
+    if not live.redis:
+        why.append("redis is unreachable")
     if not live.workers:
         why.append("no worker group is alive")
     if not live.detoks:

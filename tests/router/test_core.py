@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from services.router.core import Actions, RouterCore
 from services.router.group import SEQ_GAP
 from shared.config import RouterConfig
@@ -180,7 +182,10 @@ def test_a_restarted_group_ends_what_it_held_and_rejoins() -> None:
     core.seal_admissions(act)
     act = Actions()
     core.on_status(_status("0", 1_000, instance="new"), 1.0, act)  # a new instance: the old one died
-    assert act.requeued and act.requeued[0].rid == "a"  # no output yet: back to the queue
+    assert [(req.rid, why) for req, why in act.handovers] == [("a", "its worker restarted")]
+    # its detokenizer shard sends it back to go on (no output yet: as it was)
+    req = act.handovers[0][0]
+    core.on_generate(replace(req, handovers=1), 0.0, act)
     core.tick(1.0, 0.0, act)
     assert list(act.admits) == [("0", "new")]
 
@@ -232,8 +237,8 @@ def test_an_aborted_request_is_not_revived() -> None:
     act = Actions()
     core.on_abort("placed", 1.0, act)
     core.tick(10.0, 0.0, act)
-    assert not act.requeued and _ended(act) == {"placed": (FINISH_ABORT, "")}
-    # aborted while queued, then its second copy arrives (a re-queued request's durable copy)
+    assert not act.handovers and _ended(act) == {"placed": (FINISH_ABORT, "")}
+    # aborted while queued, then its second copy arrives (a claimed entry)
     act = Actions()
     core.on_generate(_req("queued", 10, 10), 0.0, act)
     core.on_abort("queued", 11.0, act)
