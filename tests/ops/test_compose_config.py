@@ -110,7 +110,8 @@ def test_the_dockerfile_has_every_target_compose_builds() -> None:
 
 def test_the_monitoring_files_match_the_stack() -> None:
     """Prometheus scrapes each service on the port compose.yaml gives it, and Grafana's
-    provisioned datasource is the one the dashboard names."""
+    provisioned datasource is what the dashboard's datasource variable offers (the only
+    Prometheus source, and the default), the variable every panel reads."""
     services = resolved("compose.yaml")["services"]
     with open(os.path.join(ROOT, "deploy", "prometheus", "prometheus.yml")) as f:
         jobs = {j["job_name"]: j["dns_sd_configs"][0] for j in yaml.safe_load(f)["scrape_configs"]}
@@ -121,7 +122,12 @@ def test_the_monitoring_files_match_the_stack() -> None:
     with open(os.path.join(ROOT, "deploy", "grafana", "provisioning", "datasources", "prometheus.yml")) as f:
         (source,) = yaml.safe_load(f)["datasources"]
     with open(os.path.join(ROOT, "deploy", "grafana", "lightstream.json")) as f:
-        panels = json.load(f)["panels"]
-    assert {p["datasource"]["uid"] for p in panels if "datasource" in p} == {source["uid"]}
+        dashboard = json.load(f)
+    panels = dashboard["panels"]
+    assert {p["datasource"]["uid"] for p in panels if p.get("datasource")} == {"${datasource}"}
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == source["type"]
+    assert source["type"] == "prometheus" and source.get("isDefault") is True
+    assert "model_name" in variables["model"]["query"]["query"]
     for volume in services["grafana"]["volumes"] + services["prometheus"]["volumes"]:
         assert os.path.exists(volume.split(":")[0]), volume
