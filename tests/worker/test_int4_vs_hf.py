@@ -5,6 +5,7 @@ close to the unquantized model's."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from services.worker.build import build_engine
 from shared.config import WorkerConfig
@@ -50,3 +51,19 @@ def test_int4_greedy_is_close_to_the_unquantized_model(tiny_int4: dict[str, str]
         agree += sum(a == b for a, b in zip(plain, quant, strict=True))
         total += len(plain)
     assert agree / total >= 0.7, f"{agree} of {total} positions agree"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["awq", "gptq"])
+def test_int4_cuda_path_matches_hf(tiny_int4: dict[str, str], name: str) -> None:
+    """The Triton int4 kernel in float32 under the decode and piecewise graphs: HF's tokens on the
+    dequantized weights."""
+    tok = hf_reference.tokenizer(tiny_int4["plain"])
+    reqs, want = [], {}
+    for i, text in enumerate(PROMPTS):
+        ids = tok(text)["input_ids"]
+        reqs.append(request(str(i), ids, max_new_tokens=6 + 3 * i))
+        want[str(i)] = hf_reference.greedy(tiny_int4[name + "-dequantized"], ids, 6 + 3 * i)
+    engine = build_engine(WorkerConfig(model_dir=tiny_int4[name], device="cuda", dtype="float32"))
+    assert {rid: o.tokens for rid, o in run(engine, reqs).items()} == want
