@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.quant_config import WeightQuant, parse_quantization
+
 log = logging.getLogger(__name__)
 
 # architectures -> family name used by the worker's model code
@@ -72,6 +74,7 @@ class ModelConfig:
     final_logit_softcap: float = 0.0  # the same on the logits; 0: none
     query_pre_attn_scalar: float = 0.0  # the attention scale is its -1/2 power; 0: head_dim's
     local_rope_theta: float = 0.0  # the sliding-window layers' own rotary base (Gemma 3); 0: rope_theta's
+    quantization: WeightQuant | None = None  # the checkpoint's int4 weights (shared/quant_config.py); None: none
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -183,6 +186,7 @@ class ModelConfig:
             rope_scaling=scaling,
             eos_token_ids=eos,
             bos_token_id=raw.get("bos_token_id"),
+            quantization=parse_quantization(raw, family in MOE_FAMILIES),
             **moe,
             **gemma,
         )

@@ -48,6 +48,15 @@ def tiny_moe_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def tiny_int4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tiny Llama's AWQ and GPTQ checkpoints, their dequantized twins and the unquantized one
+    (tests/int4_models.py), made once per session."""
+    from tests import int4_models
+
+    return int4_models.make(str(tmp_path_factory.mktemp("tiny-int4")))
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tiny_models: dict[str, str]) -> str:
     return tiny_models["llama"]
 

@@ -42,3 +42,10 @@ def greedy(model_dir: str, prompt_ids: list[int], max_new_tokens: int, eos: bool
             **kwargs,
         )
     return out[0, len(prompt_ids) :].tolist()
+
+
+def top1_teacher_forced(model_dir: str, ids: list[int]) -> list[int]:
+    """HF's most likely next token at every position of ids (one forward, no sampling)."""
+    _, model = _load(model_dir)
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].argmax(-1).tolist()

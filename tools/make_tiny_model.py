@@ -6,6 +6,7 @@ byte-level BPE tokenizer trained here on tools/data/corpus.txt.
         [--hidden 64] [--layers 2 (gemma: 4)] [--heads 4] [--kv-heads 2] [--intermediate 128]
         [--experts 4] [--top-k 2] [--moe-intermediate 48] [--shared-intermediate 96]
         [--mlp-only-layers I ...] [--vocab 1000] [--max-positions 1024] [--dtype float32]
+        [--quant awq|gptq] [--group-size 128]
 
 qwen3's heads are twice hidden / heads wide (its config.json gives head_dim, which need not
 be hidden / heads), and each layer has its per-head q and k norms. phi3 stores q, k and v as
@@ -28,7 +29,10 @@ Qwen3-30B-A3B's config says). --mlp-only-layers makes those layers of a Qwen MoE
 The output layer is scaled up so the next-token distribution is peaked: greedy choices
 then do not hinge on the order of floating-point sums, which lets tests compare token
 for token with Hugging Face transformers. The end-of-sequence row is scaled further so
-greedy generations end on EOS now and then. Same arguments, same bytes.
+greedy generations end on EOS now and then. Same arguments, same bytes. --quant writes every
+layer's projections as 4-bit AWQ or GPTQ tensors quantized from the same draws
+(models/int4_formats.py), with config.json's quantization_config (hidden and intermediate
+sizes multiples of the group size; dense archs but phi3).
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from services.worker.models import int4_formats
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
 
@@ -335,10 +341,14 @@ def write(out: str, args: argparse.Namespace) -> None:
         "tokenizer_config.json": tokenizer_config(arch, args.max_positions),
         "special_tokens_map.json": {"bos_token": arch["bos"], "eos_token": arch["eos"], "pad_token": arch["eos"]},
     }
+    weights = random_weights(args, vocab, eos_id)
+    if args.quant:
+        weights = int4_formats.quantize_checkpoint(weights, args.quant, args.group_size)
+        files["config.json"]["quantization_config"] = int4_formats.quantization_config(args.quant, args.group_size)
     for name, content in files.items():
         with open(os.path.join(out, name), "w") as f:
             json.dump({k: v for k, v in content.items() if v is not None or name == "config.json"}, f, indent=2)
-    save_file(random_weights(args, vocab, eos_id), os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    save_file(weights, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
 
 
 def parser() -> argparse.ArgumentParser:
@@ -361,6 +371,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     ap.add_argument("--logit-scale", type=float, default=4.0, help="standard deviation of the logits")
     ap.add_argument("--eos-boost", type=float, default=1.8, help="extra scale of the EOS row of the output layer")
+    ap.add_argument(
+        "--quant", choices=["awq", "gptq"], default=None, help="4-bit projections, as AWQ or GPTQ store them"
+    )
+    ap.add_argument("--group-size", type=int, default=128, help="--quant's group size")
     return ap
 
 
@@ -370,6 +384,8 @@ def main(argv: list[str] | None = None) -> None:
         args.layers = 4 if args.arch in GEMMA else 2
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise SystemExit("--hidden must divide by --heads, and --heads by --kv-heads")
+    if args.quant and (args.arch in MOE or args.arch == "phi3"):
+        raise SystemExit("--quant: dense archs but phi3 only")
     write(args.out, args)
     print(args.out)
 

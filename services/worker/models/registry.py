@@ -64,7 +64,7 @@ def load_weights(
     progress: bool = True,
 ) -> ModelWeights:
     """The checkpoint in model_dir, this rank's shard of it, on device in dtype."""
-    return family_of(cfg).load(Checkpoint(model_dir, dtype, device, progress), cfg, Shard(tp))
+    return family_of(cfg).load(Checkpoint(model_dir, dtype, device, progress, cfg.quantization), cfg, Shard(tp))
 
 
 def random_weights(
