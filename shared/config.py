@@ -37,7 +37,16 @@ def _check(ok: bool, message: str) -> None:
 class CommonConfig:
     """What every service takes."""
 
-    redis_url: str = option("redis://127.0.0.1:6379/0", "the Redis every service of the stack shares")
+    redis_url: str = option(
+        "redis://127.0.0.1:6379/0",
+        "the Redis every service of the stack shares; with --redis-sentinel only its database, user and password count",
+    )
+    redis_sentinel: str = option(
+        "",
+        "Redis Sentinel addresses, host:port comma-separated: the master named --redis-master-name is found through "
+        "them and followed to its successor after a failover; none: --redis-url's host",
+    )
+    redis_master_name: str = option("mymaster", "with --redis-sentinel: the master's name (sentinel monitor NAME ...)")
     namespace: str = option("ls", "key prefix, so stacks can share one Redis")
     replica: str = option("", "this replica's name; none: derived from host name and pid")
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
@@ -52,6 +61,21 @@ class CommonConfig:
 
     def __post_init__(self) -> None:
         _check(self.log_format in ("text", "json"), f"log_format must be text or json, got {self.log_format!r}")
+        _check(not self.redis_sentinel or bool(self.redis_master_name), "redis_master_name is required with sentinels")
+        self.sentinel_addresses  # noqa: B018 (parsed here so that a bad address stops the service at start)
+
+    @property
+    def sentinel_addresses(self) -> tuple[tuple[str, int], ...]:
+        """--redis-sentinel as (host, port) pairs; an IPv6 host in brackets ([::1]:26379)."""
+        out = []
+        for item in (x.strip() for x in self.redis_sentinel.split(",")):
+            if not item:
+                continue
+            host, _, port = item.rpartition(":")
+            host = host.removeprefix("[").removesuffix("]")
+            _check(bool(host) and port.isdigit() and 0 < int(port) < 65536, f"redis_sentinel: bad address {item!r}")
+            out.append((host, int(port)))
+        return tuple(out)
 
 
 @dataclass(frozen=True)

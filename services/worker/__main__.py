@@ -15,7 +15,7 @@ from shared.cli import parse_config
 from shared.config import WorkerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
-from shared.redis_link import RedisLink
+from shared.redis_link import RedisLink, RedisTarget
 from shared.service_main import run_beating, serve_collector, stop_on_signals
 from shared.streams import SERVICE_WORKER, StreamNames
 
@@ -30,7 +30,7 @@ def main() -> None:
     if cfg.group == GROUP_AUTO:
         cfg = dataclasses.replace(cfg, group=cfg.replica)
     setup_logging(SERVICE_WORKER, cfg.replica, cfg.log_level, cfg.log_format)
-    link = RedisLink(cfg.redis_url)
+    link = RedisLink(RedisTarget.of(cfg))
     stop_on_signals(link)
     group = start_group(cfg) if cfg.tp > 1 else None
     if group is None:
