@@ -151,6 +151,10 @@ class RedisLink:
             socket_timeout=quick_timeout_s, socket_connect_timeout=quick_timeout_s, decode_responses=False
         )
         self._outage_since: float | None = None
+        # monotonic time the last outage ended (0.0: none yet). Nobody's heartbeat or status could
+        # land while Redis was away (a restart, a Sentinel failover), so the silence up to here
+        # is Redis's, not the other services': the front end and the router excuse it
+        self.recovered_at = 0.0
         self._lock = threading.Lock()
 
     def call(self, fn: Callable[[redis.Redis], T], on_reconnect: Callable[[], None] | None = None) -> T:
@@ -211,7 +215,8 @@ class RedisLink:
             if self._outage_since is not None:
                 at = self.target.master_address(self.client)
                 where = f" (master {at})" if at else ""
-                log.warning("redis back after %.1fs%s", time.monotonic() - self._outage_since, where)
+                self.recovered_at = time.monotonic()
+                log.warning("redis back after %.1fs%s", self.recovered_at - self._outage_since, where)
                 self._outage_since = None
 
 

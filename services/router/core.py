@@ -141,6 +141,14 @@ class RouterCore:
 
     # ---------------------------------------------------------------- the clock
 
+    def excuse_silence(self, until: float) -> None:
+        """Redis was away until ``until``: no group could send a status, so none is silent
+        before then (a Redis restart or failover is no group's death)."""
+        for g in self.groups.values():
+            g.last_seen = max(g.last_seen, until)
+        if self._no_group_since is not None:
+            self._no_group_since = max(self._no_group_since, until)
+
     def tick(self, now: float, now_unix: float, act: Actions) -> None:
         for g in list(self.groups.values()):
             if now - g.last_seen > self.cfg.worker_dead_after_s:

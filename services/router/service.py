@@ -47,6 +47,7 @@ class RouterService:
         self.queued: dict[str, Entry] = {}  # rid -> its GenerateReq entry, unacknowledged while queued
         self.figures = RouterFigures(max_waiting=cfg.max_waiting)  # the latest snapshot, read by other threads
         self._next_log = 0.0
+        self._excused = 0.0  # the end of the last Redis outage the core was told of
 
     def run(self) -> None:
         log.info("router reading %s", self.names.router)
@@ -77,6 +78,9 @@ class RouterService:
             else:
                 log.error("unexpected %s on the router stream", type(msg).__name__)
                 done.append(entry)
+        if self.link.recovered_at > self._excused:
+            self._excused = self.link.recovered_at
+            self.core.excuse_silence(self._excused)
         self.core.tick(now, now_unix, act)
         self._publish(act, done)
         self.figures = self.core.figures(now_unix)

@@ -256,12 +256,23 @@ class Pipeline:
                 log.exception("health check failed")
 
     def _refresh_liveness(self) -> None:
-        def fresh(service: str) -> dict[str, Heartbeat]:
-            now = time.time()
-            beats = live_replicas(self.link, self.names, service)
-            return {name: hb for name, hb in beats.items() if now - hb.time <= self.dead_after_s}
+        before = self.live
 
-        self.live = Liveness(workers=fresh(SERVICE_WORKER), detoks=fresh(SERVICE_DETOK), routers=fresh(SERVICE_ROUTER))
+        def fresh(service: str, known: dict[str, Heartbeat]) -> dict[str, Heartbeat]:
+            beats = live_replicas(self.link, self.names, service)
+            now = time.time()
+            alive = {name: hb for name, hb in beats.items() if now - hb.time <= self.dead_after_s}
+            # for as long as it takes to declare a replica dead after Redis came back, those
+            # alive before stay so: their heartbeats could not land (or expired) while it was away
+            if time.monotonic() - self.link.recovered_at < self.dead_after_s:
+                alive = {**known, **alive}
+            return alive
+
+        self.live = Liveness(
+            workers=fresh(SERVICE_WORKER, before.workers),
+            detoks=fresh(SERVICE_DETOK, before.detoks),
+            routers=fresh(SERVICE_ROUTER, before.routers),
+        )
 
     def _fail_orphans(self) -> None:
         """End requests that nothing alive will ever answer."""
