@@ -225,6 +225,17 @@ class WorkerConfig(CommonConfig):
     random_weights: bool = option(False, "draw weights from a seed on the device (benchmarks: no checkpoint needed)")
     warmup: bool = option(True, "on CUDA, run a few prompts before serving so no request waits for a compile")
     tp: int = option(1, "tensor-parallel ranks of this group: one process per GPU (gloo on the CPU)")
+    nnodes: int = option(1, "hosts this group's --tp ranks are spread over, tp/nnodes ranks on each")
+    node_rank: int = option(
+        0,
+        "this host's place in a group over several hosts: 0 holds rank 0, which alone talks to Redis; "
+        "node k holds ranks k*tp/nnodes onwards and only runs them",
+    )
+    dist_init_addr: str = option(
+        "",
+        "with --nnodes above 1: host:port of node 0 that every host reaches; torch.distributed meets there, "
+        "and each step's batch goes out to the other hosts' ranks from port+1",
+    )
     disable_prompt_cache: bool = option(
         False,
         "recompute every prompt from its first token: no radix tree of finished and running requests' tokens over "
@@ -249,6 +260,25 @@ class WorkerConfig(CommonConfig):
         _check(self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs must be >= 0")
         _check(self.cuda_graph_max_tokens >= 0, "cuda_graph_max_tokens must be >= 0")
         _check(self.tp >= 1, f"tp must be >= 1, got {self.tp}")
+        _check(self.nnodes >= 1 and self.tp % self.nnodes == 0, f"nnodes must divide tp ({self.tp}), got {self.nnodes}")
+        _check(0 <= self.node_rank < self.nnodes, f"node_rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        _check(self.nnodes == 1 or bool(self.dist_init_addr), "dist_init_addr is required with nnodes > 1")
+        if self.dist_init_addr:
+            self.dist_address  # noqa: B018 (parsed here so that a bad address stops the service at start)
+
+    @property
+    def dist_address(self) -> tuple[str, int]:
+        """--dist-init-addr as (host, port); an IPv6 host in brackets."""
+        host, _, port = self.dist_init_addr.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        _check(bool(host) and port.isdigit() and 0 < int(port) < 65535, f"dist_init_addr: bad {self.dist_init_addr!r}")
+        return host, int(port)
+
+    @property
+    def ranks_here(self) -> range:
+        """The tensor-parallel ranks this host runs."""
+        per = self.tp // self.nnodes
+        return range(self.node_rank * per, (self.node_rank + 1) * per)
 
 
 @dataclass(frozen=True)
