@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from services.worker.tp.channel import StepChannel
-from services.worker.tp.nodes import SocketPipe, accept_ranks, connect_rank
+from services.worker.tp.nodes import DEAD_AFTER_S, SocketPipe, accept_ranks, connect_rank
 from services.worker.tp.parallel import TensorParallel
 from shared.config import WorkerConfig
 
@@ -193,8 +193,10 @@ class RankWatchdog:
                 why = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
                 self.on_death(f"tensor-parallel rank died: {why}")
                 return
-            if any(pipe.poll() for pipe in self.remote):
-                self.on_death("tensor-parallel rank died: a rank on another host closed its connection")
+            silent = [s for pipe in self.remote if (s := pipe.silent_for()) > DEAD_AFTER_S]
+            if silent:
+                why = "its connection closed" if max(silent) == float("inf") else f"silent for {max(silent):.0f} s"
+                self.on_death(f"tensor-parallel rank died: a rank on another host is gone ({why})")
                 return
 
     def stop_all(self) -> None:

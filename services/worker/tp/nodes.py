@@ -6,8 +6,11 @@ and starts its host's other ranks as child processes. Node k > 0 runs only its r
 --dist-init-addr (NCCL on GPUs, gloo on the CPU) and run every batch rank 0 sends. A batch's
 host index goes to a rank on this host through a pipe; to a rank on another host through a
 TCP connection to node 0 (``SocketPipe``, port + 1), which each such rank opens and names
-itself on. A rank that loses rank 0 leaves; node k exits when its ranks have, for whoever
-runs it to start it again, and rank 0 treats a lost connection as a dead rank.
+itself on, and over which it says every BEAT_S that it lives: a cut link closes nothing, and
+a collective across it would wait for torch.distributed's timeout (minutes), so rank 0's
+watchdog takes a rank silent for DEAD_AFTER_S, or whose connection closed, for dead and ends
+the group (its requests end with an explicit error). A rank that loses rank 0 leaves; node k
+exits when its ranks have, for whoever runs it to start it again.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ import os
 import select
 import signal
 import socket
+import threading
 import time
 
 log = logging.getLogger(__name__)
 
 _LEN = 8  # each message: its length, little-endian, then its bytes
+BEAT_S = 1.0  # how often a rank on another host tells rank 0 it lives (an empty message)
+DEAD_AFTER_S = 5.0  # rank 0 takes a rank on another host silent this long for dead
 
 
 class SocketPipe:
@@ -31,6 +37,7 @@ class SocketPipe:
     def __init__(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
+        self.heard = time.monotonic()  # rank 0's side: the last beat
 
     def send_bytes(self, data: bytes) -> None:
         self.sock.sendall(len(data).to_bytes(_LEN, "little") + data)
@@ -50,9 +57,32 @@ class SocketPipe:
         return b"".join(chunks)
 
     def poll(self) -> bool:
-        """Something to read; on rank 0's side, where the other end never writes after its
-        hello, that is the end of the connection."""
+        """Something to read (a message, or the end of the connection)."""
         return bool(select.select([self.sock], [], [], 0)[0])
+
+    def silent_for(self) -> float:
+        """Rank 0's side: seconds since the rank's last beat, the beats that came read;
+        infinite once the connection has closed."""
+        try:
+            while self.poll():
+                self.recv_bytes()
+                self.heard = time.monotonic()
+        except (EOFError, OSError):
+            return float("inf")
+        return time.monotonic() - self.heard
+
+    def beat(self) -> None:
+        """The rank's side: an empty message every BEAT_S, from a thread, while the connection lasts."""
+
+        def run() -> None:
+            try:
+                while True:
+                    self.send_bytes(b"")
+                    time.sleep(BEAT_S)
+            except OSError:
+                return
+
+        threading.Thread(target=run, name="rank-beat", daemon=True).start()
 
     def close(self) -> None:
         self.sock.close()
@@ -90,6 +120,7 @@ def connect_rank(host: str, port: int, rank: int, timeout_s: float) -> SocketPip
             time.sleep(0.5)
     pipe.sock.settimeout(None)
     pipe.send_bytes(rank.to_bytes(_LEN, "little"))
+    pipe.beat()
     return pipe
 
 

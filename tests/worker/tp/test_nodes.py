@@ -45,11 +45,13 @@ def test_other_hosts_ranks_are_taken_in_rank_order_and_carry_batches() -> None:
     assert second.recv_bytes() == b"for 2" and third.recv_bytes() == big
     with pytest.raises(EOFError):
         stray.recv_bytes()
-    assert not to_second.poll()  # a rank says nothing after its hello: readable means gone
+    assert to_second.silent_for() < 1.0  # a rank beats every second
+    time.sleep(1.5)
+    assert to_second.silent_for() < 1.2  # its beats read
     second.close()
     end = time.monotonic() + 5
-    while not to_second.poll() and time.monotonic() < end:  # the close crossing the connection
+    while to_second.silent_for() < float("inf") and time.monotonic() < end:  # the close crossing over
         time.sleep(0.01)
-    assert to_second.poll()
+    assert to_second.silent_for() == float("inf")
     for pipe in (to_second, to_third, third, stray):
         pipe.close()
