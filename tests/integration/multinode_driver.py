@@ -61,6 +61,14 @@ async def _streams_through_a_cut(url: str) -> list[dict]:
         return list(await asyncio.gather(*tasks))
 
 
+def _until_unready(url: str, timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while httpx.get(url + "/health", timeout=5).status_code == 200:
+        if time.monotonic() > end:
+            raise TimeoutError("the front end still sees the group that left")
+        time.sleep(0.2)
+
+
 def main(argv: list[str]) -> int:
     model_dir, dist, log_dir, prompts, max_new = argv[0], argv[1], argv[2], json.loads(argv[3]), int(argv[4])
     node0 = ["--device", "cpu", "--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", dist]
@@ -73,6 +81,7 @@ def main(argv: list[str]) -> int:
             say({"ended": asyncio.run(_streams_through_a_cut(stack.url))})
             sys.stdin.readline()
             stack.services["worker-0"].proc.wait(30)  # type: ignore[union-attr]  # it left on the cut
+            _until_unready(stack.url)  # its heartbeat gone: ready next means the new group is
             stack.start_service("worker-0")
             stack.wait_ready(timeout_s=240)
             say({"ids": asyncio.run(_generate(stack.url, prompts, max_new))})
