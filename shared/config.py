@@ -38,7 +38,16 @@ def _check(ok: bool, message: str) -> None:
 class CommonConfig:
     """What every service takes."""
 
-    redis_url: str = option("redis://127.0.0.1:6379/0", "the Redis every service of the stack shares")
+    redis_url: str = option(
+        "redis://127.0.0.1:6379/0",
+        "the Redis every service of the stack shares; with --redis-sentinel only its database, user and password count",
+    )
+    redis_sentinel: str = option(
+        "",
+        "Redis Sentinel addresses, host:port comma-separated: the master named --redis-master-name is found through "
+        "them and followed to its successor after a failover; none: --redis-url's host",
+    )
+    redis_master_name: str = option("mymaster", "with --redis-sentinel: the master's name (sentinel monitor NAME ...)")
     namespace: str = option("ls", "key prefix, so stacks can share one Redis")
     replica: str = option("", "this replica's name; none: derived from host name and pid")
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
@@ -56,6 +65,21 @@ class CommonConfig:
 
     def __post_init__(self) -> None:
         _check(self.log_format in ("text", "json"), f"log_format must be text or json, got {self.log_format!r}")
+        _check(not self.redis_sentinel or bool(self.redis_master_name), "redis_master_name is required with sentinels")
+        self.sentinel_addresses  # noqa: B018 (parsed here so that a bad address stops the service at start)
+
+    @property
+    def sentinel_addresses(self) -> tuple[tuple[str, int], ...]:
+        """--redis-sentinel as (host, port) pairs; an IPv6 host in brackets ([::1]:26379)."""
+        out = []
+        for item in (x.strip() for x in self.redis_sentinel.split(",")):
+            if not item:
+                continue
+            host, _, port = item.rpartition(":")
+            host = host.removeprefix("[").removesuffix("]")
+            _check(bool(host) and port.isdigit() and 0 < int(port) < 65536, f"redis_sentinel: bad address {item!r}")
+            out.append((host, int(port)))
+        return tuple(out)
 
     def served_model_name(self) -> str:
         """model_name, else the model directory's base name (the router has none: "")."""
@@ -219,6 +243,17 @@ class WorkerConfig(CommonConfig):
     random_weights: bool = option(False, "draw weights from a seed on the device (benchmarks: no checkpoint needed)")
     warmup: bool = option(True, "on CUDA, run a few prompts before serving so no request waits for a compile")
     tp: int = option(1, "tensor-parallel ranks of this group: one process per GPU (gloo on the CPU)")
+    nnodes: int = option(1, "hosts this group's --tp ranks are spread over, tp/nnodes ranks on each")
+    node_rank: int = option(
+        0,
+        "this host's place in a group over several hosts: 0 holds rank 0, which alone talks to Redis; "
+        "node k holds ranks k*tp/nnodes onwards and only runs them",
+    )
+    dist_init_addr: str = option(
+        "",
+        "with --nnodes above 1: host:port of node 0 that every host reaches; torch.distributed meets there, "
+        "and each step's batch goes out to the other hosts' ranks from port+1",
+    )
     disable_prompt_cache: bool = option(
         False,
         "recompute every prompt from its first token: no radix tree of finished and running requests' tokens over "
@@ -243,6 +278,25 @@ class WorkerConfig(CommonConfig):
         _check(self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs must be >= 0")
         _check(self.cuda_graph_max_tokens >= 0, "cuda_graph_max_tokens must be >= 0")
         _check(self.tp >= 1, f"tp must be >= 1, got {self.tp}")
+        _check(self.nnodes >= 1 and self.tp % self.nnodes == 0, f"nnodes must divide tp ({self.tp}), got {self.nnodes}")
+        _check(0 <= self.node_rank < self.nnodes, f"node_rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        _check(self.nnodes == 1 or bool(self.dist_init_addr), "dist_init_addr is required with nnodes > 1")
+        if self.dist_init_addr:
+            self.dist_address  # noqa: B018 (parsed here so that a bad address stops the service at start)
+
+    @property
+    def dist_address(self) -> tuple[str, int]:
+        """--dist-init-addr as (host, port); an IPv6 host in brackets."""
+        host, _, port = self.dist_init_addr.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        _check(bool(host) and port.isdigit() and 0 < int(port) < 65535, f"dist_init_addr: bad {self.dist_init_addr!r}")
+        return host, int(port)
+
+    @property
+    def ranks_here(self) -> range:
+        """The tensor-parallel ranks this host runs."""
+        per = self.tp // self.nnodes
+        return range(self.node_rank * per, (self.node_rank + 1) * per)
 
 
 @dataclass(frozen=True)

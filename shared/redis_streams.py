@@ -4,7 +4,8 @@ Writers append with ``XADD ... MAXLEN ~ N`` so no stream grows without bound. Re
 consume through a consumer group and acknowledge an entry only after its side effect
 is done; a reader also claims the pending entries of a consumer that died (its lease,
 refreshed by every read, expired), so a restarted service picks up where its predecessor
-stopped. A group that vanished (Redis restarted without persistence) is created again.
+stopped. A group that vanished (Redis restarted without persistence, or a new master after a
+Sentinel failover lacks it) is created again, and an acknowledgement sent to it is dropped.
 
 A read whose answer is lost (the connection dropped or timed out after Redis ran it) has
 made its entries this consumer's pending ones, and no later read of new entries returns
@@ -28,7 +29,7 @@ import redis
 import redis.asyncio as aioredis
 
 from shared.messages import WireError, decode, encode
-from shared.redis_link import RedisLink, async_client, is_nogroup, maybe
+from shared.redis_link import RedisLink, is_nogroup, maybe
 from shared.streams import consumer_lease
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,12 @@ class StreamWriter:
                 pipe.xadd(stream, {FIELD: data}, maxlen=self.maxlen, approximate=True)
             for (stream, group), ids in _by_group(ack_list).items():
                 pipe.xack(stream, group, *ids)
-            pipe.execute()
+            for answer in pipe.execute(raise_on_error=False):
+                # an acknowledgement to a group this Redis lacks (a new master after a failover, a
+                # restart without persistence) is moot: the group holds nothing pending; the
+                # messages are sent, so no retry (it would send them twice)
+                if isinstance(answer, Exception) and not is_nogroup(answer):
+                    raise answer
 
         if once:
             self.link.call_once(run)
@@ -171,7 +177,7 @@ class StreamReader:
         raises (redis.ConnectionError, redis.TimeoutError) for the caller to try again; the
         next read recovers what this one may have taken."""
         if self._async is None:
-            self._async = async_client(self.link.url, socket_timeout=self.link.socket_timeout_s)
+            self._async = self.link.target.async_client(socket_timeout=self.link.socket_timeout_s)
         ack_ids = [e.entry_id for e in acks]
         while True:
             start = self._start()

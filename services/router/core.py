@@ -176,14 +176,13 @@ class RouterCore:
 
     # ---------------------------------------------------------------- the clock
 
-    def clock_paused(self, now: float) -> None:
-        """The router could not read its stream for a while (Redis was unreachable): no status
-        could reach it, so the silence says nothing about the groups. Their death clocks start
-        again from now."""
+    def excuse_silence(self, until: float) -> None:
+        """Redis was away until ``until``: no group could send a status, so none is silent
+        before then (a Redis restart or failover is no group's death)."""
         for g in self.groups.values():
-            g.last_seen = max(g.last_seen, now)
+            g.last_seen = max(g.last_seen, until)
         if self._no_group_since is not None:
-            self._no_group_since = now
+            self._no_group_since = max(self._no_group_since, until)
 
     def tick(self, now: float, now_unix: float, act: Actions) -> None:
         for g in list(self.groups.values()):

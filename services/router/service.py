@@ -9,7 +9,7 @@ Handover, and comes back on the router's stream as a new entry, held until it is
 again: at every moment one stream holds it.
 
 While Redis is unreachable the read waits (RedisLink retries), and no status can arrive:
-the time it was away is not counted towards any group's death (RouterCore.clock_paused).
+the time it was away is not counted towards any group's death (RouterCore.excuse_silence).
 """
 
 from __future__ import annotations
@@ -51,15 +51,12 @@ class RouterService:
         self.queued: dict[str, Entry] = {}  # rid -> its GenerateReq entry, unacknowledged while queued
         self.figures = RouterFigures(max_waiting=cfg.max_waiting)  # the latest snapshot, read by other threads
         self._next_log = 0.0
+        self._excused = 0.0  # the end of the last Redis outage the core was told of
 
     def run(self) -> None:
         log.info("router reading %s", self.names.router)
         while not self.link.stop.is_set():
-            outages = self.link.outages
             entries = self.poll.read(self.reader, count=1024, wait_ms=READ_BLOCK_MS)
-            if self.link.outages != outages:
-                log.warning("redis was unreachable: the worker groups' death clocks start again")
-                self.core.clock_paused(time.monotonic())
             self.step(entries)
             self.poll.note(bool(self.queued) or bool(self.core.where))  # requests waiting or running
 
@@ -84,6 +81,10 @@ class RouterService:
             else:
                 log.error("unexpected %s on the router stream", type(msg).__name__)
                 done.append(entry)
+        if self.link.recovered_at > self._excused:  # redis was unreachable: no group could send a status
+            log.warning("redis was unreachable: the worker groups' death clocks start again")
+            self._excused = self.link.recovered_at
+            self.core.excuse_silence(self._excused)
         self.core.tick(now, now_unix, act)
         self._publish(act, done)
         self.figures = self.core.figures(now_unix)

@@ -22,7 +22,7 @@ from shared.config import TokenizerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
 from shared.model_config import ModelConfig
-from shared.redis_link import RedisLink
+from shared.redis_link import RedisLink, RedisTarget
 from shared.service_main import run_beating
 from shared.streams import SERVICE_TOKENIZER, StreamNames
 
@@ -38,7 +38,7 @@ def main() -> None:
     except (OSError, ValueError) as e:
         raise SystemExit(f"--chat-template: {e}") from None
     max_total_len = min(cfg.max_req_total_len or model.context_length, model.context_length)
-    link = RedisLink(cfg.redis_url)
+    link = RedisLink(RedisTarget.of(cfg))
     names = StreamNames(cfg.namespace)
     pipeline = Pipeline(
         link,

@@ -1,5 +1,5 @@
 """The front end's ASGI application: gates, the drain's gate, the routes that generate, and
-FastAPI for the rest (its routes and error handlers, /health, /readiness, /version,
+FastAPI for the rest (its routes and error handlers, /health, /readiness, /liveness, /version,
 /tokenize, /detokenize and /metrics)."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.tokenizer.errors import error_body
 
-PROBES = frozenset({"/health", "/readiness"})  # answered without a key: load balancers probe them
+PROBES = frozenset({"/health", "/readiness", "/liveness"})  # answered without a key: load balancers probe them
 METRICS = "/metrics"  # answered without a key unless protect_metrics: Prometheus scrapers carry none
 
 

@@ -66,6 +66,8 @@ def test_readiness_is_200_when_up_and_503_without_a_worker(stack: Stack) -> None
         r = _ready_within(stack, 503, 15)
         assert r.status_code == 503
         assert r.json() == {"status": "unavailable", "reasons": ["no worker group is alive"]}
+        # liveness is the process's own: no worker is no reason to restart the front end
+        assert httpx.get(stack.url + "/liveness", timeout=5).json() == {"status": "alive"}
     finally:
         stack.signal_service("worker-0", signal.SIGCONT)
     assert _ready_within(stack, 200, 15).status_code == 200
@@ -159,8 +161,10 @@ async def _until_streaming(streams: list[list[dict]], tasks: list[asyncio.Task])
 
 
 def _drain_checks(stack: Stack) -> tuple[httpx.Response, httpx.Response]:
-    """Readiness and a new request during the drain."""
+    """Readiness and a new request during the drain; liveness stays 200 (an orchestrator must
+    not kill a draining front end)."""
     ready = _ready_within(stack, 503, 5)
+    assert httpx.get(stack.url + "/liveness", timeout=5).status_code == 200
     refused = httpx.post(stack.url + "/generate", json={"inputs": "x"}, headers=AUTH, timeout=10)
     return ready, refused
 

@@ -165,6 +165,17 @@ def test_queued_requests_fail_when_no_group_is_alive() -> None:
     assert _ended(act) == {"waits": ("error", ERR_FAILED)}
 
 
+def test_silence_while_redis_was_away_is_excused() -> None:
+    core = _core(worker_dead_after_s=3.0)
+    act = Actions()
+    core.on_status(_status("0", 100, [RunningReq("running", "d", 5, 5, 50)]), 0.0, act)
+    core.excuse_silence(2.5)  # Redis away until 2.5: no status could come
+    core.tick(5.0, 0.0, act)
+    assert "0" in core.groups and not _ended(act)
+    core.tick(5.6, 0.0, act)  # silent 3.1 s since Redis came back: its own silence now
+    assert "0" not in core.groups and _ended(act) == {"running": ("error", ERR_FAILED)}
+
+
 def test_a_request_deadline_passed_on_arrival_is_rejected() -> None:
     core = _core()
     act = Actions()
