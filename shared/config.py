@@ -91,40 +91,54 @@ class CommonConfig:
 class TokenizerConfig(CommonConfig):
     """The HTTP front end: tokenizes, submits to the router, streams the replies back."""
 
-    model_dir: str = ""
+    model_dir: str = option("", "Hugging Face model directory (required)")
     tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
     chat_template: str = option(
         "", "a Jinja chat template, its file's path or its text, in place of the tokenizer's own"
     )
-    host: str = "0.0.0.0"
-    port: int = 8000
-    # share host:port with other front-end processes of this host (SO_REUSEPORT); the kernel
-    # spreads new connections among them, so one port scales past one Python process
-    reuse_port: bool = False
-    max_req_total_len: int = 0  # prompt + output tokens; 0: the model's context length
-    max_body_bytes: int = 4 * 1024 * 1024  # counted on the bytes read, chunked bodies too: past it, 413
-    body_timeout_s: float = 30.0  # a request's whole body must arrive within this: past it, 408
-    # open connections (and requests in them) served at once; past it, uvicorn answers 503
-    max_connections: int = 4096
-    header_timeout_s: float = 10.0  # a connection must send a request's headers within this: past it, closed
-    request_timeout_s: float = 600.0  # no request outlives this, queued or running
-    pipeline_dead_after_s: float = 3.0  # a service whose heartbeat is older than this is dead; Redis away this long too
-    pipeline_check_s: float = 1.0  # how often the heartbeats are read: who is alive, how full the router's queue is
-    # the router is dead only after this long without a heartbeat: one restarted sooner takes over its queue
-    # (services/tokenizer/watchdog.py); requests not answered yet then end with an error
-    router_dead_after_s: float = 8.0
-    tokenizer_threads: int = 2
-    # clients must send one of these as "Authorization: Bearer <key>"; empty: no keys asked
-    api_keys: tuple[str, ...] = ()
-    protect_metrics: bool = False  # /metrics asks for the API key too; false: open (Prometheus scrapers carry none)
-    # on SIGTERM, requests in flight get this long to finish before they end with an error and the process exits
-    drain_timeout_s: float = 30.0
-    # FastChat (docs/fastchat.md): the controller to register with as a model worker; empty: none
-    fastchat_controller: str = ""
-    worker_address: str = ""  # the URL FastChat reaches this front end at; empty: http://<host>:<port>
-    model_names: str = ""  # names to register, comma-separated as FastChat spells it; empty: model_name
-    limit_worker_concurrency: int = 1024  # FastChat requests served at once; the rest wait, counted as queued
-    fastchat_heartbeat_s: float = 45.0  # FastChat's heartbeat interval (its controller forgets a worker after 90 s)
+    host: str = option("0.0.0.0", "address the HTTP API listens on")
+    port: int = option(8000, "port of the HTTP API")
+    reuse_port: bool = option(
+        False,
+        "share host:port with other front-end processes of this host (SO_REUSEPORT): the kernel spreads new "
+        "connections among them, so one port scales past one Python process",
+    )
+    max_req_total_len: int = option(0, "most prompt + output tokens of a request; 0: the model's context length")
+    max_body_bytes: int = option(
+        4 * 1024 * 1024, "largest request body, counted on the bytes read (chunked bodies too): past it, 413"
+    )
+    body_timeout_s: float = option(30.0, "a request's whole body must arrive within this: past it, 408")
+    max_connections: int = option(4096, "open connections (and their requests) served at once; past it, 503")
+    header_timeout_s: float = option(10.0, "a connection must send a request's headers within this, or is closed")
+    request_timeout_s: float = option(600.0, "no request outlives this, queued or running")
+    pipeline_dead_after_s: float = option(
+        3.0, "a service whose heartbeat is older than this is dead; Redis unreachable this long fails requests too"
+    )
+    pipeline_check_s: float = option(
+        1.0, "how often the heartbeats are read: who is alive, how full the router's queue is"
+    )
+    router_dead_after_s: float = option(
+        8.0,
+        "the router is dead only after this long without a heartbeat (one restarted sooner takes over its queue); "
+        "requests not answered yet then end with an error (services/tokenizer/watchdog.py)",
+    )
+    tokenizer_threads: int = option(2, "threads that tokenize, off the event loop")
+    api_keys: tuple[str, ...] = option((), "clients must send 'Authorization: Bearer KEY' (repeatable); none: open")
+    protect_metrics: bool = option(
+        False, "/metrics asks for the API key too; false: open (Prometheus scrapers carry none)"
+    )
+    drain_timeout_s: float = option(
+        30.0, "on SIGTERM, requests in flight get this long to finish before they end with an error and it exits"
+    )
+    fastchat_controller: str = option(
+        "", "a FastChat controller to register with as a model worker (docs/fastchat.md); none: no registration"
+    )
+    worker_address: str = option("", "the URL FastChat reaches this front end at; none: http://<host>:<port>")
+    model_names: str = option("", "names to register with FastChat, comma-separated; none: model_name")
+    limit_worker_concurrency: int = option(1024, "FastChat requests served at once; the rest wait, counted as queued")
+    fastchat_heartbeat_s: float = option(
+        45.0, "FastChat's heartbeat interval (its controller forgets a worker after 90 s)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
