@@ -108,9 +108,10 @@ class OpenAISampling(BaseModel):
     @field_validator("spaces_between_special_tokens")
     @classmethod
     def _spaces(cls, v: bool | None) -> bool | None:
-        # the fast tokenizers' decode (the detokenizer's) has no such option: only its default
+        # a slow tokenizer's option: Hugging Face's fast tokenizers (the only kind read here) decode the
+        # same either way, and vLLM applies it to slow tokenizers only; so false changes nothing here either
         if v is False:
-            raise ValueError("only true is supported (the detokenizer decodes as the fast tokenizer does)")
+            log.debug("spaces_between_special_tokens=false: the fast tokenizer decodes the same either way")
         return v
 
     @model_validator(mode="after")
