@@ -36,10 +36,7 @@ def main() -> None:
     link = RedisLink(RedisTarget.of(cfg))
     stop_on_signals(link)
     group = start_group(cfg) if cfg.tp > 1 else None  # with --nnodes, waits for the other hosts' ranks
-    if group is None:
-        engine = build_engine(cfg)
-    else:
-        engine = build_engine(cfg, group.tp, channel=group.channel)
+    engine = build_engine(cfg) if group is None else build_engine(cfg, group.tp, channel=group.channel)
     if cfg.warmup and engine.device.type == "cuda":
         warm_up(engine, engine.runner.model.cfg.vocab_size)
     names = StreamNames(cfg.namespace)
@@ -54,8 +51,7 @@ def main() -> None:
         metrics,
         BusyPoll.for_host(cfg.busy_poll_ms),
     )
-    # after loading: serving means ready
-    serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine), cfg.served_model_name())
+    serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine), cfg.served_model_name())  # loaded: ready
     watchdog = None
     if group is not None:
 

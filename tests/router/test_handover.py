@@ -133,7 +133,7 @@ def test_an_older_copy_a_restarted_router_took_back_is_stopped_when_the_new_one_
 def test_redis_away_does_not_count_towards_a_groups_death() -> None:
     core, _ = _two_groups_with(["a"])
     act = Actions()
-    core.clock_paused(12.0)  # the router's reads failed from about t=0.2 to t=12: no status could come
+    core.excuse_silence(12.0)  # the router's reads failed from about t=0.2 to t=12: no status could come
     core.tick(12.1, 0.0, act)
     assert set(core.groups) == {"0", "1"} and not act.handovers
     core.tick(15.5, 0.0, act)  # silent 3.5 s since Redis came back: dead now

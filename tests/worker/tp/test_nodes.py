@@ -43,7 +43,7 @@ def test_other_hosts_ranks_are_taken_in_rank_order_and_carry_batches() -> None:
     to_second.send_bytes(b"for 2")
     to_third.send_bytes(big)
     assert second.recv_bytes() == b"for 2" and third.recv_bytes() == big
-    with pytest.raises(EOFError):
+    with pytest.raises((EOFError, ConnectionResetError)):  # closed, or reset when it closed with bytes unread
         stray.recv_bytes()
     before = to_second.heard
     time.sleep(1.5)
