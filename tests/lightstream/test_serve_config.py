@@ -34,6 +34,11 @@ FLAGS = {
     "--running-max-req-size": "LS_RUNNING_MAX_REQ_SIZE",
     "--chunked-prefill-size": "LS_CHUNKED_PREFILL_SIZE",
     "--log-dir": "LS_LOG_DIR",
+    "--log-format": "LS_LOG_FORMAT",
+    "--tokenizer": "LS_TOKENIZER",
+    "--chat-template": "LS_CHAT_TEMPLATE",
+    "--disable-prompt-cache": "LS_DISABLE_PROMPT_CACHE",
+    "--routing-policy": "LS_ROUTING_POLICY",
 }
 
 
