@@ -2,9 +2,11 @@
 
 Checks the model first (lightstream/model_check.py: a problem is one line and exit status
 2, before anything starts), then starts redis-server on a free port unless ``REDIS_URL`` is
-set, the detokenizer(s), the router, the worker group(s) and the HTTP front end(s); waits
-until /health is ready, prints the URL, and stops everything on Ctrl-C or SIGTERM. Without
-a model it makes the tiny demo model (tools/make_tiny_model.py) and serves it on the CPU.
+set (append-only, so a restarted one keeps the queues), the detokenizer(s), the router, the
+worker group(s) and the HTTP front end(s); waits until /health is ready, prints the URL, and
+from then on restarts any of them that exits, with backoff (tools/supervisor.py); Ctrl-C or
+SIGTERM stops everything. Without a model it makes the tiny demo model
+(tools/make_tiny_model.py) and serves it on the CPU.
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ import sys
 import tempfile
 import threading
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from lightstream.model_check import ModelCheckError, check_model
 from lightstream.serve_config import ServeConfig, service_args
 from shared.cli import parse_config
 from shared.config import ConfigError
 from shared.model_source import ModelSourceError, resolve_model
+
+if TYPE_CHECKING:
+    from tools.stack import Stack
 
 USAGE = "usage: lightstream serve [MODEL] [flags]   (lightstream serve --help: every flag)"
 DESCRIPTION = "Serve a model with the whole LightStream stack on this machine; each flag also reads its LS_* variable."
@@ -88,17 +94,54 @@ def _demo_model() -> str:
 
 def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: str) -> int:
     from tools.redis_server import RedisServer
-    from tools.stack import Stack, StackOptions
+    from tools.supervisor import Child, Supervisor
 
     redis_server = None
     if not redis_url:
         try:
-            redis_server = RedisServer().start()
+            redis_server = RedisServer(appendonly=True).start()
         except (OSError, RuntimeError) as e:
             return _fail(f"cannot start redis-server ({e}); install it (apt-get install redis-server) or set REDIS_URL")
         redis_url = redis_server.url
+    stack = _stack(cfg, model_dir, worker_first, redis_url)
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    children = stack.children()
+    if redis_server is not None:
+        server = redis_server
+        children.insert(0, Child("redis-server", lambda: server.proc, lambda: server.start()))
+    supervisor = Supervisor(children, stopping)
+    try:
+        stack.start()
+        # a large model loads, captures its graphs and warms up for minutes; a service that exits ends the wait
+        stack.wait_ready(timeout_s=3600.0, stopping=stopping)
+        supervisor.start()
+        if not stopping.is_set():
+            print(f"LightStream is serving {model_dir} at {stack.url} (redis {redis_url})", flush=True)
+            print(
+                f"try: curl {stack.url}/generate -H 'Content-Type: application/json' "
+                '-d \'{"inputs": "What is AI?", "parameters": {"max_new_tokens": 17}}\'',
+                flush=True,
+            )
+            stopping.wait()
+    except (RuntimeError, TimeoutError) as e:  # a service that exited while starting, or never got ready
+        return _fail(str(e))
+    finally:
+        stopping.set()
+        if supervisor.started:
+            supervisor.join()  # no restart behind stop's back
+        stack.stop()
+        if redis_server is not None:
+            redis_server.stop()
+    return 0
+
+
+def _stack(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: str) -> Stack:
+    from tools.stack import Stack, StackOptions
+
     args = service_args(cfg)
-    stack = Stack(
+    return Stack(
         StackOptions(
             model_dir=model_dir,
             redis_url=redis_url,
@@ -115,25 +158,3 @@ def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: s
             gpus_per_worker=_gpus_per_group(cfg),
         )
     )
-    stopping = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stopping.set())
-    try:
-        stack.start()
-        # a large model loads, captures its graphs and warms up for minutes; a service that exits ends the wait
-        stack.wait_ready(timeout_s=3600.0, stopping=stopping)
-        if not stopping.is_set():
-            print(f"LightStream is serving {model_dir} at {stack.url} (redis {redis_url})", flush=True)
-            print(
-                f"try: curl {stack.url}/generate -H 'Content-Type: application/json' "
-                '-d \'{"inputs": "What is AI?", "parameters": {"max_new_tokens": 17}}\'',
-                flush=True,
-            )
-            stopping.wait()
-    except (RuntimeError, TimeoutError) as e:  # a service that exited while starting, or never got ready
-        return _fail(str(e))
-    finally:
-        stack.stop()
-        if redis_server is not None:
-            redis_server.stop()
-    return 0

@@ -127,7 +127,7 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "disable_prompt_cache": (("worker",), "--disable-prompt-cache"),
     "routing_policy": (("router",), "--routing-policy"),
     "log_format": (("worker", "router", "tokenizer", "detokenizer"), "--log-format"),
-    "model_name": (("tokenizer",), "--model-name"),
+    "model_name": (("tokenizer", "worker", "router", "detokenizer"), "--model-name"),
     "tokenizer": (("tokenizer", "detokenizer", "worker"), "--tokenizer"),
     "chat_template": (("tokenizer",), "--chat-template"),
     "tool_call_parser": (("tokenizer",), "--tool-call-parser"),

@@ -9,6 +9,7 @@ bad setting stops the service at start with a message naming it.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +41,23 @@ def _check(ok: bool, message: str) -> None:
 class CommonConfig:
     """What every service takes."""
 
-    redis_url: str = option("redis://127.0.0.1:6379/0", "the Redis every service of the stack shares")
+    redis_url: str = option(
+        "redis://127.0.0.1:6379/0",
+        "the Redis every service of the stack shares; with --redis-sentinel only its database, user and password count",
+    )
+    redis_sentinel: str = option(
+        "",
+        "Redis Sentinel addresses, host:port comma-separated: the master named --redis-master-name is found through "
+        "them and followed to its successor after a failover; none: --redis-url's host",
+    )
+    redis_master_name: str = option("mymaster", "with --redis-sentinel: the master's name (sentinel monitor NAME ...)")
     namespace: str = option("ls", "key prefix, so stacks can share one Redis")
     replica: str = option("", "this replica's name; none: derived from host name and pid")
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: str = option("text", "text (one line per event) or json (one JSON object per line)")
+    model_name: str = option(
+        "", "the model's name: in the API (the front end) and on every metrics series; none: the model directory's name"
+    )
     stream_maxlen: int = option(100_000, "XADD MAXLEN ~ for every stream this service writes")
     metrics_port: int = option(0, "Prometheus /metrics on this port; 0: none (the front end serves its own)")
     busy_poll_ms: float = option(
@@ -55,14 +68,33 @@ class CommonConfig:
 
     def __post_init__(self) -> None:
         _check(self.log_format in ("text", "json"), f"log_format must be text or json, got {self.log_format!r}")
+        _check(not self.redis_sentinel or bool(self.redis_master_name), "redis_master_name is required with sentinels")
+        self.sentinel_addresses  # noqa: B018 (parsed here so that a bad address stops the service at start)
+
+    @property
+    def sentinel_addresses(self) -> tuple[tuple[str, int], ...]:
+        """--redis-sentinel as (host, port) pairs; an IPv6 host in brackets ([::1]:26379)."""
+        out = []
+        for item in (x.strip() for x in self.redis_sentinel.split(",")):
+            if not item:
+                continue
+            host, _, port = item.rpartition(":")
+            host = host.removeprefix("[").removesuffix("]")
+            _check(bool(host) and port.isdigit() and 0 < int(port) < 65536, f"redis_sentinel: bad address {item!r}")
+            out.append((host, int(port)))
+        return tuple(out)
+
+    def served_model_name(self) -> str:
+        """model_name, else the model directory's base name (the router has none: "")."""
+        model_dir = str(getattr(self, "model_dir", ""))
+        return self.model_name or (os.path.basename(os.path.normpath(model_dir)) if model_dir else "")
 
 
 @dataclass(frozen=True)
 class TokenizerConfig(CommonConfig):
     """The HTTP front end: tokenizes, submits to the router, streams the replies back."""
 
-    model_dir: str = ""
-    model_name: str = ""  # the name clients use; empty: the model directory's base name
+    model_dir: str = option("", "Hugging Face model directory (required)")
     tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
     chat_template: str = option(
         "", "a Jinja chat template, its file's path or its text, in place of the tokenizer's own"
@@ -77,28 +109,49 @@ class TokenizerConfig(CommonConfig):
         f"how the model's thinking is set apart ({', '.join(REASONING_PARSERS)}): it goes to reasoning_content, "
         "and an output format applies to the answer after it; none: all of the output is content",
     )
-    host: str = "0.0.0.0"
-    port: int = 8000
-    # share host:port with other front-end processes of this host (SO_REUSEPORT); the kernel
-    # spreads new connections among them, so one port scales past one Python process
-    reuse_port: bool = False
-    max_req_total_len: int = 0  # prompt + output tokens; 0: the model's context length
-    max_body_bytes: int = 4 * 1024 * 1024
-    request_timeout_s: float = 600.0  # no request outlives this, queued or running
-    pipeline_dead_after_s: float = 3.0  # a service whose heartbeat is older than this is dead
-    pipeline_check_s: float = 1.0  # how often the heartbeats are read: who is alive, how full the router's queue is
-    tokenizer_threads: int = 2
-    # clients must send one of these as "Authorization: Bearer <key>"; empty: no keys asked
-    api_keys: tuple[str, ...] = ()
-    protect_metrics: bool = False  # /metrics asks for the API key too; false: open (Prometheus scrapers carry none)
-    # on SIGTERM, requests in flight get this long to finish before they end with an error and the process exits
-    drain_timeout_s: float = 30.0
-    # FastChat (docs/fastchat.md): the controller to register with as a model worker; empty: none
-    fastchat_controller: str = ""
-    worker_address: str = ""  # the URL FastChat reaches this front end at; empty: http://<host>:<port>
-    model_names: str = ""  # names to register, comma-separated as FastChat spells it; empty: model_name
-    limit_worker_concurrency: int = 1024  # FastChat requests served at once; the rest wait, counted as queued
-    fastchat_heartbeat_s: float = 45.0  # FastChat's heartbeat interval (its controller forgets a worker after 90 s)
+    host: str = option("0.0.0.0", "address the HTTP API listens on")
+    port: int = option(8000, "port of the HTTP API")
+    reuse_port: bool = option(
+        False,
+        "share host:port with other front-end processes of this host (SO_REUSEPORT): the kernel spreads new "
+        "connections among them, so one port scales past one Python process",
+    )
+    max_req_total_len: int = option(0, "most prompt + output tokens of a request; 0: the model's context length")
+    max_body_bytes: int = option(
+        4 * 1024 * 1024, "largest request body, counted on the bytes read (chunked bodies too): past it, 413"
+    )
+    body_timeout_s: float = option(30.0, "a request's whole body must arrive within this: past it, 408")
+    max_connections: int = option(4096, "open connections (and their requests) served at once; past it, 503")
+    header_timeout_s: float = option(10.0, "a connection must send a request's headers within this, or is closed")
+    request_timeout_s: float = option(600.0, "no request outlives this, queued or running")
+    pipeline_dead_after_s: float = option(
+        3.0, "a service whose heartbeat is older than this is dead; Redis unreachable this long fails requests too"
+    )
+    pipeline_check_s: float = option(
+        1.0, "how often the heartbeats are read: who is alive, how full the router's queue is"
+    )
+    router_dead_after_s: float = option(
+        8.0,
+        "the router is dead only after this long without a heartbeat (one restarted sooner takes over its queue); "
+        "requests not answered yet then end with an error (services/tokenizer/watchdog.py)",
+    )
+    tokenizer_threads: int = option(2, "threads that tokenize, off the event loop")
+    api_keys: tuple[str, ...] = option((), "clients must send 'Authorization: Bearer KEY' (repeatable); none: open")
+    protect_metrics: bool = option(
+        False, "/metrics asks for the API key too; false: open (Prometheus scrapers carry none)"
+    )
+    drain_timeout_s: float = option(
+        30.0, "on SIGTERM, requests in flight get this long to finish before they end with an error and it exits"
+    )
+    fastchat_controller: str = option(
+        "", "a FastChat controller to register with as a model worker (docs/fastchat.md); none: no registration"
+    )
+    worker_address: str = option("", "the URL FastChat reaches this front end at; none: http://<host>:<port>")
+    model_names: str = option("", "names to register with FastChat, comma-separated; none: model_name")
+    limit_worker_concurrency: int = option(1024, "FastChat requests served at once; the rest wait, counted as queued")
+    fastchat_heartbeat_s: float = option(
+        45.0, "FastChat's heartbeat interval (its controller forgets a worker after 90 s)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -107,7 +160,10 @@ class TokenizerConfig(CommonConfig):
         _check(all(k and k == k.strip() for k in self.api_keys), "api_keys must be non-empty, without spaces around")
         _check(self.max_req_total_len >= 0, "max_req_total_len must be >= 0")
         _check(self.request_timeout_s > 0, "request_timeout_s must be > 0")
+        _check(self.max_body_bytes > 0 and self.body_timeout_s > 0, "max_body_bytes and body_timeout_s must be > 0")
+        _check(self.max_connections >= 1 and self.header_timeout_s > 0, "max_connections, header_timeout_s must be > 0")
         _check(self.pipeline_check_s > 0, "pipeline_check_s must be > 0")
+        _check(self.router_dead_after_s > 0, "router_dead_after_s must be > 0")
         _check(self.tokenizer_threads >= 1, "tokenizer_threads must be >= 1")
         _check(
             self.tool_call_parser in ("", *TOOL_CALL_PARSERS),
@@ -223,6 +279,17 @@ class WorkerConfig(CommonConfig):
     random_weights: bool = option(False, "draw weights from a seed on the device (benchmarks: no checkpoint needed)")
     warmup: bool = option(True, "on CUDA, run a few prompts before serving so no request waits for a compile")
     tp: int = option(1, "tensor-parallel ranks of this group: one process per GPU (gloo on the CPU)")
+    nnodes: int = option(1, "hosts this group's --tp ranks are spread over, tp/nnodes ranks on each")
+    node_rank: int = option(
+        0,
+        "this host's place in a group over several hosts: 0 holds rank 0, which alone talks to Redis; "
+        "node k holds ranks k*tp/nnodes onwards and only runs them",
+    )
+    dist_init_addr: str = option(
+        "",
+        "with --nnodes above 1: host:port of node 0 that every host reaches; torch.distributed meets there, "
+        "and each step's batch goes out to the other hosts' ranks from port+1",
+    )
     disable_prompt_cache: bool = option(
         False,
         "recompute every prompt from its first token: no radix tree of finished and running requests' tokens over "
@@ -247,6 +314,25 @@ class WorkerConfig(CommonConfig):
         _check(self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs must be >= 0")
         _check(self.cuda_graph_max_tokens >= 0, "cuda_graph_max_tokens must be >= 0")
         _check(self.tp >= 1, f"tp must be >= 1, got {self.tp}")
+        _check(self.nnodes >= 1 and self.tp % self.nnodes == 0, f"nnodes must divide tp ({self.tp}), got {self.nnodes}")
+        _check(0 <= self.node_rank < self.nnodes, f"node_rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        _check(self.nnodes == 1 or bool(self.dist_init_addr), "dist_init_addr is required with nnodes > 1")
+        if self.dist_init_addr:
+            self.dist_address  # noqa: B018 (parsed here so that a bad address stops the service at start)
+
+    @property
+    def dist_address(self) -> tuple[str, int]:
+        """--dist-init-addr as (host, port); an IPv6 host in brackets."""
+        host, _, port = self.dist_init_addr.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        _check(bool(host) and port.isdigit() and 0 < int(port) < 65535, f"dist_init_addr: bad {self.dist_init_addr!r}")
+        return host, int(port)
+
+    @property
+    def ranks_here(self) -> range:
+        """The tensor-parallel ranks this host runs."""
+        per = self.tp // self.nnodes
+        return range(self.node_rank * per, (self.node_rank + 1) * per)
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,9 @@ class HeartbeatPublisher:
                 log.exception("heartbeat failed")
 
 
-def live_replicas(link: RedisLink, names: StreamNames, service: str) -> dict[str, Heartbeat]:
-    """Replica name -> its latest heartbeat, for every live replica of a service."""
+def live_replicas(link: RedisLink, names: StreamNames, service: str, once: bool = False) -> dict[str, Heartbeat]:
+    """Replica name -> its latest heartbeat, for every live replica of a service. With ``once``,
+    one try with a short timeout (RedisLink.try_call): an unreachable Redis raises."""
 
     def run(r) -> dict[str, Heartbeat]:
         keys = list(r.scan_iter(match=names.heartbeat_pattern(service), count=100))
@@ -95,4 +96,4 @@ def live_replicas(link: RedisLink, names: StreamNames, service: str) -> dict[str
             out[hb.replica] = hb
         return out
 
-    return link.call(run)
+    return link.try_call(run) if once else link.call(run)

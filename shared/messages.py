@@ -1,15 +1,14 @@
 """Every message that crosses a service boundary, grouped by the stream that carries it.
 
 Wire format: a msgpack array ``[SCHEMA_VERSION, tag, field_1, field_2, ...]`` with the
-fields in declaration order; a nested struct is the array of its own fields (the mapping of
-one struct: shared/struct_codec.py). No pickle, no tensors. ``encode`` and ``decode`` are the
-only ways in and out, and ``decode`` rejects a message from another schema version or of an
-unknown type.
+fields in declaration order; a nested struct is the array of its own fields
+(shared/wire_structs.py). No pickle, no tensors. ``encode`` and ``decode`` are the only ways
+in and out, and ``decode`` rejects a message from another schema version or of an unknown type.
 
 Streams (names in shared/streams.py):
     router inbox       GenerateReq, AbortReq, WorkerStatus
     worker[g] inbox    AdmitReqs, AbortReqs
-    detokenizer[k]     DetokRegister, TokenBatch
+    detokenizer[k]     DetokRegister, TokenBatch, Handover
     front[f]           TextBatch
     heartbeat keys     Heartbeat
 """
@@ -21,10 +20,12 @@ from typing import Any, ClassVar
 
 import msgpack
 
-from shared.struct_codec import WireError, struct_from_wire, struct_to_wire
+from shared.wire_structs import WireError, struct_from_wire, struct_to_wire
 
-# 2: WorkerStatus.running as columns (RunningTable); 3: the prompt cache's counts; 4: SamplingParams.constraint
-SCHEMA_VERSION = 4
+# 2: WorkerStatus.running as columns (RunningTable); 3: the prompt cache's counts; 4: hand-over of a
+# dead group's requests (GenerateReq.resumed and .handovers, TokenItem.handovers, Handover);
+# 5: SamplingParams.constraint
+SCHEMA_VERSION = 5
 
 # finish reasons shared by every stage; "" means still running
 FINISH_STOP = "stop"  # EOS, a stop token or a stop string
@@ -180,6 +181,9 @@ class TokenItem:
     prompt_tokens: int = 0
     output_tokens: int = 0  # total output tokens so far, this step's included
     cached_tokens: int = 0  # prompt tokens whose KV the prompt cache held when the request started
+    # its GenerateReq's handovers: a detokenizer that has handed the request over drops the
+    # items of the copy that ran before (a group declared dead that was only silent)
+    handovers: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +216,19 @@ class GenerateReq:
     params: SamplingParams
     arrival: float  # unix time the front accepted it
     deadline: float  # unix time after which it is failed wherever it is
+    # a request handed over from a dead worker group (docs/router.md, Failures): the last
+    # ``resumed`` of input_ids are output its client has already had, and the worker goes on
+    # from there by recomputation, as after a pause; handovers counts how often that happened
+    resumed: int = 0
+    handovers: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.resumed < max(len(self.input_ids), 1) or self.handovers < 0:
+            raise WireError(f"GenerateReq: resumed {self.resumed} of {len(self.input_ids)} input ids")
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.input_ids) - self.resumed
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +291,17 @@ class DetokRegister:
 
 
 @dataclass(frozen=True, slots=True)
+class Handover:
+    """From the router: the worker group running ``req`` died before its end went out. The
+    shard, which has every token the client was sent, sends the router the request to continue
+    (the prompt and those tokens, resumed) and drops any later item of the copy that died."""
+
+    TAG: ClassVar[str] = "handover"
+    req: GenerateReq
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class TokenBatch:
     TAG: ClassVar[str] = "tokens"
     source: str  # "worker:<group>" or "router"
@@ -310,6 +338,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     AdmitReqs,
     AbortReqs,
     DetokRegister,
+    Handover,
     TokenBatch,
     TextBatch,
     Heartbeat,

@@ -5,6 +5,9 @@ with ``CommonConfig.metrics_port``: a daemon thread then answers ``GET /metrics`
 port. A registry per service (not prometheus_client's global one) keeps the series of
 several services, or of several instances in one test process, apart.
 
+Every series carries a ``model_name`` label (``ModelLabel``): one Prometheus scraping several
+stacks, or a stack serving several models, tells their series apart by it.
+
 ``LoopHistogram`` is for hot loops (the worker's step loop): an observation is one bisect
 and two additions, with no lock, and the Prometheus family is built at scrape time on
 the metrics thread. prometheus_client's Histogram takes a lock and walks every bucket on
@@ -15,12 +18,35 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
+
+
+class ModelLabel(Collector):
+    """Another registry's series, each with a model_name label added."""
+
+    def __init__(self, inner: CollectorRegistry, model_name: str) -> None:
+        self.inner = inner
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self.inner.collect():
+            out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            for s in fam.samples:
+                out.add_sample(s.name, {**s.labels, "model_name": self.model_name}, s.value, s.timestamp, s.exemplar)
+            yield out
+
+
+def labelled(inner: CollectorRegistry, model_name: str) -> CollectorRegistry:
+    """A registry that exposes inner's series with the model_name label."""
+    outer = CollectorRegistry()
+    outer.register(ModelLabel(inner, model_name))
+    return outer
 
 
 def serve_metrics(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> bool:

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.quant_config import WeightQuant, parse_quantization
+
 log = logging.getLogger(__name__)
 
 # architectures -> family name used by the worker's model code
@@ -22,11 +24,16 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+# model type -> family name, for a config.json without architectures: the family's own name, or
+# (Gemma 3's text model) another
+MODEL_TYPE_FAMILIES = {n: n for n in SUPPORTED_ARCHITECTURES.values()} | {"gemma3_text": "gemma3"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
@@ -36,7 +43,7 @@ class ModelConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # llama | mistral | qwen2 | qwen3 | phi3 | mixtral | qwen2_moe | qwen3_moe
+    family: str  # llama | mistral | qwen2 | qwen3 | phi3 | mixtral | qwen2_moe | qwen3_moe | gemma2 | gemma3
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -60,6 +67,14 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert beside the routed ones; 0: none
     norm_topk_prob: bool = False  # the top-k routing weights renormalised to sum to one
     dense_layers: tuple[int, ...] = ()  # layers whose MLP is dense (intermediate_size) among sparse ones
+    # each layer's sliding window: a query at position p sees keys in (p - w, p]; 0 for a layer
+    # that sees every earlier position (and no tuple at all where every layer does)
+    layer_windows: tuple[int, ...] = ()
+    attn_logit_softcap: float = 0.0  # attention scores s -> c * tanh(s / c) before the softmax; 0: none
+    final_logit_softcap: float = 0.0  # the same on the logits; 0: none
+    query_pre_attn_scalar: float = 0.0  # the attention scale is its -1/2 power; 0: head_dim's
+    local_rope_theta: float = 0.0  # the sliding-window layers' own rotary base (Gemma 3); 0: rope_theta's
+    quantization: WeightQuant | None = None  # the checkpoint's int4 weights (shared/quant_config.py); None: none
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -87,9 +102,17 @@ class ModelConfig:
         """Whether layer's MLP is routed experts (else Llama's dense MLP)."""
         return self.num_experts > 0 and layer not in self.dense_layers
 
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ModelConfigError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
+
     @property
     def context_length(self) -> int:
         return self.max_position_embeddings
+
+    @property
+    def attention_scale(self) -> float:
+        """What q . k is multiplied by before the softmax."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @classmethod
     def from_dir(cls, model_dir: str) -> ModelConfig:
@@ -111,7 +134,7 @@ class ModelConfig:
         archs = raw.get("architectures") or []
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if family is None:
-            family = {n: n for n in SUPPORTED_ARCHITECTURES.values()}.get(raw.get("model_type", ""))
+            family = MODEL_TYPE_FAMILIES.get(raw.get("model_type", ""))
         if family is None:
             raise ModelConfigError(
                 f"architecture {archs or raw.get('model_type')!r} is not supported; "
@@ -120,6 +143,7 @@ class ModelConfig:
         if family == "qwen3":
             _refuse_sliding_window(raw)
         moe = _moe_fields(family, raw)
+        raw, gemma = _gemma(raw, family)  # Hugging Face's Gemma defaults filled in, and Gemma's own fields
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         rope_params = dict(raw.get("rope_parameters") or {})
@@ -162,7 +186,9 @@ class ModelConfig:
             rope_scaling=scaling,
             eos_token_ids=eos,
             bos_token_id=raw.get("bos_token_id"),
+            quantization=parse_quantization(raw, family in MOE_FAMILIES),
             **moe,
+            **gemma,
         )
 
 
@@ -214,14 +240,15 @@ def _moe_fields(family: str, raw: dict[str, Any]) -> dict[str, Any]:
 
 def _refuse_sliding_window(raw: dict[str, Any]) -> None:
     """Qwen3 turns a sliding window on with use_sliding_window (on the layers from
-    max_window_layers) or names it per layer in layer_types; the attention kernels take no
-    window, so a config that does either, or names a layer type not known here, is refused."""
+    max_window_layers) or names it per layer in layer_types; this parser does not turn those
+    into layer_windows (which the attention backends take, as Gemma's are), so a config that
+    does either, or names a layer type not known here, is refused."""
     types = set(raw.get("layer_types") or ["full_attention"])
     if raw.get("use_sliding_window") or types != {"full_attention"}:
         raise ModelConfigError(
             f"Qwen3 with a sliding window or other layer types (use_sliding_window "
             f"{raw.get('use_sliding_window')!r}, layer types {sorted(types)}) is not supported: "
-            "the attention kernels take full attention only"
+            "Qwen3 is served with full attention only"
         )
 
 
@@ -266,3 +293,85 @@ def _ids(value: Any) -> tuple[int, ...]:
     if isinstance(value, int):
         return (value,)
     return tuple(int(v) for v in value)
+
+
+# Hugging Face's Gemma2Config / Gemma3TextConfig defaults for what config.json may leave out
+_GEMMA_DEFAULTS = {
+    "gemma2": {"head_dim": 256, "max_position_embeddings": 8192, "rope_theta": 10000.0, "tie_word_embeddings": True},
+    "gemma3": {"head_dim": 256, "max_position_embeddings": 131072, "tie_word_embeddings": True},
+}
+_GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_python_tanh")  # GELU's tanh approximation, as the kernels do
+
+
+def _gemma(raw: dict[str, Any], family: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """For Gemma 2 and 3: (config.json with Hugging Face's defaults for the fields the other families
+    share, Gemma's own ModelConfig fields); (raw, {}) for the other families. Gemma 2: attention
+    and final logit soft caps (50, 30 by default), the window on even layers; Gemma 3: no attention
+    soft cap (Hugging Face's Gemma 3 attention applies none whatever config.json says), the window on
+    five layers of six, the sliding layers' own rotary base. The context is not capped by the window:
+    the full-attention layers see every position."""
+    if family not in _GEMMA_DEFAULTS:
+        return raw, {}
+    if "text_config" in raw:  # Gemma3ForConditionalGeneration: model_type gemma3, the text model nested
+        raise ModelConfigError(
+            "multimodal Gemma 3 (Gemma3ForConditionalGeneration) is not supported: its text model sits under "
+            "text_config and its weights under language_model; serve a text-only Gemma3ForCausalLM checkpoint"
+        )
+    if raw.get("use_bidirectional_attention"):
+        raise ModelConfigError("Gemma with use_bidirectional_attention is not supported: the kernels attend causally")
+    act = raw.get("hidden_activation") or "gelu_pytorch_tanh"
+    if act not in _GEMMA_ACTIVATIONS:
+        raise ModelConfigError(f"Gemma's hidden_activation {act!r} is not supported ({', '.join(_GEMMA_ACTIVATIONS)})")
+    raw = _gemma3_rope(raw) if family == "gemma3" else dict(raw)
+    for name, value in _GEMMA_DEFAULTS[family].items():
+        raw.setdefault(name, value)
+    gemma2 = family == "gemma2"
+    attn_cap = raw.get("attn_logit_softcapping", 50.0) if gemma2 else None
+    final_cap = raw.get("final_logit_softcapping", 30.0 if gemma2 else None)
+    return raw, {
+        "layer_windows": _gemma_windows(raw, family),
+        "attn_logit_softcap": float(attn_cap or 0.0),
+        "final_logit_softcap": float(final_cap or 0.0),
+        "query_pre_attn_scalar": float(raw.get("query_pre_attn_scalar", 256)),
+        "local_rope_theta": 0.0 if gemma2 else float(raw.get("rope_local_base_freq", 10000.0)),
+    }
+
+
+def _gemma_windows(raw: dict[str, Any], family: str) -> tuple[int, ...]:
+    """Each layer's window from layer_types, or Hugging Face's pattern without them: Gemma 2's
+    sliding layers are the even ones, Gemma 3's all but every sliding_window_pattern-th (6)."""
+    n = int(raw["num_hidden_layers"])
+    pattern = 2 if family == "gemma2" else int(raw.get("sliding_window_pattern") or 6)
+    types = raw.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    unknown = set(types) - {"sliding_attention", "full_attention"}
+    if len(types) != n or unknown:
+        raise ModelConfigError(
+            f"Gemma layer_types must name sliding_attention or full_attention for each of {n} layers, "
+            f"got {len(types)} with {sorted(unknown) or 'no unknown types'}"
+        )
+    window = int(raw.get("sliding_window", 4096) or 0)
+    if window <= 0 and "sliding_attention" in types:
+        raise ModelConfigError(
+            f"Gemma sliding_attention layers need a sliding_window, got {raw.get('sliding_window')!r}"
+        )
+    return tuple(window if t == "sliding_attention" else 0 for t in types)
+
+
+def _gemma3_rope(raw: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's rotary fields in the classic spelling the rest of this module reads: rope_theta
+    and rope_scaling for the full-attention layers, rope_local_base_freq for the sliding ones (from
+    transformers 5's rope_parameters per layer type where config.json gives those). The sliding
+    layers' rotary is unscaled in every Gemma 3; one with a scaling is refused."""
+    raw = dict(raw)
+    per_type = raw.get("rope_parameters") or {}
+    if "full_attention" in per_type or "sliding_attention" in per_type:
+        raw.pop("rope_parameters")
+        full = dict(per_type.get("full_attention") or {})
+        local = dict(per_type.get("sliding_attention") or {})
+        raw["rope_theta"] = full.pop("rope_theta", 1000000.0)
+        raw["rope_scaling"] = full if full.get("rope_type", "default") != "default" else None
+        raw["rope_local_base_freq"] = local.pop("rope_theta", 10000.0)
+        if local.get("rope_type", "default") != "default":
+            raise ModelConfigError(f"Gemma 3's sliding layers with rope scaling {local} are not supported")
+    raw.setdefault("rope_theta", 1000000.0)
+    return raw

@@ -4,7 +4,8 @@ Writers append with ``XADD ... MAXLEN ~ N`` so no stream grows without bound. Re
 consume through a consumer group and acknowledge an entry only after its side effect
 is done; a reader also claims the pending entries of a consumer that died (its lease,
 refreshed by every read, expired), so a restarted service picks up where its predecessor
-stopped. A group that vanished (Redis restarted without persistence) is created again.
+stopped. A group that vanished (Redis restarted without persistence, or a new master after a
+Sentinel failover lacks it) is created again, and an acknowledgement sent to it is dropped.
 
 A read whose answer is lost (the connection dropped or timed out after Redis ran it) has
 made its entries this consumer's pending ones, and no later read of new entries returns
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ import redis
 import redis.asyncio as aioredis
 
 from shared.messages import WireError, decode, encode
-from shared.redis_link import RedisLink, async_client, is_nogroup, maybe
+from shared.redis_link import RedisLink, is_nogroup, maybe
 from shared.streams import consumer_lease
 
 log = logging.getLogger(__name__)
@@ -53,14 +54,21 @@ class StreamWriter:
         data = encode(msg)
         self.link.call(lambda r: r.xadd(stream, {FIELD: data}, maxlen=self.maxlen, approximate=True))
 
-    def send_many(self, items: Iterable[tuple[str, Any]], acks: Iterable[Entry] = (), once: bool = False) -> None:
+    def send_many(
+        self,
+        items: Iterable[tuple[str, Any]],
+        acks: Iterable[Entry] = (),
+        once: bool = False,
+        give_up: Callable[[], bool] | None = None,
+    ) -> None:
         """Append several messages in one round trip, each to its own stream, in order.
 
         Entries in ``acks`` are acknowledged in the same MULTI/EXEC transaction, so a
         consumer that dies mid-way has either done both (sent and acknowledged) or
         neither, and its successor neither loses nor repeats the work. With ``once``, one
         attempt that never blocks long (RedisLink.call_once): it raises where the default
-        would wait for Redis with backoff."""
+        would wait for Redis with backoff; with ``give_up``, the wait ends (RedisUnreachable)
+        when it says so."""
         encoded = [(stream, encode(msg)) for stream, msg in items]
         ack_list = list(acks)
         if not encoded and not ack_list:
@@ -72,12 +80,17 @@ class StreamWriter:
                 pipe.xadd(stream, {FIELD: data}, maxlen=self.maxlen, approximate=True)
             for (stream, group), ids in _by_group(ack_list).items():
                 pipe.xack(stream, group, *ids)
-            pipe.execute()
+            for answer in pipe.execute(raise_on_error=False):
+                # an acknowledgement to a group this Redis lacks (a new master after a failover, a
+                # restart without persistence) is moot: the group holds nothing pending; the
+                # messages are sent, so no retry (it would send them twice)
+                if isinstance(answer, Exception) and not is_nogroup(answer):
+                    raise answer
 
         if once:
             self.link.call_once(run)
         else:
-            self.link.call(run)
+            self.link.call(run, give_up=give_up)
 
 
 def _id_key(entry_id: bytes | str) -> tuple[int, int]:
@@ -164,7 +177,7 @@ class StreamReader:
         raises (redis.ConnectionError, redis.TimeoutError) for the caller to try again; the
         next read recovers what this one may have taken."""
         if self._async is None:
-            self._async = async_client(self.link.url, socket_timeout=self.link.socket_timeout_s)
+            self._async = self.link.target.async_client(socket_timeout=self.link.socket_timeout_s)
         ack_ids = [e.entry_id for e in acks]
         while True:
             start = self._start()

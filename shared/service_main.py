@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from shared.heartbeat import HeartbeatPublisher
-from shared.metrics import serve_metrics
+from shared.metrics import labelled, serve_metrics
 from shared.redis_link import RedisLink, Stopping
 
 log = logging.getLogger(__name__)
@@ -22,11 +22,12 @@ def stop_on_signals(link: RedisLink) -> None:
         signal.signal(sig, lambda *_: link.stop.set())
 
 
-def serve_collector(port: int, collector: Collector) -> None:
-    """Prometheus series of one collector on their own port (none when port is 0)."""
+def serve_collector(port: int, collector: Collector, model_name: str) -> None:
+    """Prometheus series of one collector on their own port (none when port is 0), each with
+    the model_name label."""
     registry = CollectorRegistry()
     registry.register(collector)
-    serve_metrics(port, registry)
+    serve_metrics(port, labelled(registry, model_name))
 
 
 def run_beating(

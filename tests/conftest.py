@@ -20,7 +20,7 @@ if ROOT not in sys.path:
 from tools import make_tiny_model  # noqa: E402
 from tools.redis_server import RedisServer  # noqa: E402
 
-ARCHS = ("llama", "qwen2", "qwen3", "phi3")
+ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 # the mixtures of experts: built only for the sessions whose tests ask for them (tiny_moe_models),
 # so the many tests over tiny_models do not each run them too
 MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
@@ -45,6 +45,15 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def tiny_moe_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Mixture-of-experts arch -> model directory (4 experts, top-2), each made once per session."""
     return _make(tmp_path_factory, MOE_ARCHS)
+
+
+@pytest.fixture(scope="session")
+def tiny_int4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tiny Llama's AWQ and GPTQ checkpoints, their dequantized twins and the unquantized one
+    (tests/int4_models.py), made once per session."""
+    from tests import int4_models
+
+    return int4_models.make(str(tmp_path_factory.mktemp("tiny-int4")))
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,8 @@ import functools
 
 import torch
 
+EAGER = ("gemma2", "gemma3_text")  # model types Hugging Face runs with eager attention here
+
 
 @functools.cache
 def _load(model_dir: str):
@@ -13,7 +15,10 @@ def _load(model_dir: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     transformers.logging.set_verbosity_error()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # eager attention where its arithmetic is the reference's own: Gemma 2's soft cap (SDPA has none)
+    eager = transformers.AutoConfig.from_pretrained(model_dir).model_type in EAGER
+    kwargs = {"attn_implementation": "eager"} if eager else {}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kwargs)
     model.eval()
     return AutoTokenizer.from_pretrained(model_dir), model
 
@@ -37,3 +42,10 @@ def greedy(model_dir: str, prompt_ids: list[int], max_new_tokens: int, eos: bool
             **kwargs,
         )
     return out[0, len(prompt_ids) :].tolist()
+
+
+def top1_teacher_forced(model_dir: str, ids: list[int]) -> list[int]:
+    """HF's most likely next token at every position of ids (one forward, no sampling)."""
+    _, model = _load(model_dir)
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].argmax(-1).tolist()

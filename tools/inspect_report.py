@@ -16,9 +16,10 @@ import sys
 import time
 from typing import Any
 
+from shared.config import CommonConfig, ConfigError
 from shared.heartbeat import live_replicas
 from shared.inspection import latest_worker_statuses, stream_views
-from shared.redis_link import RedisLink
+from shared.redis_link import RedisLink, RedisTarget
 from shared.streams import SERVICE_DETOK, SERVICE_ROUTER, SERVICE_TOKENIZER, SERVICE_WORKER, StreamNames
 
 SERVICES = (SERVICE_TOKENIZER, SERVICE_ROUTER, SERVICE_WORKER, SERVICE_DETOK)
@@ -139,13 +140,21 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.inspect", description=__doc__.split("\n\n")[0])
     ap.add_argument("--redis-url", default=os.environ.get("LS_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    ap.add_argument("--redis-sentinel", default=os.environ.get("LS_REDIS_SENTINEL", ""), help="host:port,...")
+    ap.add_argument("--redis-master-name", default=os.environ.get("LS_REDIS_MASTER_NAME", "mymaster"))
     ap.add_argument("--namespace", default=os.environ.get("LS_NAMESPACE", "ls"))
     ap.add_argument("--json", action="store_true", help="print the snapshot as JSON")
     ap.add_argument("--watch", type=float, default=0.0, metavar="SECONDS", help="print it again every SECONDS")
     args = ap.parse_args(argv)
-    link = RedisLink(args.redis_url)
+    try:
+        common = CommonConfig(
+            redis_url=args.redis_url, redis_sentinel=args.redis_sentinel, redis_master_name=args.redis_master_name
+        )
+    except ConfigError as e:
+        ap.error(str(e))
+    link = RedisLink(RedisTarget.of(common))
     if not link.ping():  # the link would wait for Redis forever; a person wants to know now
-        print(f"cannot reach Redis at {args.redis_url}", file=sys.stderr)
+        print(f"cannot reach Redis at {link.target}", file=sys.stderr)
         return 2
     names = StreamNames(args.namespace)
     try:

@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     tok = synthetic_tokenizer(cfg["vocab_size"])
     assert tok.get_vocab_size() == cfg["vocab_size"], tok.get_vocab_size()
     bos, eos = tok.token_to_id("<|begin_of_text|>"), tok.token_to_id("<|end_of_text|>")
-    cfg.update(bos_token_id=bos, eos_token_id=eos, model_type="llama")
+    cfg.update(bos_token_id=bos, eos_token_id=eos)
+    cfg.setdefault("model_type", "llama")
     tok.save(os.path.join(args.out, "tokenizer.json"))
     files = {
         "config.json": cfg,

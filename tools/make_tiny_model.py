@@ -2,15 +2,22 @@
 byte-level BPE tokenizer trained here on tools/data/corpus.txt.
 
     python tools/make_tiny_model.py --out DIR [--seed N]
-        [--arch llama|qwen2|qwen3|phi3|mixtral|qwen2_moe|qwen3_moe]
-        [--hidden 64] [--layers 2] [--heads 4] [--kv-heads 2] [--intermediate 128]
+        [--arch llama|qwen2|qwen3|phi3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3]
+        [--hidden 64] [--layers 2 (gemma: 4)] [--heads 4] [--kv-heads 2] [--intermediate 128]
         [--experts 4] [--top-k 2] [--moe-intermediate 48] [--shared-intermediate 96]
         [--mlp-only-layers I ...] [--vocab 1000] [--max-positions 1024] [--dtype float32]
+        [--quant awq|gptq] [--group-size 128]
 
 qwen3's heads are twice hidden / heads wide (its config.json gives head_dim, which need not
 be hidden / heads), and each layer has its per-head q and k norms. phi3 stores q, k and v as
 one tensor and gate and up as another, and has LongRoPE scaling (Phi-3-mini-128k's shape,
-shrunk: the context four times the original, a factor per rotary frequency).
+shrunk: the context four times the original, a factor per rotary frequency). gemma2 and gemma3
+have four layers, both kinds of attention among them, and an 8-token sliding window, so prompts
+outrun it; Gemma's four norms a layer (weights near zero: they scale by 1 + w), a
+query_pre_attn_scalar unequal to head_dim, tied embeddings. gemma2 soft-caps its attention
+scores and its logits, with caps small enough to matter at these scales; gemma3 has its heads
+twice hidden / heads wide with q and k norms, a local rotary base for its sliding layers and
+linear rope scaling on its global ones.
 
 The mixtures of experts store each expert's projections as their checkpoints do: mixtral's
 block_sparse_moe.experts.{e}.w1/w2/w3 (each expert --moe-intermediate wide, which its config
@@ -22,7 +29,10 @@ Qwen3-30B-A3B's config says). --mlp-only-layers makes those layers of a Qwen MoE
 The output layer is scaled up so the next-token distribution is peaked: greedy choices
 then do not hinge on the order of floating-point sums, which lets tests compare token
 for token with Hugging Face transformers. The end-of-sequence row is scaled further so
-greedy generations end on EOS now and then. Same arguments, same bytes.
+greedy generations end on EOS now and then. Same arguments, same bytes. --quant writes every
+layer's projections as 4-bit AWQ or GPTQ tensors quantized from the same draws
+(models/int4_formats.py), with config.json's quantization_config (hidden and intermediate
+sizes multiples of the group size; dense archs but phi3).
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from services.worker.models import int4_formats
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
 
@@ -57,6 +69,8 @@ ARCHS = {
     "mixtral": LLAMA_TOKENS,
     "qwen2_moe": QWEN_TOKENS,
     "qwen3_moe": QWEN_TOKENS,
+    "gemma2": LLAMA_TOKENS,
+    "gemma3": LLAMA_TOKENS,
 }
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -66,17 +80,23 @@ ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
+GEMMA = ("gemma2", "gemma3")
 QKV_BIAS = ("qwen2", "qwen2_moe")
 HEAD_NORMS = ("qwen3", "qwen3_moe")
-TIED = ("qwen2", "qwen3")  # the output layer is the embedding, as in the small Qwen checkpoints
+WIDE_HEADS = (*HEAD_NORMS, "gemma3")  # heads twice hidden / heads wide
+TIED = ("qwen2", "qwen3", *GEMMA)  # the output layer is the embedding, as in the small Qwen and every Gemma checkpoint
 ROPE_THETA = {"llama": 500000.0, "qwen2": 10000.0, "qwen3": 1000000.0, "phi3": 10000.0}
 ROPE_THETA |= {"mixtral": 1000000.0, "qwen2_moe": 1000000.0, "qwen3_moe": 1000000.0}
+ROPE_THETA |= {"gemma2": 10000.0, "gemma3": 1000000.0}
+GEMMA_WINDOW = 8
 
 
 def head_dim(args: argparse.Namespace) -> int:
-    return args.hidden // args.heads * (2 if args.arch in HEAD_NORMS else 1)
+    return args.hidden // args.heads * (2 if args.arch in WIDE_HEADS else 1)
 
 
 def train_tokenizer(vocab_size: int, specials: list[str], bos: str | None) -> Tokenizer:
@@ -129,7 +149,9 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
         if args.arch in HEAD_NORMS:
             w[p + "self_attn.q_norm.weight"] = 1.0 + normal(d, std=0.1)
             w[p + "self_attn.k_norm.weight"] = 1.0 + normal(d, std=0.1)
-        w[p + "post_attention_layernorm.weight"] = norm()
+        if args.arch in GEMMA:  # Gemma's norms scale by 1 + w: their weights sit near zero
+            w.update(gemma_norms(p, args, d, normal))
+        w[p + "post_attention_layernorm.weight"] = norm() if args.arch not in GEMMA else normal(args.hidden, std=0.1)
         if args.arch in MOE and i not in args.mlp_only_layers:
             w.update(expert_weights(args, p, linear))
         else:
@@ -142,8 +164,10 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
             gate_up = [w.pop(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
             w[p + "mlp.gate_up_proj.weight"] = torch.cat(gate_up)
     # with tied embeddings a positive final norm makes each token its own best successor
-    # (logit = |embedding|^2); random signs break that self-attraction
+    # (logit = |embedding|^2); random signs break that self-attraction (Gemma's: 1 + w of random sign)
     w["model.norm.weight"] = normal(args.hidden, std=1.0) if args.arch in TIED else norm()
+    if args.arch in GEMMA:
+        w["model.norm.weight"] -= 1.0
     # peaked logits: each logit has a standard deviation of about args.logit_scale
     head = normal(vocab, args.hidden, std=args.logit_scale * args.hidden**-0.5)
     head[eos_id] *= args.eos_boost
@@ -202,7 +226,7 @@ def moe_fields(args: argparse.Namespace) -> dict:
 def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_id: int) -> dict:
     cfg = {
         "architectures": [ARCHITECTURES[args.arch]],
-        "model_type": args.arch,
+        "model_type": "gemma3_text" if args.arch == "gemma3" else args.arch,  # gemma3: the multimodal one
         "vocab_size": vocab,
         "hidden_size": args.hidden,
         "intermediate_size": args.intermediate,
@@ -236,6 +260,8 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
         )  # Hugging Face's default pad id, 32000, is past the vocabulary
     elif args.arch in MOE:
         cfg.update(moe_fields(args))
+    elif args.arch in GEMMA:
+        cfg.update(gemma_fields(args), pad_token_id=eos_id)
     else:
         cfg["use_sliding_window"] = False
         cfg["sliding_window"] = None
@@ -254,6 +280,36 @@ def phi3_fields(args: argparse.Namespace) -> dict:
             "long_factor": [round(1.0 + 8.0 * i / n, 4) for i in range(n)],
         },
         "sliding_window": args.max_positions,
+    }
+
+
+def gemma_norms(p: str, args: argparse.Namespace, d: int, normal) -> dict[str, torch.Tensor]:
+    """A Gemma layer's norms beyond Llama's two (input and post-attention), and Gemma 3's head norms."""
+    w = {p + f"{n}_feedforward_layernorm.weight": normal(args.hidden, std=0.1) for n in ("pre", "post")}
+    if args.arch == "gemma3":
+        w |= {p + f"self_attn.{n}_norm.weight": normal(d, std=0.1) for n in "qk"}
+    return w
+
+
+def gemma_fields(args: argparse.Namespace) -> dict:
+    """Gemma 2's or 3's own config.json fields (see the module's docstring)."""
+    n = args.layers
+    fields = {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 24,
+        "sliding_window": GEMMA_WINDOW,
+    }
+    if args.arch == "gemma2":  # Hugging Face's default layer types: the even layers slide
+        return fields | {"attn_logit_softcapping": 2.0, "final_logit_softcapping": 6.0}
+    types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(n)]
+    return fields | {
+        "layer_types": types,
+        "sliding_window_pattern": 4,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
     }
 
 
@@ -285,10 +341,14 @@ def write(out: str, args: argparse.Namespace) -> None:
         "tokenizer_config.json": tokenizer_config(arch, args.max_positions),
         "special_tokens_map.json": {"bos_token": arch["bos"], "eos_token": arch["eos"], "pad_token": arch["eos"]},
     }
+    weights = random_weights(args, vocab, eos_id)
+    if args.quant:
+        weights = int4_formats.quantize_checkpoint(weights, args.quant, args.group_size)
+        files["config.json"]["quantization_config"] = int4_formats.quantization_config(args.quant, args.group_size)
     for name, content in files.items():
         with open(os.path.join(out, name), "w") as f:
             json.dump({k: v for k, v in content.items() if v is not None or name == "config.json"}, f, indent=2)
-    save_file(random_weights(args, vocab, eos_id), os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    save_file(weights, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
 
 
 def parser() -> argparse.ArgumentParser:
@@ -297,7 +357,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arch", choices=sorted(ARCHS), default="llama")
     ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=None, help="2 (gemma: 4, both kinds of attention)")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--intermediate", type=int, default=128, help="the dense MLP's width")
@@ -311,13 +371,21 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     ap.add_argument("--logit-scale", type=float, default=4.0, help="standard deviation of the logits")
     ap.add_argument("--eos-boost", type=float, default=1.8, help="extra scale of the EOS row of the output layer")
+    ap.add_argument(
+        "--quant", choices=["awq", "gptq"], default=None, help="4-bit projections, as AWQ or GPTQ store them"
+    )
+    ap.add_argument("--group-size", type=int, default=128, help="--quant's group size")
     return ap
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if args.layers is None:
+        args.layers = 4 if args.arch in GEMMA else 2
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise SystemExit("--hidden must divide by --heads, and --heads by --kv-heads")
+    if args.quant and (args.arch in MOE or args.arch == "phi3"):
+        raise SystemExit("--quant: dense archs but phi3 only")
     write(args.out, args)
     print(args.out)
 

@@ -51,10 +51,16 @@ def _ephemeral_low() -> int:
 
 
 class RedisServer:
-    def __init__(self, port: int | None = None, binary: str = "redis-server") -> None:
+    def __init__(
+        self, port: int | None = None, binary: str = "redis-server", appendonly: bool = False, replicaof: int = 0
+    ) -> None:
+        """``replicaof``: the port of a local master this server replicates (tools/redis_sentinel.py)."""
         self.port = port or free_port()
         self.binary = shutil.which(binary) or binary
+        self.replicaof = replicaof
         self.dir = tempfile.mkdtemp(prefix="lightstream-redis-")
+        # append-only, fsync every second, as compose runs it: a restart keeps the streams
+        self.appendonly = appendonly
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -71,12 +77,14 @@ class RedisServer:
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes" if self.appendonly else "no",
             "--dir",
             self.dir,
             "--protected-mode",
             "no",
         ]
+        if self.replicaof:
+            args += ["--replicaof", "127.0.0.1", str(self.replicaof)]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         probe = client(f"redis://127.0.0.1:{self.port}", socket_connect_timeout=0.5)  # this loop retries
         end = time.monotonic() + timeout_s
@@ -89,6 +97,13 @@ class RedisServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
         raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout_s}s")
+
+    def kill(self) -> None:
+        """Kill it (SIGKILL: a crash, no goodbye to replicas or clients), keeping its files: start()
+        again restarts it on the same port."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

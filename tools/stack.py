@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from tools.supervisor import Child
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -126,6 +128,13 @@ class Stack:
             stderr=subprocess.STDOUT if out else None,
             start_new_session=True,
         )
+
+    def children(self) -> list[Child]:
+        """Each service as a supervised process (tools/supervisor.py)."""
+        return [
+            Child(name, lambda svc=svc: svc.proc, lambda name=name: self.start_service(name))
+            for name, svc in self.services.items()
+        ]
 
     def kill_service(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.services[name].proc

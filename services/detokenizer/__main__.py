@@ -13,7 +13,7 @@ from shared.cli import parse_config
 from shared.config import DetokenizerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
-from shared.redis_link import RedisLink
+from shared.redis_link import RedisLink, RedisTarget
 from shared.service_main import run_beating, serve_collector, stop_on_signals
 from shared.streams import SERVICE_DETOK, StreamNames
 
@@ -31,7 +31,7 @@ class _FastDecoder:
 def main() -> None:
     cfg = parse_config(DetokenizerConfig, None, os.environ)
     setup_logging(SERVICE_DETOK, cfg.replica, cfg.log_level, cfg.log_format)
-    link = RedisLink(cfg.redis_url)
+    link = RedisLink(RedisTarget.of(cfg))
     stop_on_signals(link)
     names = StreamNames(cfg.namespace)
     metrics = DetokMetrics(cfg.replica)
@@ -44,7 +44,7 @@ def main() -> None:
         metrics,
         BusyPoll.for_host(cfg.busy_poll_ms),
     )
-    serve_collector(cfg.metrics_port, DetokCollector(metrics, lambda: len(service.sessions)))
+    serve_collector(cfg.metrics_port, DetokCollector(metrics, lambda: len(service.sessions)), cfg.served_model_name())
     beat = HeartbeatPublisher(link, names, SERVICE_DETOK, cfg.replica, info=lambda: {"sessions": len(service.sessions)})
     run_beating("detokenizer", beat, service.run)
 

@@ -3,7 +3,9 @@
 It reads its shard's stream (registrations from front ends, token batches from
 workers and the router), keeps one DetokSession per request, and sends one TextBatch
 per step to each front end with requests in it. A stop-string hit also sends an abort
-to the router, so the worker frees the request's KV at once.
+to the router, so the worker frees the request's KV at once. A Handover from the router (the
+request's worker group died) is answered with the request to continue: the shard holds every
+token its client was sent (docs/router.md, Failures).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from services.detokenizer.incremental import Decoder
 from services.detokenizer.metrics import DetokMetrics
 from services.detokenizer.session import DetokSession
 from shared.busy_poll import BusyPoll
-from shared.messages import AbortReq, DetokRegister, TextBatch, TextItem, TokenBatch
+from shared.messages import AbortReq, DetokRegister, GenerateReq, Handover, TextBatch, TextItem, TokenBatch
 from shared.redis_link import RedisLink
 from shared.redis_streams import Entry, StreamReader, StreamWriter
 from shared.streams import GROUP_DETOK, StreamNames
@@ -58,16 +60,25 @@ class DetokenizerService:
         started = time.perf_counter()
         texts: dict[str, list[TextItem]] = {}
         aborts: list[str] = []
+        handed: list[GenerateReq] = []
         for entry in entries:
             msg = entry.msg
             if isinstance(msg, DetokRegister):
                 self.sessions[msg.rid] = DetokSession(msg, self.decoder)
                 self.deadlines[msg.rid] = msg.deadline
+            elif isinstance(msg, Handover):
+                session = self.sessions.get(msg.req.rid)
+                if session is not None:  # else it ended: its last item came before the group died
+                    handed.append(session.hand_over(msg.req))
+                    log.warning(
+                        "handed over with %d tokens: %s", session.output_tokens, msg.why, extra={"rid": msg.req.rid}
+                    )
             elif isinstance(msg, TokenBatch):
+                from_worker = msg.source != "router"  # the router's items end a request: never stale
                 for item in msg.items:
                     session = self.sessions.get(item.rid)
-                    if session is None:
-                        continue  # ended already (stop string hit; its abort is in flight)
+                    if session is None or (from_worker and session.stale(item)):
+                        continue  # ended already (stop string hit; its abort is in flight), or handed over
                     text, ended = session.apply(item)
                     texts.setdefault(session.front, []).append(text)
                     if ended:
@@ -79,6 +90,7 @@ class DetokenizerService:
         self.metrics.on_handle(entries, texts, len(aborts), time.perf_counter() - started)
         out = [(self.names.front(front), TextBatch(items)) for front, items in texts.items()]
         out += [(self.names.router, AbortReq(rid, "ended by the detokenizer")) for rid in aborts]
+        out += [(self.names.router, req) for req in handed]
         self.writer.send_many(out, acks=entries)
 
     def _close(self, rid: str) -> None:

@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from services.detokenizer.incremental import Decoder, IncrementalDecoder
 from services.detokenizer.stops import StopMatcher
-from shared.messages import ERR_FAILED, FINISH_ERROR, FINISH_STOP, DetokRegister, TextItem, TokenItem
+from shared.messages import (
+    ERR_FAILED,
+    FINISH_ERROR,
+    FINISH_STOP,
+    DetokRegister,
+    GenerateReq,
+    TextItem,
+    TokenItem,
+)
 
 
 class DetokSession:
-    __slots__ = ("cached_tokens", "decoder", "front", "output_tokens", "prompt_tokens", "rid", "stops")
+    __slots__ = (
+        "cached_tokens",
+        "decoder",
+        "front",
+        "handovers",
+        "output_ids",
+        "prompt_tokens",
+        "rid",
+        "stops",
+    )
 
     def __init__(self, reg: DetokRegister, decoder: Decoder) -> None:
         self.rid = reg.rid
@@ -16,17 +35,34 @@ class DetokSession:
         self.prompt_tokens = reg.prompt_tokens
         self.decoder = IncrementalDecoder(decoder, reg.skip_special_tokens)
         self.stops = StopMatcher(reg.stop)
-        self.output_tokens = 0
+        self.output_ids: list[int] = []  # every token sent on: what a hand-over continues from
+        self.handovers = 0  # the request's hand-overs: items of an earlier copy are stale
         self.cached_tokens = 0  # prompt tokens the worker's prompt cache held, as its items report
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    def stale(self, item: TokenItem) -> bool:
+        """An item of a copy of the request that ran before its last hand-over (a worker group
+        declared dead that was only silent): the copy handed over goes on in its place."""
+        return item.handovers < self.handovers
+
+    def hand_over(self, req: GenerateReq) -> GenerateReq:
+        """The request to continue on another group: its prompt and the tokens sent on so far."""
+        self.handovers = req.handovers + 1
+        prompt = req.input_ids[: req.prompt_len]
+        return dataclasses.replace(
+            req, input_ids=prompt + self.output_ids, resumed=len(self.output_ids), handovers=self.handovers
+        )
 
     def apply(self, item: TokenItem) -> tuple[TextItem, bool]:
         """-> (the text item for the front end, whether this request has ended)."""
-        expected = self.output_tokens + len(item.token_ids)
-        if item.token_ids and item.output_tokens != expected:
+        if item.token_ids and item.output_tokens != self.output_tokens + len(item.token_ids):
             # a worker restarted the request after its output had begun: sending the new
             # tokens would repeat text the client already has
             return self._end(FINISH_ERROR, "the request was restarted after its output began", ERR_FAILED), True
-        self.output_tokens = expected
+        self.output_ids += item.token_ids
         # kept, so that every text item carries it, the ends this session makes itself included
         self.cached_tokens = item.cached_tokens or self.cached_tokens
         text, hit = self.stops.feed(self.decoder.push(item.token_ids))

@@ -11,7 +11,7 @@ from shared.cli import parse_config
 from shared.config import RouterConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
-from shared.redis_link import RedisLink
+from shared.redis_link import RedisLink, RedisTarget
 from shared.service_main import run_beating, serve_collector, stop_on_signals
 from shared.streams import SERVICE_ROUTER, StreamNames
 
@@ -19,10 +19,10 @@ from shared.streams import SERVICE_ROUTER, StreamNames
 def main() -> None:
     cfg = parse_config(RouterConfig, None, os.environ)
     setup_logging(SERVICE_ROUTER, cfg.replica, cfg.log_level, cfg.log_format)
-    link = RedisLink(cfg.redis_url)
+    link = RedisLink(RedisTarget.of(cfg))
     stop_on_signals(link)
     service = RouterService(cfg, link, BusyPoll.for_host(cfg.busy_poll_ms))
-    serve_collector(cfg.metrics_port, RouterCollector(lambda: service.figures))
+    serve_collector(cfg.metrics_port, RouterCollector(lambda: service.figures), cfg.served_model_name())
     # the heartbeat carries the queue figures, so front ends can refuse at once when it is full
     names = StreamNames(cfg.namespace)
     beat = HeartbeatPublisher(link, names, SERVICE_ROUTER, cfg.replica, info=lambda: service.figures.info())

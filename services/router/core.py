@@ -30,6 +30,8 @@ from shared.messages import (
 log = logging.getLogger(__name__)
 
 EXPIRY_SCAN_EVERY_S = 0.1  # the queue is scanned for missed deadlines at most this often
+# a request handed over more often than this has probably killed its groups: it ends instead
+MAX_HANDOVERS = 3
 
 
 @dataclass
@@ -39,7 +41,8 @@ class Actions:
     aborts: dict[str, list[str]] = field(default_factory=dict)  # group -> rids
     ended: dict[str, list[TokenItem]] = field(default_factory=dict)  # detok shard -> final items
     released: list[str] = field(default_factory=list)  # rids that left the waiting queue
-    requeued: list[GenerateReq] = field(default_factory=list)  # back in the queue: to be made durable again
+    # requests of a dead group, each to its detokenizer shard, which sends it back to go on: (req, why)
+    handovers: list[tuple[GenerateReq, str]] = field(default_factory=list)
 
     def end(self, detok: str, rid: str, prompt_tokens: int, reason: str, error: str = "", kind: str = "") -> None:
         item = TokenItem(
@@ -52,7 +55,7 @@ class Actions:
 
     @property
     def empty(self) -> bool:
-        return not (self.admits or self.aborts or self.ended or self.released or self.requeued)
+        return not (self.admits or self.aborts or self.ended or self.released or self.handovers)
 
 
 @dataclass
@@ -82,14 +85,19 @@ class RouterCore:
     # ---------------------------------------------------------------- inputs
 
     def on_generate(self, req: GenerateReq, now_unix: float, act: Actions) -> None:
+        if req.handovers:
+            self._older_copy_gone(req, act)
         if req.rid in self.where or req.rid in self.waiting:
             act.released.append(req.rid)  # a second delivery: the first copy is in hand
             return
         if req.rid in self.recent_aborts:
             self.recent_aborts.discard(req.rid)
-            act.end(req.detok, req.rid, len(req.input_ids), FINISH_ABORT)
+            act.end(req.detok, req.rid, req.prompt_len, FINISH_ABORT)
             act.released.append(req.rid)
             self.stats.aborted += 1
+            return
+        if req.handovers:
+            self._go_on(req, now_unix, act)
             return
         if len(self.waiting) >= self.cfg.max_waiting:
             self._reject(req, f"overloaded: {len(self.waiting)} requests are waiting", act, ERR_OVERLOADED)
@@ -100,22 +108,49 @@ class RouterCore:
         self.waiting.append(req)
         self._dirty = True
 
+    def _older_copy_gone(self, req: GenerateReq, act: Actions) -> None:
+        """A handed-over request whose older copy a group still holds (declared dead, it was only
+        silent, and a router that restarted since took it back): that copy is stopped, its items
+        are stale to the detokenizer already."""
+        group = self.where.get(req.rid)
+        placed = self.groups[group].placed.get(req.rid) if group in self.groups else None
+        if group is None or placed is None:
+            return
+        older = placed.req
+        if older is None or older.handovers < req.handovers:
+            del self.where[req.rid]
+            act.abort(group, req.rid)
+
+    def _go_on(self, req: GenerateReq, now_unix: float, act: Actions) -> None:
+        """A request handed over from a dead group, back from its detokenizer shard with its
+        output so far: it takes its place in line again (no queue bound: it was admitted once)."""
+        if req.handovers > MAX_HANDOVERS:
+            why = f"its worker group died {req.handovers} times while it ran"
+            self._reject(req, why, act, ERR_FAILED)
+        elif req.deadline and req.deadline < now_unix:
+            self._reject(req, "deadline exceeded while it was handed over", act, ERR_DEADLINE)
+        else:
+            self.waiting.insert_by_arrival(req)
+            self._dirty = True
+            log.info("handed over with %d tokens of output: queued again", req.resumed, extra={"rid": req.rid})
+
     def on_abort(self, rid: str, now: float, act: Actions) -> None:
         """Stop a request wherever it is: in the queue here, or on its worker group."""
         group = self.where.get(rid)
         if group is not None:
             act.abort(group, rid)  # the group frees its KV and ends it; its next status drops it
-            self.groups[group].placed[rid].aborted = True  # should the group die first, not re-queued
+            self.groups[group].placed[rid].aborted = True  # should the group die first, not handed over
             self.stats.aborted += 1
             return
         req = self.waiting.remove(rid)
         if req is not None:
-            act.end(req.detok, rid, len(req.input_ids), FINISH_ABORT)
+            act.end(req.detok, rid, req.prompt_len, FINISH_ABORT)
             act.released.append(rid)
             self.stats.aborted += 1
             self._dirty = True
-        # remembered either way: a second copy may still arrive (a re-queued request's durable
-        # copy), or the request itself (a claimed entry, or a status after a restart)
+        # remembered either way: a second copy may still arrive (a request being handed over, on
+        # its way back from its detokenizer shard), or the request itself (a claimed entry, or a
+        # status after a restart)
         self.recent_aborts.add(rid, now)
 
     def on_status(self, st: WorkerStatus, now: float, act: Actions) -> None:
@@ -140,6 +175,14 @@ class RouterCore:
                 self.stats.aborted += 1
 
     # ---------------------------------------------------------------- the clock
+
+    def excuse_silence(self, until: float) -> None:
+        """Redis was away until ``until``: no group could send a status, so none is silent
+        before then (a Redis restart or failover is no group's death)."""
+        for g in self.groups.values():
+            g.last_seen = max(g.last_seen, until)
+        if self._no_group_since is not None:
+            self._no_group_since = max(self._no_group_since, until)
 
     def tick(self, now: float, now_unix: float, act: Actions) -> None:
         for g in list(self.groups.values()):
@@ -195,7 +238,7 @@ class RouterCore:
     def _can_never_fit(self, req: GenerateReq, act: Actions) -> bool:
         """Reject the head if no group could hold it even alone: it would block the queue for ever."""
         biggest = max(g.capacity for g in self.groups.values())
-        alone = len(req.input_ids) + req.params.max_new_tokens
+        alone = req.prompt_len + req.params.max_new_tokens
         if alone <= biggest:
             return False
         self.waiting.popleft()
@@ -220,45 +263,45 @@ class RouterCore:
 
     def _adopt(self, g: GroupState, rids: list[str], act: Actions, fenced: bool) -> None:
         """Requests a group holds that this router did not place there: admitted by a router
-        before it restarted, or held by a group declared dead that was only silent (fenced),
-        which were re-queued or failed meanwhile. A re-queued one still waiting is taken back;
-        a fenced group's failed ones are stopped (their clients have their error, so the abort
-        reaches no one). One re-admitted elsewhere is left alone: two copies of its output meet
-        at the detokenizer, which ends it with an explicit error."""
+        before it restarted, or held by a group declared dead that was only silent (fenced).
+        A fenced group's are stopped: each was handed over (its detokenizer drops this copy's
+        items) or failed when the group was declared dead. A request still waiting in the queue
+        is taken back (a claimed entry of one its group holds already)."""
         for rid in rids:
+            if fenced:
+                act.abort(g.name, rid)
+                continue
             if self.where.get(rid, g.name) != g.name:
                 continue
             if self.waiting.remove(rid) is not None:
-                self.where[rid] = g.name
                 act.released.append(rid)
                 self._dirty = True
-            elif fenced:
-                act.abort(g.name, rid)
-            else:
-                self.where[rid] = g.name
+            self.where[rid] = g.name
 
     def _lose_group(self, g: GroupState, why: str, act: Actions) -> None:
-        """A group died: requests with no output yet go back to the queue; the rest end with an error."""
+        """A group died. Its status lists a request until the request's last item has gone out, so
+        every request it still held is unfinished: each goes to its detokenizer shard, which
+        sends it back with the output its client has had, to go on elsewhere (_go_on). One
+        learnt from a status only (this router restarted since it was placed) has no copy here:
+        it ends with an error."""
         del self.groups[g.name]
-        requeue = []
+        handed = 0
         for rid, p in g.placed.items():
             if self.where.get(rid) != g.name:
-                continue  # it runs elsewhere too (see _adopt)
+                continue  # it runs elsewhere (see _adopt)
             del self.where[rid]
             if p.aborted:
                 act.end(p.detok, rid, p.prompt_tokens, FINISH_ABORT)
-            elif p.req is not None and p.output_tokens == 0:
-                requeue.append(p.req)
+            elif p.req is not None:
+                act.handovers.append((p.req, why))
+                handed += 1
             else:
                 act.end(p.detok, rid, p.prompt_tokens, FINISH_ERROR, f"{why} while the request was running", ERR_FAILED)
                 self.stats.failed += 1
-        for req in sorted(requeue, key=lambda r: r.arrival, reverse=True):
-            self.waiting.appendleft(req)
-        act.requeued.extend(requeue)
-        self.stats.requeued += len(requeue)
+        self.stats.requeued += handed
         self._dirty = True
-        if requeue:
-            log.warning("re-queued %d requests of group %s that had produced no output", len(requeue), g.name)
+        if handed:
+            log.warning("handing over %d requests of group %s to go on elsewhere", handed, g.name)
 
     def _expire_waiting(self, now_unix: float, act: Actions) -> None:
         late = self.waiting.take_if(lambda r: bool(self._late(r, now_unix)))
@@ -288,7 +331,7 @@ class RouterCore:
 
     def _reject(self, req: GenerateReq, why: str, act: Actions, kind: str) -> None:
         log.warning("rejected: %s", why, extra={"rid": req.rid})
-        act.end(req.detok, req.rid, len(req.input_ids), FINISH_ERROR, why, kind)
+        act.end(req.detok, req.rid, req.prompt_len, FINISH_ERROR, why, kind)
         act.released.append(req.rid)
         self.stats.rejected[kind] = self.stats.rejected.get(kind, 0) + 1
         self._dirty = True  # the queue's head may have changed

@@ -134,12 +134,14 @@ class GroupState:
             req,
             self.next_seq,
             req.detok,
-            len(req.input_ids),
+            req.prompt_len,
             p.max_new_tokens,
             p.ignore_eos,
             held=len(req.input_ids),
             cached=matched,
-            remaining=p.max_new_tokens,
+            remaining=p.max_new_tokens - req.resumed,
+            output_tokens=req.resumed,
+            paused=req.resumed > 0,  # handed over with output: it starts as a paused request resumes
             node=self.index.hold(req.input_ids),
         )
         self.admitted += 1
@@ -198,7 +200,7 @@ class GroupState:
         shared = 0  # of adds, what goes to the shared tokens (its prompt) rather than to req's own
         if req is not None:
             p = req.params
-            remaining = estimated_remaining(p.max_new_tokens, 0, busy or p.ignore_eos, guess_len)
+            remaining = estimated_remaining(p.max_new_tokens, req.resumed, busy or p.ignore_eos, guess_len)
             shared = adds if self.cache_seen else 0
             loads.append(Load(adds - shared, remaining))
         return self.shared_tokens(shared) + peak_tokens(loads)

@@ -110,7 +110,7 @@ class RouterCollector(Collector):
         for kind, n in sorted(f.rejected.items()):
             rejected.add_metric([kind], n)
         yield rejected
-        yield _counter("requeued", "Requests re-queued from a lost worker group before their first token", f.requeued)
+        yield _counter("requeued", "Requests of a lost worker group handed over to go on elsewhere", f.requeued)
         yield _counter("failed", "Requests ended with an error because their worker group was lost", f.failed)
         yield _counter("aborted", "Aborts handled (client gone, stop string, deadline)", f.aborted)
 

@@ -4,8 +4,12 @@ A GenerateReq stays pending in the router's consumer group while it waits in the
 queue; it is acknowledged in the same transaction that sends its AdmitReqs (or its
 rejection), so a router that dies loses nothing: its successor claims the pending
 entries and rebuilds its view of the worker groups from their next statuses. A request
-re-queued from a lost group (its entry acknowledged long ago) is written back to the
-router's stream in the same way, and its new entry is held until it is admitted again.
+of a lost group (its entry acknowledged long ago) goes to its detokenizer shard as a
+Handover, and comes back on the router's stream as a new entry, held until it is admitted
+again: at every moment one stream holds it.
+
+While Redis is unreachable the read waits (RedisLink retries), and no status can arrive:
+the time it was away is not counted towards any group's death (RouterCore.excuse_silence).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from services.router.core import Actions, RouterCore
 from services.router.metrics import RouterFigures
 from shared.busy_poll import BusyPoll
 from shared.config import RouterConfig
-from shared.messages import AbortReq, AbortReqs, AdmitReqs, GenerateReq, TokenBatch, WorkerStatus
+from shared.messages import AbortReq, AbortReqs, AdmitReqs, GenerateReq, Handover, TokenBatch, WorkerStatus
 from shared.redis_link import RedisLink
 from shared.redis_streams import Entry, StreamReader, StreamWriter
 from shared.streams import GROUP_ROUTER, StreamNames
@@ -47,11 +51,13 @@ class RouterService:
         self.queued: dict[str, Entry] = {}  # rid -> its GenerateReq entry, unacknowledged while queued
         self.figures = RouterFigures(max_waiting=cfg.max_waiting)  # the latest snapshot, read by other threads
         self._next_log = 0.0
+        self._excused = 0.0  # the end of the last Redis outage the core was told of
 
     def run(self) -> None:
         log.info("router reading %s", self.names.router)
         while not self.link.stop.is_set():
-            self.step(self.poll.read(self.reader, count=1024, wait_ms=READ_BLOCK_MS))
+            entries = self.poll.read(self.reader, count=1024, wait_ms=READ_BLOCK_MS)
+            self.step(entries)
             self.poll.note(bool(self.queued) or bool(self.core.where))  # requests waiting or running
 
     def step(self, entries: list[Entry]) -> None:
@@ -63,8 +69,6 @@ class RouterService:
             if isinstance(msg, GenerateReq):
                 if msg.rid in self.queued:
                     done.append(entry)  # a second copy of a request whose entry is held already
-                elif msg.rid in self.core.waiting:
-                    self.queued[msg.rid] = entry  # the durable copy of a re-queued request
                 else:
                     self.queued[msg.rid] = entry
                     self.core.on_generate(msg, now_unix, act)
@@ -77,6 +81,10 @@ class RouterService:
             else:
                 log.error("unexpected %s on the router stream", type(msg).__name__)
                 done.append(entry)
+        if self.link.recovered_at > self._excused:  # redis was unreachable: no group could send a status
+            log.warning("redis was unreachable: the worker groups' death clocks start again")
+            self._excused = self.link.recovered_at
+            self.core.excuse_silence(self._excused)
         self.core.tick(now, now_unix, act)
         self._publish(act, done)
         self.figures = self.core.figures(now_unix)
@@ -90,8 +98,7 @@ class RouterService:
             out.append((self.names.worker(group), AbortReqs(rids, "aborted")))
         for detok, items in act.ended.items():
             out.append((self.names.detok(detok), TokenBatch("router", items)))
-        # re-queued requests that were admitted again in this same round need no durable copy
-        out += [(self.names.router, req) for req in act.requeued if req.rid in self.core.waiting]
+        out += [(self.names.detok(req.detok), Handover(req, why)) for req, why in act.handovers]
         acks = done + [e for rid in act.released if (e := self.queued.pop(rid, None)) is not None]
         self.writer.send_many(out, acks=acks)
         self.core.seal_admissions(act)

@@ -38,6 +38,13 @@ class WaitingQueue:
         self._order.appendleft(req)
         self._by_rid[req.rid] = req
 
+    def insert_by_arrival(self, req: GenerateReq) -> None:
+        """Ahead of every request that arrived later: a request handed over from a dead group
+        keeps its place in line."""
+        at = next((i for i, r in enumerate(self._order) if r.arrival > req.arrival), len(self._order))
+        self._order.insert(at, req)
+        self._by_rid[req.rid] = req
+
     def head(self) -> GenerateReq:
         return self._order[0]
 

@@ -12,6 +12,7 @@ import uvicorn
 from services.tokenizer.app import create_app
 from services.tokenizer.drain import CLOSE_S, Drain, DrainingServer
 from services.tokenizer.generation import FrontContext
+from services.tokenizer.header_deadline import http_protocol
 from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.pipeline import Pipeline
 from services.tokenizer.tokenization import Tokenization, load_chat_template
@@ -21,7 +22,7 @@ from shared.config import TokenizerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
 from shared.model_config import ModelConfig
-from shared.redis_link import RedisLink
+from shared.redis_link import RedisLink, RedisTarget
 from shared.service_main import run_beating
 from shared.streams import SERVICE_TOKENIZER, StreamNames
 
@@ -37,7 +38,7 @@ def main() -> None:
     except (OSError, ValueError) as e:
         raise SystemExit(f"--chat-template: {e}") from None
     max_total_len = min(cfg.max_req_total_len or model.context_length, model.context_length)
-    link = RedisLink(cfg.redis_url)
+    link = RedisLink(RedisTarget.of(cfg))
     names = StreamNames(cfg.namespace)
     pipeline = Pipeline(
         link,
@@ -47,15 +48,16 @@ def main() -> None:
         cfg.pipeline_dead_after_s,
         cfg.pipeline_check_s,
         BusyPoll.for_host(cfg.busy_poll_ms, by="the event loop"),  # its reads are the loop's own (redis.asyncio)
+        cfg.router_dead_after_s,
     )
     ctx = FrontContext(
         cfg=cfg,
         pipeline=pipeline,
         tok=Tokenization(cfg.tokenizer or cfg.model_dir, cfg.tokenizer_threads, template),
         max_total_len=max_total_len,
-        model_name=cfg.model_name or os.path.basename(os.path.normpath(cfg.model_dir)),
+        model_name=cfg.served_model_name(),
         vocab_size=model.vocab_size,
-        metrics=FrontMetrics(),
+        metrics=FrontMetrics(cfg.served_model_name()),
         started=time.time(),
     )
     beat = HeartbeatPublisher(
@@ -75,6 +77,8 @@ def main() -> None:
         access_log=False,
         interface="asgi3",  # the app is plain ASGI middleware (app.py): no guessing from its __call__
         timeout_graceful_shutdown=CLOSE_S,  # after the drain (drain.py)
+        limit_concurrency=cfg.max_connections,  # past it (connections or requests), 503
+        http=http_protocol(cfg.header_timeout_s),  # closes a connection slow to send a request's head
     )
     server = DrainingServer(config, drain, fail_pending=pipeline.fail_all)
     sockets = [shared_listener(cfg.host, cfg.port)] if cfg.reuse_port else None

@@ -1,5 +1,5 @@
 """The front end's ASGI application: gates, the drain's gate, the routes that generate, and
-FastAPI for the rest (its routes and error handlers, /health, /readiness, /version,
+FastAPI for the rest (its routes and error handlers, /health, /readiness, /liveness, /version,
 /tokenize, /detokenize and /metrics)."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from services.tokenizer.lightllm.routes import lightllm_post_routes
 from services.tokenizer.lightllm.tgi import tgi_router
 from services.tokenizer.metrics import CONTENT_TYPE, CountRequests
 from services.tokenizer.openai.routes import openai_post_routes, openai_router
+from services.tokenizer.openapi_doc import document_post_routes
 from services.tokenizer.ops_routes import ops_router
 from services.tokenizer.post_routes import PostRoutes
 from services.tokenizer.tokenize_routes import tokenize_router
@@ -58,6 +59,7 @@ def create_app(ctx: FrontContext, drain: Drain | None = None) -> ASGIApp:
         live = ctx.pipeline.live
         body = {
             "status": "ok" if live.ready else "unavailable",
+            "redis": "ok" if live.redis else "unreachable",
             "workers": sorted(live.workers),
             "detokenizers": sorted(live.detoks),
             "routers": sorted(live.routers),
@@ -73,7 +75,8 @@ def create_app(ctx: FrontContext, drain: Drain | None = None) -> ASGIApp:
     # may refuse it, then the drain's gate (a 503 while draining, else counted in flight),
     # then the routes that generate are served; the rest go on to FastAPI
     post = {**openai_post_routes(ctx), **lightllm_post_routes(ctx), **fastchat_post_routes(fastchat)}
+    document_post_routes(app, post)
     drained = DrainGate(PostRoutes(app, routes=post), drain, paths=post)
     keys = ctx.cfg.api_keys
-    gated = Gates(drained, ctx.cfg.max_body_bytes, keys, open_paths(ctx.cfg.protect_metrics))
+    gated = Gates(drained, ctx.cfg.max_body_bytes, keys, open_paths(ctx.cfg.protect_metrics), ctx.cfg.body_timeout_s)
     return CountRequests(gated, metrics=ctx.metrics)

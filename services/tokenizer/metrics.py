@@ -13,8 +13,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shared.messages import FINISH_REASONS
+from shared.metrics import labelled
+
 # routes counted; any other path (health, metrics, unknown) is not an API request
-API_ROUTES = ("/generate", "/generate_stream", "/", "/v1/models", "/v1/completions", "/v1/chat/completions")
+API_ROUTES = (
+    "/generate",
+    "/generate_stream",
+    "/",
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/responses",
+)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -23,8 +34,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class FrontMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "") -> None:
         self.registry = CollectorRegistry()
+        self.exposed = labelled(self.registry, model_name)  # every series with its model_name label
         r = self.registry
         self.requests = Counter("lightstream_front_requests", "API requests received", ["route"], registry=r)
         self.errors = Counter(
@@ -69,12 +81,19 @@ class FrontMetrics:
             "lightstream_front_generations", "Generations ended, by finish reason", ["finish_reason"], registry=r
         )
         self.in_flight = Gauge("lightstream_front_generations_in_flight", "Generations not ended yet", registry=r)
+        # every series present from the start, at zero: a rate over a series that appears only with its
+        # first event misses that event
+        for route in API_ROUTES:
+            self.requests.labels(route)
+        for reason in FINISH_REASONS:
+            if reason:
+                self.generations.labels(reason)
 
     def error(self, route: str, code: int) -> None:
         self.errors.labels(route, str(code)).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.exposed)
 
 
 class CountRequests:

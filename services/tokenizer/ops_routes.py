@@ -1,5 +1,6 @@
 """What operators and their tools ask of the front end: GET /readiness (ready to take
-requests, unlike /health's liveness) and GET /version."""
+requests), GET /liveness (the process answers: what an orchestrator restarts on) and
+GET /version."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def not_ready_because(ctx: FrontContext, drain: Drain) -> list[str]:
     why = []
     if drain.draining:
         why.append("the server is shutting down (draining)")
+    if not live.redis:
+        why.append("redis is unreachable")
     if not live.workers:
         why.append("no worker group is alive")
     if not live.detoks:
@@ -56,6 +59,12 @@ def ops_router(ctx: FrontContext, drain: Drain) -> APIRouter:
             return JSONResponse({"status": "ready"})
         status = "draining" if drain.draining else "unavailable"
         return JSONResponse({"status": status, "reasons": why}, status_code=503, headers={"Retry-After": "1"})
+
+    @router.get("/liveness")
+    async def liveness() -> JSONResponse:
+        # 200 whatever the other services do and while draining: a restart of this process
+        # would bring no worker back (/health, 503 without one, is the wrong probe for that)
+        return JSONResponse({"status": "alive"})
 
     @router.get("/version")
     async def version() -> JSONResponse:

@@ -6,23 +6,25 @@ arrive). A task on the event loop reads TextBatch messages from this front end's
 and puts each item, tagged with its generation's index, on the asyncio queue of the HTTP
 request waiting for it (one queue for all the generations of a request). The reads are
 asynchronous (StreamReader.aread, redis.asyncio): polls while requests are in flight and a
-while after (shared/busy_poll.py), else blocking reads. A watchdog thread fails in-flight
-requests when no worker group or their detokenizer shard is alive any more.
+while after (shared/busy_poll.py), else blocking reads. A watchdog thread (watchdog.py) reads
+who is alive, Redis included, and ends the requests in flight that nothing alive will answer;
+aborts that cannot reach Redis are sent again once it answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.tokenizer.errors import APIError
+from services.tokenizer.watchdog import Liveness, Watchdog
 from shared.busy_poll import BusyPoll
-from shared.heartbeat import live_replicas
 from shared.messages import (
     ERR_FAILED,
     ERR_TOO_LARGE,
@@ -35,15 +37,16 @@ from shared.messages import (
     TextBatch,
     TextItem,
 )
-from shared.redis_link import TRANSIENT, NotAtOnce, RedisLink, Stopping
+from shared.redis_link import TRANSIENT, NotAtOnce, RedisLink, RedisUnreachable, Stopping
 from shared.redis_streams import Entry, StreamReader, StreamWriter
-from shared.streams import GROUP_FRONT, SERVICE_DETOK, SERVICE_ROUTER, SERVICE_WORKER, StreamNames
+from shared.streams import GROUP_FRONT, StreamNames
 
 log = logging.getLogger(__name__)
 
 READ_WAIT_MS = 500  # the longest one read of the replies waits
 READ_RETRY_S = 0.5  # after a failed read of the replies (Redis away), the next one waits this long
 AT_ONCE_MAX_PENDING = 4  # generations in flight (this one included) up to which a submission is sent from the loop
+UNSENT_ABORTS_MAX = 100_000  # aborts kept while Redis is away, to send once it answers
 
 
 class Unavailable(Exception):
@@ -59,17 +62,7 @@ class PendingRequest:
     queue: asyncio.Queue[tuple[int, TextItem]]  # shared by the generations of one HTTP request
     index: int  # this generation's index among its request's, the tag of its items in the queue
     finished: bool = False
-
-
-@dataclass
-class Liveness:
-    workers: dict[str, Heartbeat] = field(default_factory=dict)
-    detoks: dict[str, Heartbeat] = field(default_factory=dict)
-    routers: dict[str, Heartbeat] = field(default_factory=dict)
-
-    @property
-    def ready(self) -> bool:
-        return bool(self.workers and self.detoks and self.routers)
+    answered: bool = False  # an item has come: the request is past the router
 
 
 class Pipeline:
@@ -82,16 +75,17 @@ class Pipeline:
         dead_after_s: float,
         check_s: float,
         poll: BusyPoll | None = None,
+        router_dead_after_s: float = 8.0,
     ) -> None:
         self.link = link
         self.names = names
         self.front_id = front_id
-        self.dead_after_s = dead_after_s
         self.check_s = check_s
         self.writer = StreamWriter(link, maxlen)
         self.reader = StreamReader(link, names.front(front_id), GROUP_FRONT, consumer=front_id)
         self.pending: dict[str, PendingRequest] = {}
-        self.live = Liveness()
+        self.watchdog = Watchdog(link, names, dead_after_s, router_dead_after_s)
+        self._unsent: collections.deque[AbortReq] = collections.deque(maxlen=UNSENT_ABORTS_MAX)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.poll = poll or BusyPoll(0.0)
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="redis-io")
@@ -100,9 +94,17 @@ class Pipeline:
 
     # ---------------------------------------------------------------- lifecycle
 
+    @property
+    def live(self) -> Liveness:
+        return self.watchdog.live
+
+    @live.setter
+    def live(self, live: Liveness) -> None:
+        self.watchdog.live = live
+
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._refresh_liveness()
+        self.watchdog.refresh(time.time())
         self._watchdog.start()
         self._tasks = [loop.create_task(self._read_replies())]
 
@@ -125,6 +127,8 @@ class Pipeline:
         queue: asyncio.Queue[tuple[int, TextItem]],
         index: int,
     ) -> PendingRequest:
+        if not self.live.redis:
+            raise Unavailable("redis is unreachable")
         if not self.live.workers:
             raise Unavailable("no worker is alive")
         if not self.live.routers:
@@ -138,11 +142,18 @@ class Pipeline:
         items = [(self.names.detok(shard.replica), register), (self.names.router, gen)]
         try:
             if not self._sent_at_once(items):
-                await asyncio.get_running_loop().run_in_executor(self._io, self.writer.send_many, items)
+                await asyncio.get_running_loop().run_in_executor(self._io, self._send_or_give_up, items)
+        except RedisUnreachable as e:
+            self.pending.pop(rid, None)
+            raise Unavailable("redis is unreachable") from e
         except BaseException:
             self.pending.pop(rid, None)
             raise
         return pending
+
+    def _send_or_give_up(self, items: list[tuple[str, object]]) -> None:
+        """Send with retries, until the watchdog finds Redis away for too long (RedisUnreachable)."""
+        self.writer.send_many(items, give_up=lambda: self.watchdog.redis_lost(time.time()))
 
     def _sent_at_once(self, items: list[tuple[str, object]]) -> bool:
         """With few requests in flight, send from the event loop itself: handing the send to the
@@ -164,7 +175,15 @@ class Pipeline:
         if pending is None or pending.finished:
             return
         log.info("aborting: %s", reason, extra={"rid": rid})
-        self._io.submit(self.writer.send, self.names.router, AbortReq(rid, reason))
+        self._io.submit(self._send_aborts, [AbortReq(rid, reason)])
+
+    def _send_aborts(self, aborts: list[AbortReq]) -> None:
+        """From the I/O pool. While Redis is away they are kept, to be sent once it answers
+        (a request queued or running when it went away would otherwise run on for nothing)."""
+        try:
+            self._send_or_give_up([(self.names.router, a) for a in aborts])
+        except RedisUnreachable:
+            self._unsent.extend(aborts)
 
     def fail_all(self, why: str) -> int:
         """End every generation in flight with an error item and abort it (on the loop: the
@@ -205,19 +224,23 @@ class Pipeline:
         acknowledged in the next read's round trip. A failed read's acknowledgements go with the
         next one, which also recovers what the failed one may have taken."""
         acks: list[Entry] = []
+        failing = False  # said once per run of failed reads
         try:
             while not self.link.stop.is_set():
                 self.poll.note(bool(self.pending))
                 try:
                     entries = await self.poll.aread(self.reader, 256, READ_WAIT_MS, acks)
                 except TRANSIENT as e:  # Redis away or slow
-                    log.warning("reading replies failed (%s: %s); retrying", type(e).__name__, e)
+                    if not failing:
+                        log.warning("reading replies failed (%s: %s); retrying", type(e).__name__, e)
+                    failing = True
                     await asyncio.sleep(READ_RETRY_S)
                     continue
                 except Exception:
                     log.exception("reading replies failed; retrying")
                     await asyncio.sleep(READ_RETRY_S)
                     continue
+                failing = False
                 acks = entries
                 self._hand_out(entries)
                 if entries and len(self.pending) <= AT_ONCE_MAX_PENDING:
@@ -233,52 +256,41 @@ class Pipeline:
                 for item in entry.msg.items:
                     pending = self.pending.get(item.rid)
                     if pending is not None:
+                        pending.answered = True
                         pending.queue.put_nowait((pending.index, item))
 
-    def _deliver(self, deliveries: list[tuple[PendingRequest, TextItem]]) -> None:
-        """From another thread (the watchdog)."""
+    def _fail(self, failures: list[tuple[PendingRequest, str]]) -> None:
+        """From another thread (the watchdog): each request's last item, an error, and its abort."""
 
-        def put_all() -> None:
-            for pending, item in deliveries:
-                pending.queue.put_nowait((pending.index, item))
+        def on_loop() -> None:
+            for pending, why in failures:
+                if self.pending.get(pending.rid) is pending:
+                    pending.queue.put_nowait((pending.index, _error_item(pending, why)))
+                    self.abort(pending.rid, why)
 
         assert self.loop is not None
-        self.loop.call_soon_threadsafe(put_all)
+        self.loop.call_soon_threadsafe(on_loop)
 
     def _watch(self) -> None:
         while not self.link.stop.wait(self.check_s):
             try:
-                self._refresh_liveness()
-                self._fail_orphans()
+                self.check(time.time())
             except Stopping:
                 return
             except Exception:
                 log.exception("health check failed")
 
-    def _refresh_liveness(self) -> None:
-        def fresh(service: str) -> dict[str, Heartbeat]:
-            now = time.time()
-            beats = live_replicas(self.link, self.names, service)
-            return {name: hb for name, hb in beats.items() if now - hb.time <= self.dead_after_s}
-
-        self.live = Liveness(workers=fresh(SERVICE_WORKER), detoks=fresh(SERVICE_DETOK), routers=fresh(SERVICE_ROUTER))
-
-    def _fail_orphans(self) -> None:
-        """End requests that nothing alive will ever answer."""
-        live = self.live
-        failures = []
-        for p in list(self.pending.values()):
-            shard = live.detoks.get(p.detok)
-            if not live.workers:
-                why = "no worker is alive"
-            elif shard is None or shard.started != p.detok_started:
-                why = f"detokenizer {p.detok} died"
-            else:
-                continue
-            failures.append((p, _error_item(p, why)))
+    def check(self, now: float) -> None:
+        """Who is alive; end the requests nothing alive will answer; once Redis answers again
+        after it was away, send the aborts kept meanwhile."""
+        if self.watchdog.refresh(now) and self._unsent:
+            aborts = [self._unsent.popleft() for _ in range(len(self._unsent))]
+            log.warning("sending %d aborts kept while redis was away", len(aborts))
+            self._io.submit(self._send_aborts, aborts)
+        failures = self.watchdog.orphans(list(self.pending.values()), now)
         if failures:
-            log.error("failing %d in-flight requests: %s", len(failures), failures[0][1].error)
-            self._deliver(failures)
+            log.error("failing %d in-flight requests: %s", len(failures), failures[0][1])
+            self._fail(failures)
 
 
 def _error_item(p: PendingRequest, why: str) -> TextItem:

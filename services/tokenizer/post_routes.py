@@ -33,6 +33,8 @@ Handler = Callable[[Request, Any, float], Awaitable[Response]]  # (request, vali
 class PostRoute:
     body: type[BaseModel] | None  # the body's model; None: the handler reads the body itself
     handle: Handler
+    summary: str = ""  # for /openapi.json (openapi_doc.py)
+    documented: type[BaseModel] | None = None  # the body /openapi.json shows where ``body`` is None
 
 
 class PostRoutes:

@@ -12,9 +12,11 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 
-def sse(body: dict[str, Any] | str) -> bytes:
+def sse(body: dict[str, Any] | str, event: str = "") -> bytes:
+    """One server-sent event; ``event``: its name line (the Responses API names each)."""
     data = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-    return b"data: " + data.encode() + b"\n\n"
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + data.encode() + b"\n\n"
 
 
 class EventStream(StreamingResponse):

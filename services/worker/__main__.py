@@ -10,12 +10,13 @@ from services.worker.metrics import WorkerCollector, WorkerMetrics
 from services.worker.runtime.warmup import warm_up
 from services.worker.service import WorkerService
 from services.worker.tp.group import RankWatchdog, start_group
+from services.worker.tp.nodes import run_node
 from shared.busy_poll import BusyPoll
 from shared.cli import parse_config
 from shared.config import WorkerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
-from shared.redis_link import RedisLink
+from shared.redis_link import RedisLink, RedisTarget
 from shared.service_main import run_beating, serve_collector, stop_on_signals
 from shared.streams import SERVICE_WORKER, StreamNames
 
@@ -30,13 +31,12 @@ def main() -> None:
     if cfg.group == GROUP_AUTO:
         cfg = dataclasses.replace(cfg, group=cfg.replica)
     setup_logging(SERVICE_WORKER, cfg.replica, cfg.log_level, cfg.log_format)
-    link = RedisLink(cfg.redis_url)
+    if cfg.node_rank > 0:  # only this host's ranks of a group that spans hosts: rank 0 talks to Redis
+        raise SystemExit(run_node(cfg))
+    link = RedisLink(RedisTarget.of(cfg))
     stop_on_signals(link)
-    group = start_group(cfg) if cfg.tp > 1 else None
-    if group is None:
-        engine = build_engine(cfg)
-    else:
-        engine = build_engine(cfg, group.tp, channel=group.channel)
+    group = start_group(cfg) if cfg.tp > 1 else None  # with --nnodes, waits for the other hosts' ranks
+    engine = build_engine(cfg) if group is None else build_engine(cfg, group.tp, channel=group.channel)
     engine.grammars.start()  # the vocabulary for structured output, read in its thread meanwhile
     if cfg.warmup and engine.device.type == "cuda":
         warm_up(engine, engine.runner.model.cfg.vocab_size)
@@ -52,7 +52,7 @@ def main() -> None:
         metrics,
         BusyPoll.for_host(cfg.busy_poll_ms),
     )
-    serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine))  # after loading: serving means ready
+    serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine), cfg.served_model_name())  # loaded: ready
     watchdog = None
     if group is not None:
 
@@ -61,7 +61,7 @@ def main() -> None:
             watchdog.stop_all()  # type: ignore[union-attr]
             os._exit(1)  # the group restarts as a whole
 
-        watchdog = RankWatchdog(group.followers, rank_died).start()
+        watchdog = RankWatchdog(group.followers, rank_died, group.remote).start()
     kv = engine.kv
     beat = HeartbeatPublisher(
         link,

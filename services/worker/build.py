@@ -16,6 +16,7 @@ from services.worker.memory.kv_manager import KVManager
 from services.worker.memory.prompt_cache import PromptCache
 from services.worker.memory.req_table import ReqTable
 from services.worker.memory.token_allocator import TokenAllocator
+from services.worker.models.attention.base import attention_layers
 from services.worker.models.attention.torch_backend import TorchAttention
 from services.worker.models.interface import CausalLM
 from services.worker.models.layers.ops import TorchOps
@@ -104,16 +105,18 @@ def build_model_stack(
     cache = _kv_pool(cfg, model_cfg, tp, dtype, device, max_total_len)
     table = ReqTable(cfg.running_max_req_size, max_total_len, device, dummy_slot=cache.dummy_slot)
     cos_sin = cos_sin_table(model_cfg.head_dim, model_cfg.rope_theta, model_cfg.rope_scaling, max_total_len, device)
-    heads = model_cfg.num_heads // tp.size
+    heads, layers = model_cfg.num_heads // tp.size, attention_layers(model_cfg)
     if device.type == "cuda":
         # imported here: the kernels compile for the device they first see
         from services.worker.kernels.triton_ops import TritonOps
         from services.worker.models.attention.triton_backend import TritonAttention
 
-        attn = TritonAttention(cache, heads, model_cfg.head_dim, max_decode_batch=cfg.running_max_req_size)
+        attn = TritonAttention(
+            cache, heads, model_cfg.head_dim, max_decode_batch=cfg.running_max_req_size, layers=layers
+        )
         model = family.model(model_cfg, weights, TritonOps(), attn, cos_sin, tp)
     else:
-        attn = TorchAttention(cache, heads, model_cfg.head_dim)
+        attn = TorchAttention(cache, heads, model_cfg.head_dim, layers)
         model = family.model(model_cfg, weights, TorchOps(), attn, cos_sin, tp)
     runner = make_runner(cfg, model, table, cache.dummy_slot, max_total_len, device, tp.size, channel)
     return ModelStack(model_cfg, model, cache, table, runner, max_total_len, device)

@@ -210,8 +210,12 @@ class Engine:
     # ---------------------------------------------------------------- state out
 
     def running_reqs(self) -> RunningTable:
-        """Every request held (running, waiting to start or paused), for the router."""
+        """Every request held (running, waiting to start or paused), for the router, and those
+        whose last token is in flight: a request leaves the status only once its end has gone
+        out, so the router can take its absence for its end (docs/router.md, Failures)."""
         reqs = self.scheduler.all_requests()
+        if self.inflight is not None:
+            reqs += [r for r in self.inflight.sampled if r.closing and not r.finish_reason]
         waiting = {id(r) for r in self.scheduler.waiting}
         return RunningTable(
             [r.rid for r in reqs],
@@ -271,4 +275,5 @@ def _item(
         prompt_tokens=req.prompt_len,
         output_tokens=produced if produced is not None else req.output_len - req.unresolved,
         cached_tokens=req.cached_prompt,
+        handovers=req.handovers,
     )

@@ -27,6 +27,7 @@ class Req:
         "finish_reason",
         "front",
         "grammar",
+        "handovers",
         "kv_len",
         "params",
         "prompt_len",
@@ -44,7 +45,9 @@ class Req:
         self.deadline = msg.deadline
         self.admit_order = admit_order
         self.tokens: list[int] = list(msg.input_ids)  # prompt, then output
-        self.prompt_len = len(msg.input_ids)
+        # a request handed over from a dead group comes with its output so far, like a paused one
+        self.prompt_len = msg.prompt_len
+        self.handovers = msg.handovers
         self.kv_len = 0  # tokens whose K and V are in the pool
         self.alloc_len = 0  # positions that have a slot (>= kv_len while a step is in flight)
         self.row: int | None = None  # request-table row while it holds KV

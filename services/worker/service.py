@@ -6,8 +6,8 @@ busy-poll window, shared/busy_poll.py). Its Redis round trips overlap the device
 the engine launches a step before it collects the one before. Each step's tokens go to the
 detokenizer shards (one TokenBatch per shard per step) and the group's status to the
 router. A status goes out every status_interval_s and soon after any step that freed
-memory or started a request's output (the router must know which requests have output
-before it can safely re-queue them), and doubles as the group's heartbeat.
+memory or started a request's output, and doubles as the group's heartbeat. It lists a request
+until the request's last item has been sent, so the router may take its absence for its end.
 
 An entry is acknowledged after its side effect (the engine holds the request, and its
 prefill step is launched): with the next message sent, in the same transaction, or in the

@@ -68,3 +68,20 @@ def test_the_end_of_a_restarted_request_keeps_its_cached_count() -> None:
     s.apply(_item("ab", 0, cached=3))
     out, ended = s.apply(_item("a", 0, cached=1))  # another worker started it again
     assert ended and out.finish_reason == "error" and out.cached_tokens == 3
+
+
+def test_a_hand_over_continues_from_the_tokens_sent_and_drops_the_dead_copys_items() -> None:
+    from shared.messages import GenerateReq, SamplingParams
+
+    s = _session([])
+    s.apply(_item("ab", 0))
+    s.apply(_item("c", 2))
+    original = GenerateReq("r", "front", "detok", [1, 2, 3, 4, 5], SamplingParams(max_new_tokens=9), 1.0, 2.0)
+    go_on = s.hand_over(original)
+    assert (go_on.input_ids, go_on.resumed, go_on.handovers) == ([1, 2, 3, 4, 5, 97, 98, 99], 3, 1)
+    assert go_on.prompt_len == 5 and go_on.params == original.params and go_on.deadline == 2.0
+    assert s.stale(_item("d", 3))  # the dead group was only silent: its next token is not the client's
+    fresh = TokenItem("r", [ord("d")], prompt_tokens=5, output_tokens=4, handovers=1)
+    assert not s.stale(fresh) and s.apply(fresh)[0].text == "d"
+    again = s.hand_over(go_on)  # its second group died too: the prompt is still the first five
+    assert (again.input_ids, again.resumed, again.handovers) == ([1, 2, 3, 4, 5, 97, 98, 99, 100], 4, 2)

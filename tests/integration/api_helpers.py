@@ -74,13 +74,16 @@ def hf_penalised_greedy(
 
 
 def metric_samples(url: str, headers: dict[str, str] | None = None) -> dict[tuple, float]:
-    """(sample name, sorted labels) -> value, from the front end's /metrics."""
+    """(sample name, sorted labels) -> value, from the front end's /metrics; the model_name label
+    every series carries is checked to name the served model and left out of the keys."""
     r = httpx.get(url + "/metrics", headers=headers or {}, timeout=30)
     assert r.status_code == 200, r.text
     out: dict[tuple, float] = {}
     for family in text_string_to_metric_families(r.text):
         for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+            labels = dict(s.labels)
+            assert labels.pop("model_name", None), f"{s.name} has no model_name label"
+            out[(s.name, tuple(sorted(labels.items())))] = s.value
     return out
 
 

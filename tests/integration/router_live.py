@@ -58,7 +58,8 @@ class RouterProbe:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 name = s.name.removeprefix("lightstream_router_")
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+                # every series carries model_name (the same on all of them): keyed without it
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k != "model_name")
                 out[f"{name}{{{labels}}}" if labels else name] = s.value
         return out
 

@@ -66,6 +66,8 @@ def test_readiness_is_200_when_up_and_503_without_a_worker(stack: Stack) -> None
         r = _ready_within(stack, 503, 15)
         assert r.status_code == 503
         assert r.json() == {"status": "unavailable", "reasons": ["no worker group is alive"]}
+        # liveness is the process's own: no worker is no reason to restart the front end
+        assert httpx.get(stack.url + "/liveness", timeout=5).json() == {"status": "alive"}
     finally:
         stack.signal_service("worker-0", signal.SIGCONT)
     assert _ready_within(stack, 200, 15).status_code == 200
@@ -82,6 +84,16 @@ def test_metrics_are_open_without_the_key(stack: Stack) -> None:
     r = httpx.get(stack.url + "/metrics", timeout=10)
     assert r.status_code == 200 and "lightstream" in r.text
     assert httpx.post(stack.url + "/generate", json={"inputs": "x"}).status_code == 401
+
+
+def test_openapi_lists_every_route_those_outside_fastapi_too(stack: Stack) -> None:
+    with _client(stack, headers=AUTH) as c:
+        paths = c.get("/openapi.json").json()["paths"]
+        assert c.get("/docs").status_code == 200
+    generating = ["/generate", "/generate_stream", "/", "/v1/completions", "/v1/chat/completions"]
+    generating += ["/worker_generate", "/worker_generate_stream"]
+    assert all("post" in paths[p] for p in generating), sorted(paths)
+    assert {"/health", "/readiness", "/version", "/tokenize", "/detokenize", "/v1/models", "/info"} <= set(paths)
 
 
 def test_tokenize_and_detokenize_give_the_hf_tokenizers_tokens(stack: Stack) -> None:
@@ -149,8 +161,10 @@ async def _until_streaming(streams: list[list[dict]], tasks: list[asyncio.Task])
 
 
 def _drain_checks(stack: Stack) -> tuple[httpx.Response, httpx.Response]:
-    """Readiness and a new request during the drain."""
+    """Readiness and a new request during the drain; liveness stays 200 (an orchestrator must
+    not kill a draining front end)."""
     ready = _ready_within(stack, 503, 5)
+    assert httpx.get(stack.url + "/liveness", timeout=5).status_code == 200
     refused = httpx.post(stack.url + "/generate", json={"inputs": "x"}, headers=AUTH, timeout=10)
     return ready, refused
 

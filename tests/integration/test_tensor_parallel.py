@@ -1,7 +1,8 @@
 """Tensor parallelism on the CPU (gloo): a worker group of two ranks behind the real services.
 
 TP=2 greedy output equals Hugging Face's (which the TP=1 stack is held to elsewhere, so the
-two equal each other), for both tiny models; a rank killed under load ends its group's
+two equal each other), for four tiny models (Gemma's norms after the all-reduces, its head
+norms and windows on each rank's share of the heads); a rank killed under load ends its group's
 requests with an explicit error within 10 seconds, and the restarted group serves again.
 """
 
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from tests import hf_reference
+from tests.conftest import MOE_ARCHS
 from tests.integration.conftest import start_stack
 from tools.redis_server import RedisServer
 from tools.stack import Stack
@@ -31,15 +33,12 @@ PROMPTS = [
 TP2 = ["--tp", "2"]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def tp_stack(
-    request: pytest.FixtureRequest,
-    tiny_models: dict[str, str],
-    redis_server: RedisServer,
-    tmp_path_factory: pytest.TempPathFactory,
-):
-    s = start_stack(tiny_models[request.param], redis_server, str(tmp_path_factory.mktemp("tp-logs")), worker_args=TP2)
-    s.model_dir = tiny_models[request.param]  # type: ignore[attr-defined]
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma2", "gemma3", "qwen3_moe"])
+def tp_stack(request: pytest.FixtureRequest, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory):
+    models = "tiny_moe_models" if request.param in MOE_ARCHS else "tiny_models"
+    model_dir = request.getfixturevalue(models)[request.param]
+    s = start_stack(model_dir, redis_server, str(tmp_path_factory.mktemp("tp-logs")), worker_args=TP2)
+    s.model_dir = model_dir  # type: ignore[attr-defined]
     yield s
     s.stop()
 

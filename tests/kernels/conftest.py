@@ -117,20 +117,33 @@ def pooled() -> Callable[..., PooledRequests]:
 
 
 def reference_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first_pos: int, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    first_pos: int,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """float32 causal attention of q [n, Hq, D] at positions first_pos.. over keys/values [L, Hkv, D]."""
+    """float32 causal attention of q [n, Hq, D] at positions first_pos.. over keys/values [L, Hkv, D];
+    window > 0: a query at p sees keys in (p - window, p]; softcap > 0: scaled scores s become
+    softcap * tanh(s / softcap) first (Hugging Face's eager Gemma 2 attention)."""
     group = q.shape[1] // keys.shape[1]
     k = keys.float().repeat_interleave(group, dim=1)  # [L, Hq, D]
     v = values.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,lhd->hnl", q.float(), k) * scale
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
     q_pos = torch.arange(first_pos, first_pos + q.shape[0], device=q.device)[:, None]
     k_pos = torch.arange(keys.shape[0], device=q.device)[None, :]
-    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    hidden = k_pos > q_pos
+    if window > 0:
+        hidden |= k_pos <= q_pos - window
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v)
 
 
 @pytest.fixture
 def reference() -> Callable[..., torch.Tensor]:
-    """reference(q, keys, values, first_pos, scale): float32 causal attention."""
+    """reference(q, keys, values, first_pos, scale, window=0, softcap=0.0): float32 causal attention."""
     return reference_attention

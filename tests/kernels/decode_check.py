@@ -25,9 +25,12 @@ def check(
     fused: bool = False,
     rotary: bool = False,
     norm: bool = False,
+    window: int = 0,
+    softcap: float = 0.0,
     **config: int,
 ) -> None:
-    """norm (with rotary): the new tokens come with a RowNorm, whose factor scales q, k and v."""
+    """norm (with rotary): the new tokens come with a RowNorm, whose factor scales q, k and v.
+    window, softcap: the sliding window and the logit soft cap (0: none)."""
     req = pooled(lens, hkv, d, dtype, quantized, device)
     bsz = len(lens)
     qkv = torch.randn(bsz, hq + 2 * hkv, d, device=device).to(dtype)
@@ -43,9 +46,10 @@ def check(
     before = qkv.clone()
     # fused: the last split of each (request, KV head) combines them, counting here (left zero)
     counts = torch.zeros(bsz * hkv + 3, dtype=torch.int32, device=device) if fused else None
+    config = {"window": window, "softcap": softcap, **config}
     for _ in range(2 if fused else 1):  # the second launch finds the counts as the first left them
         _launch(req, q, seq_lens, scale, num_splits, out, (mid_o, mid_lse), counts, new, config)
-        _assert_outputs(out, lens, rq, keys, values, scale, dtype, reference, tol)
+        _assert_outputs(out, lens, rq, keys, values, (scale, window, softcap), dtype, reference, tol)
         if counts is not None:
             assert not counts.any()
         out.fill_(float("nan"))
@@ -94,13 +98,14 @@ def _row_norm(bsz: int, dtype: torch.dtype, device: torch.device) -> RowNorm:
     return RowNorm((torch.randn(bsz, 40, device=device) * spread).to(dtype), 1e-5)
 
 
-def _assert_outputs(out, lens: list[int], rq, keys, values, scale: float, dtype: torch.dtype, reference, tol) -> None:
-    """Each request's output is float32 attention over its keys and values; an empty one's zeros."""
+def _assert_outputs(out, lens: list[int], rq, keys, values, attn: tuple, dtype: torch.dtype, reference, tol) -> None:
+    """Each request's output is float32 attention (attn: scale, window, softcap) over its keys and
+    values; an empty one's zeros."""
     for b, n in enumerate(lens):
         if n == 0:  # an empty request (a padded graph row): zeros
             assert torch.equal(out[b], torch.zeros_like(out[b]))
             continue
-        ref = reference(rq[b : b + 1], keys[b], values[b], n - 1, scale)[0]
+        ref = reference(rq[b : b + 1], keys[b], values[b], n - 1, *attn)[0]
         torch.testing.assert_close(out[b], ref.to(dtype), **tol(dtype), msg=lambda m, b=b: f"request {b}: {m}")
 
 

@@ -161,6 +161,38 @@ def test_decode_large_group(group: int, device, pooled, reference, tol) -> None:
     check([9, 40], group, 1, 16, torch.float32, False, 2, device, pooled, reference, tol)
 
 
+@pytest.mark.parametrize("window", [1, 16, 30, 4096])
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+@pytest.mark.parametrize(("num_splits", "fused", "rotary"), [(1, False, False), (3, False, True), (3, True, False)])
+def test_decode_sliding_window_and_softcap(
+    window: int, softcap: float, num_splits: int, fused: bool, rotary: bool, device, pooled, reference, tol
+) -> None:
+    """Windows of one token, one tile, part of the longer contexts and longer than all; the
+    splits divide the window, the new token (rotary) always inside it; an empty request's zeros."""
+    lens = [1, 17, 70, 0, 33]
+    check(lens, 4, 2, 32, torch.float32, False, num_splits, device, pooled, reference, tol, fused, rotary, False,
+          window, softcap)  # fmt: skip
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.parametrize("split_tokens", [1, 20])
+def test_decode_window_over_many_splits(quantized: bool, split_tokens: int, device, pooled, reference, tol) -> None:
+    """A grid of 8 splits over windows of 40 of contexts up to 250: each request uses those its
+    window warrants, combined by the reduce kernel (which recomputes them) or the last split."""
+    for fused in (False, True):
+        check([192, 250, 17, 1], 4, 2, 32, torch.float16, quantized, 8, device, pooled, reference, tol, fused,
+              window=40, softcap=3.0, split_tokens=split_tokens)  # fmt: skip
+
+
+def test_decode_rejects_a_bad_softcap(device) -> None:
+    q = torch.randn(2, 2, 16, device=device)
+    pool = torch.zeros(8, 2, 16, device=device)
+    ints = torch.zeros(2, dtype=torch.int32, device=device)
+    table = torch.zeros(3, 8, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="softcap"):
+        decode_attention(q, pool, pool, table, ints, ints, 1.0, 1, softcap=-1.0)
+
+
 def test_choose_num_splits() -> None:
     assert choose_num_splits(64, 8, 2048) == 1  # 512 programs already fill 132 SMs about four deep
     assert choose_num_splits(16, 8, 2048) == 3  # 128 programs: three splits give about two per SM
@@ -298,3 +330,30 @@ def test_steps_with_prompt_tokens_reuse_the_decode_graphs_kernels(
     assert splits_rec.keys[0] == splits_rec.keys[1]
     assert len(reduce_rec.keys) == (0 if fused or graph_splits == 1 else 2)
     assert len(set(map(str, reduce_rec.keys))) <= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("quantized", [False, True])
+def test_decode_gemma2_9b_window_and_softcap(quantized: bool, pooled, reference, tol) -> None:
+    """Gemma 2 9B's heads with its 4096-token window and soft cap 50, contexts shorter and far
+    longer than the window, over a grid of many splits (the window's) and one split."""
+    lens = [1, 100, 4096, 4097, 9000]
+    for splits, fused in ((16, False), (16, True), (1, False)):
+        check(
+            lens,
+            16,
+            8,
+            256,
+            torch.bfloat16,
+            quantized,
+            splits,
+            torch.device("cuda"),
+            pooled,
+            reference,
+            tol,
+            fused,
+            window=4096,
+            softcap=50.0,
+            split_tokens=SPLIT_TOKENS,
+        )

@@ -20,6 +20,8 @@ def _check(
     pooled,
     reference,
     tol,
+    window: int = 0,
+    softcap: float = 0.0,
     **config: int,
 ) -> None:
     req = pooled([max(p, 1) for p in prefix_lens], hkv, d, dtype, quantized, device)
@@ -47,13 +49,15 @@ def _check(
         out=out,
         k_scale=req.k_scale,
         v_scale=req.v_scale,
+        window=window,
+        softcap=softcap,
         **config,
     )
     for i, (n, p) in enumerate(zip(ext_lens, prefix_lens, strict=True)):
         s = int(starts[i])
         keys = torch.cat([req.keys[i][:p], k_new[s : s + n]])
         values = torch.cat([req.values[i][:p], v_new[s : s + n]])
-        ref = reference(q[s : s + n], keys, values, p, scale)
+        ref = reference(q[s : s + n], keys, values, p, scale, window, softcap)
         torch.testing.assert_close(out[s : s + n], ref.to(dtype), **tol(dtype))
 
 
@@ -78,6 +82,38 @@ def test_extend_block_overrides(block_m: int, block_n: int, device, pooled, refe
     _check(
         EXT, PREFIX, 2, 2, 16, torch.float32, False, device, pooled, reference, tol, BLOCK_M=block_m, BLOCK_N=block_n
     )
+
+
+# windows of one token, shorter than a tile, a few tiles long, longer than every context; with a
+# soft cap these random scores (of order one) run into, and without
+@pytest.mark.parametrize("window", [1, 7, 20, 40, 4096])
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_extend_sliding_window_and_softcap(
+    window: int, softcap: float, dtype: torch.dtype, device, pooled, reference, tol
+) -> None:
+    _check(EXT, PREFIX, 4, 2, 32, dtype, False, device, pooled, reference, tol, window, softcap)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_extend_softcap_alone_and_with_an_int8_prefix(quantized: bool, device, pooled, reference, tol) -> None:
+    _check(EXT, PREFIX, 4, 2, 32, torch.float32, quantized, device, pooled, reference, tol, 9, 5.0)
+    _check(EXT, PREFIX, 2, 1, 64, torch.float32, quantized, device, pooled, reference, tol, 0, 1.0)
+
+
+def test_extend_window_over_small_blocks(device, pooled, reference, tol) -> None:
+    """A window that starts mid-prefix for some query blocks and mid-segment for others."""
+    _check(
+        [70, 3], [50, 40], 2, 2, 16, torch.float32, False, device, pooled, reference, tol, 23, BLOCK_M=16, BLOCK_N=16
+    )
+
+
+def test_extend_rejects_a_bad_window(device) -> None:
+    q = torch.randn(4, 2, 16, device=device)
+    ints = torch.zeros(1, dtype=torch.int32, device=device)
+    table = torch.zeros(2, 8, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="window"):
+        extend_attention(q, q, q, q, q, table, ints, ints, ints + 4, ints, 4, 1.0, window=-1)
 
 
 def test_extend_rejects_bad_blocks(device) -> None:
@@ -110,4 +146,27 @@ def test_extend_mixed_segments_gpu(pooled, reference, tol) -> None:
         pooled,
         reference,
         tol,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("quantized", [False, True])
+def test_extend_gemma2_9b_window_and_softcap(quantized: bool, pooled, reference, tol) -> None:
+    """Gemma 2 9B's heads (256 wide) with its 4096-token window and soft cap 50: a prompt whose
+    window starts inside its prefix, one past it, one shorter than the window."""
+    _check(
+        [3000, 700, 64],
+        [3000, 6000, 0],
+        16,
+        8,
+        256,
+        torch.bfloat16,
+        quantized,
+        torch.device("cuda"),
+        pooled,
+        reference,
+        tol,
+        4096,
+        50.0,
     )

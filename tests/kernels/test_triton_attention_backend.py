@@ -8,6 +8,7 @@ import torch
 from services.worker.forward_batch import ForwardBatch
 from services.worker.kernels.triton_ops import TritonOps
 from services.worker.memory.kv_cache import KVCache, KVLayout
+from services.worker.models.attention.base import LayerAttention
 from services.worker.models.attention.torch_backend import TorchAttention
 from services.worker.models.attention.triton_backend import TritonAttention
 from services.worker.models.layers.ops import RowNorm, TorchOps
@@ -94,7 +95,11 @@ def _check(
     device: torch.device,
     tol,
     reference,
+    how: LayerAttention | None = None,
 ) -> None:
+    """how: layer LAYER's attention settings (None: the default's, causal, scaled by d^-1/2)."""
+    how = how or LayerAttention(d**-0.5)
+    layers = (LayerAttention(d**-0.5), how)
     layout = KVLayout(num_layers=2, kv_heads=hkv, head_dim=d, dtype=dtype, quantized=quantized)
     capacity = sum(p + n for p, n in extends) + sum(decode_lens) + 11
     torch_cache = _random_cache(layout, capacity, device)
@@ -102,8 +107,9 @@ def _check(
     batch = _mixed_batch(extends, decode_lens, capacity, device)
     qkv = torch.randn(batch.num_tokens, hq + 2 * hkv, d, device=device).to(dtype)
     q, k, v = qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]  # strided views, as the model makes them
-    ref = TorchAttention(torch_cache, hq, d).forward(LAYER, q, k, v, batch)
-    out = TritonAttention(triton_cache, hq, d, max_decode_batch=len(decode_lens)).forward(LAYER, q, k, v, batch)
+    ref = TorchAttention(torch_cache, hq, d, layers).forward(LAYER, q, k, v, batch)
+    triton = TritonAttention(triton_cache, hq, d, max_decode_batch=len(decode_lens), layers=layers)
+    out = triton.forward(LAYER, q, k, v, batch)
     e = batch.num_extend_tokens
     if not quantized:
         torch.testing.assert_close(out, ref, **tol(dtype))
@@ -116,7 +122,7 @@ def _check(
             s, row = int(batch.extend_starts[i]), int(batch.extend_rows[i])
             keys, values = torch_cache.dequantized(LAYER, batch.req_table[row, :p].long())
             keys, values = torch.cat([keys, k[s : s + n]]), torch.cat([values, v[s : s + n]])
-            want = reference(q[s : s + n], keys, values, p, d**-0.5).to(dtype)
+            want = reference(q[s : s + n], keys, values, p, how.scale, how.window, how.softcap).to(dtype)
             torch.testing.assert_close(out[s : s + n], want, **tol(dtype))
     for name in ("k", "v"):
         got, want = getattr(triton_cache, name)[LAYER], getattr(torch_cache, name)[LAYER]
@@ -145,6 +151,22 @@ def test_extends_only_and_decodes_only(
     _check(extends, decodes, 4, 1, 16, torch.float32, False, device, tol, reference)
 
 
+@pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.parametrize(("window", "softcap"), [(6, 0.0), (0, 2.0), (19, 3.0)])
+def test_mixed_batch_with_a_window_and_a_softcap(
+    quantized: bool, window: int, softcap: float, device, tol, reference
+) -> None:
+    """A layer's own scale, sliding window and soft cap (Gemma's), the same on both backends."""
+    how = LayerAttention(0.3, window, softcap)
+    _check(EXTENDS, DECODES, 4, 2, 32, torch.float32, quantized, device, tol, reference, how)
+
+
+def test_settings_must_cover_every_layer(device) -> None:
+    cache = KVCache(KVLayout(num_layers=2, kv_heads=1, head_dim=16, dtype=torch.float32, quantized=False), 8, device)
+    with pytest.raises(ValueError, match="1 layers' attention settings for a pool of 2"):
+        TorchAttention(cache, 2, 16, [LayerAttention(0.25)])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("quantized", [False, True])
@@ -156,15 +178,17 @@ def test_mixed_batch_llama3_8b(quantized: bool, tol, reference) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("quantized", [False, True])
-@pytest.mark.parametrize("folded", [False, True])
+@pytest.mark.parametrize(("folded", "how"), [(False, None), (True, None), (False, LayerAttention(0.2, 9, 2.5))])
 def test_decode_attend_rotates_stores_and_attends(
-    dtype: torch.dtype, quantized: bool, folded: bool, device, tol
+    dtype: torch.dtype, quantized: bool, folded: bool, how: LayerAttention | None, device, tol
 ) -> None:
     """A decode-only step's q, k and v as projected: the Triton backend's kernel rotates, stores
     and attends at once (an int8 pool: rotary_store, then attend), as the base class's two steps
     do on the torch backend. folded: the layer's norm folded into the QKV weights, its factor
-    applied to q, k and v first (in the kernel; an int8 pool: by the base class)."""
+    applied to q, k and v first (in the kernel; an int8 pool: by the base class). how: the
+    layer's own scale, window and soft cap (Gemma's)."""
     hq, hkv, d = 4, 2, 32
+    layers = None if how is None else (LayerAttention(d**-0.5), how)
     layout = KVLayout(num_layers=2, kv_heads=hkv, head_dim=d, dtype=dtype, quantized=quantized)
     capacity = sum(DECODES) + 11
     torch_cache = _random_cache(layout, capacity, device)
@@ -180,10 +204,10 @@ def test_decode_attend_rotates_stores_and_attends(
     def views(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return x[:, :hq], x[:, hq : hq + hkv], x[:, hq + hkv :]
 
-    ref = TorchAttention(torch_cache, hq, d).decode_attend(
+    ref = TorchAttention(torch_cache, hq, d, layers).decode_attend(
         LAYER, *views(ref_qkv), batch, cos_sin, TorchOps().rotary_, norm=norm
     )
-    out = TritonAttention(triton_cache, hq, d, max_decode_batch=len(DECODES)).decode_attend(
+    out = TritonAttention(triton_cache, hq, d, max_decode_batch=len(DECODES), layers=layers).decode_attend(
         LAYER, *views(qkv), batch, cos_sin, TritonOps().rotary_, norm=norm
     )
     torch.testing.assert_close(out, ref, **tol(dtype))

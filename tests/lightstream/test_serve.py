@@ -153,3 +153,51 @@ def test_tp2_dp2_with_a_served_name_and_a_key_answers_hf_greedy_text(tiny_llama:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def _child_pid(parent: int, module: str) -> int | None:
+    """The pid of parent's child process running ``python -m module``, if any."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+        if ppid == parent and module.encode() in argv:
+            return int(entry)
+    return None
+
+
+def _gone(pid: int) -> bool:
+    """Exited and reaped: no zombie left behind."""
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_service_that_dies_is_reaped_and_started_again(tiny_llama: str, tmp_path) -> None:
+    port = free_port()
+    err = open(tmp_path / "serve.err", "w+")  # noqa: SIM115 (read after the process ends)
+    flags = ["--port", str(port), "--host", "127.0.0.1", "--log-dir", str(tmp_path)]
+    proc = _serve(tiny_llama, *flags, stderr=err)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc)
+        router = _child_pid(proc.pid, "services.router")
+        assert router is not None
+        os.kill(router, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (_child_pid(proc.pid, "services.router") or router) == router or not _gone(router):
+            assert time.monotonic() < deadline, "the router was not started again"
+            time.sleep(0.1)
+        _wait_ready(url, proc, 60)
+        r = httpx.post(url + "/generate", json={"inputs": "Hello", "parameters": {"max_new_tokens": 4}}, timeout=60)
+        assert r.status_code == 200, r.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    err.seek(0)
+    said = err.read()
+    assert f"router exited with status {-signal.SIGKILL}" in said and "router started again" in said, said

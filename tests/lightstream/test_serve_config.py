@@ -34,6 +34,11 @@ FLAGS = {
     "--running-max-req-size": "LS_RUNNING_MAX_REQ_SIZE",
     "--chunked-prefill-size": "LS_CHUNKED_PREFILL_SIZE",
     "--log-dir": "LS_LOG_DIR",
+    "--log-format": "LS_LOG_FORMAT",
+    "--tokenizer": "LS_TOKENIZER",
+    "--chat-template": "LS_CHAT_TEMPLATE",
+    "--disable-prompt-cache": "LS_DISABLE_PROMPT_CACHE",
+    "--routing-policy": "LS_ROUTING_POLICY",
 }
 
 
@@ -89,10 +94,12 @@ def test_both_spellings_reach_the_services_flags() -> None:
         "--max-req-total-len": "512",
         "--running-max-req-size": "8",
         "--batch-max-tokens": "64",
+        "--model-name": "demo",  # the label on its metrics series
     }
     assert args["worker"][-1] == "--cuda-graph-max-bs=0"  # a pass-through flag comes last: it wins
     assert args["tokenizer"] == ["--max-req-total-len", "512", "--model-name", "demo", "--api-key", "K"]
-    assert args["router"] == ["--running-max-req-size", "8"]
+    assert args["router"] == ["--running-max-req-size", "8", "--model-name", "demo"]
+    assert args["detokenizer"] == ["--model-name", "demo"]
 
 
 def test_a_setting_left_at_its_default_leaves_the_service_its_own() -> None:

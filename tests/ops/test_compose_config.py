@@ -32,6 +32,14 @@ def resolved(*files: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     return yaml.safe_load(r.stdout)
 
 
+def _published(port: str | dict[str, Any]) -> tuple[str, int]:
+    """(host address, container port) of a published port, as either compose renders it."""
+    if isinstance(port, dict):
+        return port.get("host_ip", ""), int(port["target"])
+    host_ip, _host, container = port.rsplit(":", 2)
+    return host_ip, int(container.split("/")[0])
+
+
 def test_compose_yaml_is_valid_and_complete() -> None:
     services = resolved("compose.yaml")["services"]
     assert {"redis", "model", *LIGHTSTREAM, "prometheus", "grafana"} == set(services)
@@ -50,7 +58,11 @@ def test_compose_yaml_is_valid_and_complete() -> None:
         assert "models:/model:ro" in s["volumes"], name
         if name != "tokenizer":
             assert s["environment"]["LS_METRICS_PORT"] == "9100", name
-    assert services["tokenizer"]["ports"][0]["target"] == 8000
+    assert [_published(p) for p in services["tokenizer"]["ports"]] == [("127.0.0.1", 8000)]
+    for name, port in (("prometheus", 9090), ("grafana", 3000)):  # this host only, unless LS_BIND says otherwise
+        assert [_published(p) for p in services[name]["ports"]] == [("127.0.0.1", port)], name
+    exposed = resolved("compose.yaml", env={"LS_BIND": "0.0.0.0"})["services"]["tokenizer"]["ports"]
+    assert [_published(p) for p in exposed] == [("0.0.0.0", 8000)]
     worker = services["worker"]
     assert worker["environment"]["LS_GROUP"] == "auto" and worker["environment"]["LS_DEVICE"] == "cpu"
     assert worker["build"]["target"] == "cpu" and services["tokenizer"]["build"]["target"] == "light"
@@ -98,7 +110,8 @@ def test_the_dockerfile_has_every_target_compose_builds() -> None:
 
 def test_the_monitoring_files_match_the_stack() -> None:
     """Prometheus scrapes each service on the port compose.yaml gives it, and Grafana's
-    provisioned datasource is the one the dashboard names."""
+    provisioned datasource is what the dashboard's datasource variable offers (the only
+    Prometheus source, and the default), the variable every panel reads."""
     services = resolved("compose.yaml")["services"]
     with open(os.path.join(ROOT, "deploy", "prometheus", "prometheus.yml")) as f:
         jobs = {j["job_name"]: j["dns_sd_configs"][0] for j in yaml.safe_load(f)["scrape_configs"]}
@@ -109,7 +122,12 @@ def test_the_monitoring_files_match_the_stack() -> None:
     with open(os.path.join(ROOT, "deploy", "grafana", "provisioning", "datasources", "prometheus.yml")) as f:
         (source,) = yaml.safe_load(f)["datasources"]
     with open(os.path.join(ROOT, "deploy", "grafana", "lightstream.json")) as f:
-        panels = json.load(f)["panels"]
-    assert {p["datasource"]["uid"] for p in panels if "datasource" in p} == {source["uid"]}
+        dashboard = json.load(f)
+    panels = dashboard["panels"]
+    assert {p["datasource"]["uid"] for p in panels if p.get("datasource")} == {"${datasource}"}
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == source["type"]
+    assert source["type"] == "prometheus" and source.get("isDefault") is True
+    assert "model_name" in variables["model"]["query"]["query"]
     for volume in services["grafana"]["volumes"] + services["prometheus"]["volumes"]:
         assert os.path.exists(volume.split(":")[0]), volume

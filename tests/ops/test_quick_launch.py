@@ -272,7 +272,7 @@ def test_the_all_in_one_command_serves(tiny_llama: str) -> None:
         for port in (ports[str(p)] for p in METRICS_PORTS.values()):
             assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
         worker = httpx.get(f"http://127.0.0.1:{ports['9102']}/metrics", timeout=10).text
-        assert 'lightstream_worker_kv_capacity_tokens{group="0"} 4096.0' in worker
+        assert re.search(r'lightstream_worker_kv_capacity_tokens\{group="0",model_name="[^"]+"\} 4096\.0', worker)
     finally:
         proc.send_signal(signal.SIGTERM)  # run_local.py stops its services
         proc.wait(30)

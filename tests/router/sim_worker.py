@@ -86,7 +86,7 @@ class SimReq:
         self.params = msg.params
         self.admit_order = admit_order
         self.tokens = list(msg.input_ids)
-        self.prompt_len = len(msg.input_ids)
+        self.prompt_len = msg.prompt_len  # a request handed over comes with its output so far
         self.kv: list[int] = []  # one rolling state per token in the pool
         self.cached = 0  # of kv, the tokens in the prompt cache's tree (the first ones)
         self.node: Node | None = None  # the tree path it holds locked
@@ -280,6 +280,7 @@ class SimWorker:
             error_kind=req.error_kind,
             prompt_tokens=req.prompt_len,
             output_tokens=req.output_len,
+            handovers=req.msg.handovers,
         )
 
     # ---------------------------------------------------------------- state out

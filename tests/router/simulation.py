@@ -7,17 +7,19 @@ step. A worker sends a status like the real one: every status_every_s, and in th
 after a step that ended a request or produced a first token.
 
 It also plays the router service's delivery guarantees: a GenerateReq stays pending until
-the router releases it (admits or ends it) or is re-written (re-queued), and a restarted
-router is handed the pending ones again after claim_delay_s, as a successor claims a dead
-consumer's entries. Token items are checked as the detokenizer does: a request whose
-output count jumps or repeats is ended with an error.
+the router releases it (admits or ends it), and a restarted router is handed the pending
+ones again after claim_delay_s, as a successor claims a dead consumer's entries. Token items
+are checked as the detokenizer does: a request whose output count jumps or repeats is ended
+with an error. It plays the detokenizer's part in a hand-over too: a request the router hands
+over comes back in the next round with the tokens received so far, and items of the copy
+that ran before are dropped.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from services.router.core import Actions, RouterCore
 from shared.config import RouterConfig
@@ -86,6 +88,7 @@ class Simulation:
         self.pending: dict[str, GenerateReq] = {}  # unacknowledged GenerateReqs
         self.reqs: dict[str, GenerateReq] = {}
         self.outcomes: dict[str, Outcome] = {}
+        self.handovers: dict[str, int] = {}  # rid -> its hand-overs so far, as its detokenizer counts them
         self.samples: list[tuple[float, bool, int, int]] = []  # per round: (time, requests waiting, held, capacity)
 
     @property
@@ -174,18 +177,31 @@ class Simulation:
         for group, rids in act.aborts.items():
             self.workers[group].inbox.append(AbortReqs(rids, "aborted"))
         for items in act.ended.values():
-            self._receive(items)
+            self._receive(items, from_worker=False)
         for rid in act.released:
             self.pending.pop(rid, None)
-        for req in act.requeued:
-            self.pending[req.rid] = req
+        for req, _why in act.handovers:
+            self._hand_over(req)
         self.core.seal_admissions(act)
 
-    def _receive(self, items: list[TokenItem]) -> None:
+    def _hand_over(self, req: GenerateReq) -> None:
+        """As the detokenizer: the request back to the router with the tokens its client has."""
+        out = self.outcomes[req.rid]
+        if out.finish_reason:
+            return  # its end came before the group died
+        self.handovers[req.rid] = req.handovers + 1
+        prompt = list(req.input_ids[: req.prompt_len])
+        back = replace(req, input_ids=prompt + out.tokens, resumed=len(out.tokens), handovers=req.handovers + 1)
+        self._seq += 1
+        heapq.heappush(self._arrivals, (self.t, self._seq, back))
+
+    def _receive(self, items: list[TokenItem], from_worker: bool = True) -> None:
         for item in items:
             out = self.outcomes[item.rid]
             if out.finish_reason:
                 continue  # ended already: the detokenizer has closed its session
+            if from_worker and item.handovers < self.handovers.get(item.rid, 0):
+                continue  # a copy that ran before its last hand-over
             if item.token_ids and item.output_tokens != len(out.tokens) + len(item.token_ids):
                 out.finish_reason, out.error_kind, out.ended_at = FINISH_ERROR, ERR_FAILED, self.t
                 continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from services.router.core import Actions, RouterCore
 from services.router.group import SEQ_GAP
 from shared.config import RouterConfig
@@ -163,6 +165,17 @@ def test_queued_requests_fail_when_no_group_is_alive() -> None:
     assert _ended(act) == {"waits": ("error", ERR_FAILED)}
 
 
+def test_silence_while_redis_was_away_is_excused() -> None:
+    core = _core(worker_dead_after_s=3.0)
+    act = Actions()
+    core.on_status(_status("0", 100, [RunningReq("running", "d", 5, 5, 50)]), 0.0, act)
+    core.excuse_silence(2.5)  # Redis away until 2.5: no status could come
+    core.tick(5.0, 0.0, act)
+    assert "0" in core.groups and not _ended(act)
+    core.tick(5.6, 0.0, act)  # silent 3.1 s since Redis came back: its own silence now
+    assert "0" not in core.groups and _ended(act) == {"running": ("error", ERR_FAILED)}
+
+
 def test_a_request_deadline_passed_on_arrival_is_rejected() -> None:
     core = _core()
     act = Actions()
@@ -180,7 +193,10 @@ def test_a_restarted_group_ends_what_it_held_and_rejoins() -> None:
     core.seal_admissions(act)
     act = Actions()
     core.on_status(_status("0", 1_000, instance="new"), 1.0, act)  # a new instance: the old one died
-    assert act.requeued and act.requeued[0].rid == "a"  # no output yet: back to the queue
+    assert [(req.rid, why) for req, why in act.handovers] == [("a", "its worker restarted")]
+    # its detokenizer shard sends it back to go on (no output yet: as it was)
+    req = act.handovers[0][0]
+    core.on_generate(replace(req, handovers=1), 0.0, act)
     core.tick(1.0, 0.0, act)
     assert list(act.admits) == [("0", "new")]
 
@@ -232,8 +248,8 @@ def test_an_aborted_request_is_not_revived() -> None:
     act = Actions()
     core.on_abort("placed", 1.0, act)
     core.tick(10.0, 0.0, act)
-    assert not act.requeued and _ended(act) == {"placed": (FINISH_ABORT, "")}
-    # aborted while queued, then its second copy arrives (a re-queued request's durable copy)
+    assert not act.handovers and _ended(act) == {"placed": (FINISH_ABORT, "")}
+    # aborted while queued, then its second copy arrives (a claimed entry)
     act = Actions()
     core.on_generate(_req("queued", 10, 10), 0.0, act)
     core.on_abort("queued", 11.0, act)

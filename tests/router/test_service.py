@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 import httpx
 import redis
@@ -11,11 +12,19 @@ from prometheus_client import CollectorRegistry
 from services.router.metrics import RouterCollector
 from services.router.service import RouterService
 from shared.config import RouterConfig
-from shared.messages import AdmitReqs, GenerateReq, RunningReq, RunningTable, SamplingParams, WorkerStatus
+from shared.messages import (
+    AdmitReqs,
+    GenerateReq,
+    Handover,
+    RunningReq,
+    RunningTable,
+    SamplingParams,
+    WorkerStatus,
+)
 from shared.metrics import serve_metrics
 from shared.redis_link import RedisLink
 from shared.redis_streams import StreamReader, StreamWriter
-from shared.streams import GROUP_WORKER
+from shared.streams import GROUP_DETOK, GROUP_WORKER
 from tools.redis_server import free_port
 
 
@@ -64,18 +73,22 @@ def test_a_router_restarted_under_the_same_name_takes_over_its_predecessors_queu
     assert second.reader.pending_count() == 0
 
 
-def test_a_request_requeued_from_a_lost_group_is_written_back_and_held_until_admitted(redis_url: str) -> None:
+def test_a_request_of_a_lost_group_goes_through_its_shard_and_is_held_until_admitted_again(redis_url: str) -> None:
     link = RedisLink(redis_url)
     ns = "t" + uuid.uuid4().hex[:8]
     writer = StreamWriter(link)
     service = RouterService(_cfg(redis_url, ns), link)
     _round(service, writer, _status("w1", 100, []), _gen("r", 10, 20))
     assert service.reader.pending_count() == 0  # admitted and acknowledged
-    # the group restarts before "r" produced anything, and its new instance is full
+    # the group restarts, and its new instance is full: "r" goes to its detokenizer shard
     _round(service, writer, _status("w2", 100, [RunningReq("other", "d", 10, 90, 10)]))
-    assert [r.rid for r in service.core.waiting] == ["r"]
-    _round(service, writer)  # the durable copy comes back and is held, not queued twice
-    assert len(service.core.waiting) == 1 and "r" in service.queued
+    shard = StreamReader(link, service.names.detok("d"), GROUP_DETOK, consumer="check")
+    (handover,) = [e.msg for e in shard.read(count=100) if isinstance(e.msg, Handover)]
+    assert handover.req.rid == "r" and "restarted" in handover.why
+    assert not service.core.waiting and "r" not in service.core.where
+    # the shard sends it back with the output its client had (none): queued, held unacknowledged
+    _round(service, writer, replace(handover.req, handovers=1))
+    assert [r.rid for r in service.core.waiting] == ["r"] and "r" in service.queued
     assert service.reader.pending_count() == 1
     _round(service, writer, _status("w2", 100, []))
     assert service.reader.pending_count() == 0

@@ -34,6 +34,7 @@ CONSTRAINED = m.GenerateReq(
     1.0,
     2.0,
 )
+RESUMED = m.GenerateReq("r2", "front-0", "detok-0", [1, 2, 3, 9, 8], SP, 1700000000.5, 1700000600.0, 2, 1)
 
 EXAMPLES = [
     GEN,
@@ -53,14 +54,22 @@ EXAMPLES = [
         cache_locked_tokens=3,
         prompt_cache=True,
     ),
-    m.AdmitReqs("abc", 13, [GEN, GEN, CONSTRAINED]),
+    m.AdmitReqs("abc", 13, [GEN, RESUMED, CONSTRAINED]),
+    m.Handover(RESUMED, "worker group 0 died"),
     m.AbortReqs(["r1", "r2"], "aborted"),
     m.DetokRegister("r1", "front-0", 3, ["\n\n", "Ünïcode ✓"], False, 1700000600.0),
     m.TokenBatch(
         "worker:0",
         [
             m.TokenItem(
-                "r1", [42], [-0.5], [[[42.0, -0.5], [7.0, -1.5]]], prompt_tokens=3, output_tokens=1, cached_tokens=2
+                "r1",
+                [42],
+                [-0.5],
+                [[[42.0, -0.5], [7.0, -1.5]]],
+                prompt_tokens=3,
+                output_tokens=1,
+                cached_tokens=2,
+                handovers=1,
             ),
             m.TokenItem(
                 "r2",
@@ -123,6 +132,15 @@ def test_unknown_type_and_bad_shapes_are_refused() -> None:
     ]
     with pytest.raises(m.WireError, match="columns of different lengths"):
         m.decode(msgpack.packb(ragged))
+
+
+def test_a_resumed_request_keeps_a_prompt() -> None:
+    assert RESUMED.prompt_len == 3 and GEN.prompt_len == 3
+    for resumed, handovers in ((5, 1), (-1, 0), (0, -1)):
+        raw = msgpack.unpackb(m.encode(RESUMED))
+        raw[-2:] = [resumed, handovers]
+        with pytest.raises(m.WireError, match="resumed"):
+            m.decode(msgpack.packb(raw))
 
 
 def test_sampling_greedy_flag() -> None:

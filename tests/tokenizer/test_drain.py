@@ -137,6 +137,7 @@ def test_metrics_are_open_under_api_keys_unless_protected(protect: bool, status:
     gates = Gates(Inner(Drain(1)), 1024, ("k",), open_paths(protect))
     assert asyncio.run(_call(gates, "/metrics"))[0] == status
     assert asyncio.run(_call(gates, "/readiness"))[0] == 200
+    assert asyncio.run(_call(gates, "/liveness"))[0] == 200
     assert asyncio.run(_call(gates, "/version"))[0] == 401
     assert asyncio.run(_call(gates, "/version", [(b"authorization", b"Bearer k")]))[0] == 200
 

@@ -30,7 +30,7 @@ TOP1_INT8 = 0.97
 # ---------------------------------------------------------------- tiny models, fp32: exact
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"])
 @pytest.mark.parametrize(
     ("graphs", "pieces", "budget", "fold"),
     [(512, 2048, 8192, True), (512, 2048, 16, True), (0, 0, 8192, True), (512, 2048, 8192, False)],
@@ -40,8 +40,9 @@ def test_tiny_fp32_greedy_equals_cpu_and_hf(
 ) -> None:
     """graphs: decode steps under CUDA graphs; pieces: steps with prompt tokens under piecewise
     graphs; budget: prompt tokens per step (16: prompts in chunks, beside other requests' decodes);
-    fold: the norms folded into the weights (llama and phi3; qwen2's QKV bias and qwen3's head
-    norms keep them apart)."""
+    fold: the norms folded into the weights (llama and phi3; qwen2's QKV bias, qwen3's head
+    norms and Gemma's (1 + w) post-norms keep them apart). Gemma's prompts outrun its 8-token
+    window: the windowed and soft-capped kernels run in graphs and pieces."""
     _tiny_fp32(tiny_models[arch], graphs, pieces, budget, fold, folds=arch in ("llama", "phi3"))
 
 

@@ -59,8 +59,8 @@ def fastchat_post_routes(worker: FastChatWorker) -> dict[str, PostRoute]:
         return await _generate(worker, request, arrival)
 
     return {
-        "/worker_generate_stream": PostRoute(None, generate_stream),
-        "/worker_generate": PostRoute(None, generate),
+        "/worker_generate_stream": PostRoute(None, generate_stream, "FastChat worker: stream", WorkerParams),
+        "/worker_generate": PostRoute(None, generate, "FastChat worker: whole answer", WorkerParams),
     }
 
 

@@ -78,9 +78,16 @@ def lightllm_post_routes(ctx: FrontContext) -> dict[str, PostRoute]:
     tgi = TGIRoutes(ctx)
 
     return {
-        "/generate": PostRoute(None, dialect(generate, tgi.generate)),
-        "/generate_stream": PostRoute(None, dialect(generate_stream, tgi.generate_stream)),
-        "/": PostRoute(TGIRequest, tgi.root),
+        "/generate": PostRoute(
+            None, dialect(generate, tgi.generate), "LightLLM's generate (TGI's when the body is TGI's)", GenerateBody
+        ),
+        "/generate_stream": PostRoute(
+            None,
+            dialect(generate_stream, tgi.generate_stream),
+            "LightLLM's generate_stream (TGI's when the body is TGI's)",
+            GenerateBody,
+        ),
+        "/": PostRoute(TGIRequest, tgi.root, "TGI's generate (stream: true streams)"),
     }
 
 

@@ -41,7 +41,7 @@ NO_OPS = (
 )
 
 
-def _not_supported(name: str, value: Any) -> Any:
+def not_supported(name: str, value: Any) -> Any:
     if value:
         raise ValueError(f"not supported by this server ({name})")
     return value
@@ -106,14 +106,15 @@ class OpenAISampling(OutputFormat):
     @field_validator("logit_bias")
     @classmethod
     def _no_logit_bias(cls, v: Any) -> Any:
-        return _not_supported("logit_bias", v)
+        return not_supported("logit_bias", v)
 
     @field_validator("spaces_between_special_tokens")
     @classmethod
     def _spaces(cls, v: bool | None) -> bool | None:
-        # the fast tokenizers' decode (the detokenizer's) has no such option: only its default
+        # a slow tokenizer's option: Hugging Face's fast tokenizers (the only kind read here) decode the
+        # same either way, and vLLM applies it to slow tokenizers only; so false changes nothing here either
         if v is False:
-            raise ValueError("only true is supported (the detokenizer decodes as the fast tokenizer does)")
+            log.debug("spaces_between_special_tokens=false: the fast tokenizer decodes the same either way")
         return v
 
     @model_validator(mode="after")
@@ -204,7 +205,7 @@ class CompletionRequest(OpenAISampling):
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, v: Any) -> Any:
-        return _not_supported("suffix", v)
+        return not_supported("suffix", v)
 
     @property
     def sequences(self) -> int:

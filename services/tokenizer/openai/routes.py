@@ -15,6 +15,8 @@ from services.tokenizer.openai.chat import chat_completions
 from services.tokenizer.openai.chat_params import ChatCompletionRequest
 from services.tokenizer.openai.completions import completions
 from services.tokenizer.openai.params import CompletionRequest
+from services.tokenizer.openai.responses_api import responses
+from services.tokenizer.openai.responses_params import ResponsesRequest
 from services.tokenizer.post_routes import PostRoute
 
 
@@ -55,7 +57,12 @@ def openai_post_routes(ctx: FrontContext) -> dict[str, PostRoute]:
         check_model(ctx, body.model)
         return await chat_completions(ctx, body, request, arrival)
 
+    async def responses_route(request: Request, body: ResponsesRequest, arrival: float) -> Response:
+        check_model(ctx, body.model)
+        return await responses(ctx, body, request, arrival)
+
     return {
-        "/v1/completions": PostRoute(CompletionRequest, completions_route),
-        "/v1/chat/completions": PostRoute(ChatCompletionRequest, chat_route),
+        "/v1/responses": PostRoute(ResponsesRequest, responses_route, "OpenAI responses (text)"),
+        "/v1/completions": PostRoute(CompletionRequest, completions_route, "OpenAI completions"),
+        "/v1/chat/completions": PostRoute(ChatCompletionRequest, chat_route, "OpenAI chat completions"),
     }

@@ -3,7 +3,7 @@
 One program per token row reads x and residual once and writes the residual and the
 normalised output, instead of the three passes of the unfused version. The sum is rounded
 to the residual's dtype before it is normalised, as ``TorchOps.add_rmsnorm`` (an in-place
-``add_``) does.
+``add_``) does; the weight applies as rmsnorm.py's does (UNIT_OFFSET: Gemma's 1 + weight).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.launch import launcher
-from services.worker.kernels.rmsnorm import row_launch_params
+from services.worker.kernels.rmsnorm import row_launch_params, weighted
 
 
 @triton.jit
@@ -28,6 +28,7 @@ def _add_rmsnorm_kernel(
     hidden,
     eps,
     BLOCK: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -38,18 +39,23 @@ def _add_rmsnorm_kernel(
     tl.store(res_ptr + row * res_row_stride + offs, s, mask=mask)
     s = s.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(s * s, axis=0) / hidden + eps)
-    normed = (s * rstd).to(res_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * out_row_stride + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    y = weighted(s, rstd, w_ptr, offs, mask, res_ptr.dtype.element_ty, UNIT_OFFSET)
+    tl.store(out_ptr + row * out_row_stride + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 _add_rmsnorm_launch = launcher(_add_rmsnorm_kernel)
 
 
 def add_rmsnorm_(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    unit_offset: bool = False,
 ) -> torch.Tensor:
-    """x, residual: [T, H], weight: [H]. Updates residual in place; returns [T, H] normalised."""
+    """x, residual: [T, H], weight: [H]. Updates residual in place; returns [T, H] normalised
+    (unit_offset: Gemma's norm, times 1 + weight)."""
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"add_rmsnorm: x must be [T, H] with a contiguous last dim, got {tuple(x.shape)}")
     t, h = x.shape
@@ -75,6 +81,7 @@ def add_rmsnorm_(
         h,
         eps,
         BLOCK=block,
+        UNIT_OFFSET=unit_offset,
         num_warps=num_warps,
     )
     return out

@@ -37,7 +37,7 @@ import torch
 
 from services.worker.kernels import decode_split
 from services.worker.kernels.decode_combine import MAX_SPLITS, ScratchStrides, reduce_splits
-from services.worker.kernels.extend_attention import check_pool
+from services.worker.kernels.extend_attention import check_pool, check_window_softcap
 from services.worker.kernels.kv_store import check_kv_store_args
 from services.worker.kernels.launch import cdiv, next_pow2
 from services.worker.kernels.rmsnorm import check_row_norm
@@ -135,6 +135,8 @@ def decode_attention(
     mid_lse: torch.Tensor | None = None,
     counts: torch.Tensor | None = None,
     new: NewTokens | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
     **config: int,
 ) -> torch.Tensor:
     """q: [B, Hq, D] one token per request; pools: [C, Hkv, D]; rows, seq_lens: [B] int32, seq_lens
@@ -147,6 +149,8 @@ def decode_attention(
     tokens' k and v not yet in the pool (a float pool): the kernel rotates q (in registers, q
     itself is left as it is) and k, and stores k and v, as rotary_store_ would have before it;
     with new.norm it first scales q, k and v by their rows' inverse RMS (ops.RowNorm).
+    window > 0: the query sees the last window positions only (the splits divide those);
+    softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax.
     config overrides BLOCK_N / num_warps / num_stages. Returns out [B, Hq, D]."""
     if q.dim() != 3 or q.stride(-1) != 1:
         raise ValueError(f"decode_attention: q must be [B, Hq, D] with a contiguous last dim, got {tuple(q.shape)}")
@@ -161,6 +165,7 @@ def decode_attention(
         raise ValueError(f"decode_attention: num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     if split_tokens < 1:
         raise ValueError(f"decode_attention: split_tokens must be at least 1, got {split_tokens}")
+    check_window_softcap("decode_attention", window, softcap)
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
@@ -259,9 +264,11 @@ def decode_attention(
         IEEE=q.dtype == torch.float32,
         DIRECT=direct,
         FUSED=fused,
+        WINDOW=window,
+        SOFTCAP=float(softcap),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
     if not (direct or fused):
-        reduce_splits(mid_o, mid_lse, seq_lens, out, num_splits, split_tokens, cfg["BLOCK_N"])
+        reduce_splits(mid_o, mid_lse, seq_lens, out, num_splits, split_tokens, cfg["BLOCK_N"], window)
     return out

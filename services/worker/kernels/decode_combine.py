@@ -18,6 +18,16 @@ MAX_SPLITS = 32
 
 
 @triton.jit
+def visible_len(seq_len, WINDOW: tl.constexpr):
+    """How many of its seq_len positions a decode's query (at seq_len - 1) sees: all, or with a
+    sliding window (WINDOW > 0) the last WINDOW. The splits divide these."""
+    if WINDOW > 0:
+        return tl.minimum(seq_len, WINDOW)
+    else:
+        return seq_len
+
+
+@triton.jit
 def tokens_per_split(seq_len, num_splits, split_tokens, BLOCK_N: tl.constexpr):
     """Tokens per split of one request: its context over the splits it uses, at most
     num_splits (the grid's) and fewer for a short context, so no split has much under
@@ -108,13 +118,14 @@ def _decode_reduce_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
-    seq_len = tl.load(lens_ptr + b)
-    split_len = tokens_per_split(seq_len, num_splits, split_tokens, BLOCK_N)
+    span = visible_len(tl.load(lens_ptr + b), WINDOW)
+    split_len = tokens_per_split(span, num_splits, split_tokens, BLOCK_N)
     # the splits stage 1 ran, recomputed (none for an empty request, whose split_len is 0)
-    used = tl.where(seq_len > 0, tl.minimum(num_splits, tl.cdiv(seq_len, tl.maximum(split_len, 1))), 0)
+    used = tl.where(span > 0, tl.minimum(num_splits, tl.cdiv(span, tl.maximum(split_len, 1))), 0)
     combine_head(
         mid_o_ptr,
         mid_lse_ptr,
@@ -161,10 +172,11 @@ def reduce_splits(
     num_splits: int,
     split_tokens: int,
     block_n: int,
+    window: int = 0,
 ) -> None:
     """out [B, Hq, D] = the combine of stage 1's partials mid_o [B, Hq, splits, D] and mid_lse
-    [B, Hq, splits] (checked by decode_attention); num_splits, split_tokens and block_n as
-    stage 1 ran, so the splits it used are recomputed from seq_lens [B]."""
+    [B, Hq, splits] (checked by decode_attention); num_splits, split_tokens, block_n and window
+    as stage 1 ran, so the splits it used are recomputed from seq_lens [B]."""
     bsz, hq, _, d = mid_o.shape
     _decode_reduce_launch[(bsz, hq)](
         mid_o_ptr=mid_o,
@@ -180,5 +192,6 @@ def reduce_splits(
         BLOCK_S=MAX_SPLITS,
         BLOCK_D=max(16, next_pow2(d)),
         BLOCK_N=block_n,
+        WINDOW=window,
         num_warps=4,
     )

@@ -5,7 +5,10 @@ one contiguous slice of the request's context, gathers the K/V rows through req_
 (base 2), or, with one split, the output itself. Given a counter, the split that finishes last
 combines the others' partials (decode_combine.combine_head). Given the new tokens as projected,
 each split rotates q and the new k in registers and the request's last split stores k and v
-in the pool and folds the token in before its KV loop.
+in the pool and folds the token in before its KV loop. With a sliding window (WINDOW > 0) the
+splits divide the last WINDOW positions only, so the positions the query does not see are never
+read; a logit soft cap (SOFTCAP > 0) caps the scores as extend attention does. Both are
+compile-time switches, off (0) for the families that use neither.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from services.worker.kernels.decode_combine import combine_head, tokens_per_split
-from services.worker.kernels.extend_attention import dot, online_softmax_step
+from services.worker.kernels.decode_combine import combine_head, tokens_per_split, visible_len
+from services.worker.kernels.extend_attention import dot, online_softmax_step, softcap_scores
 from services.worker.kernels.launch import launcher
 from services.worker.kernels.rmsnorm import row_inv_rms
 from services.worker.kernels.rotary import load_cos_sin, load_halves, rotate_loaded
@@ -108,6 +111,8 @@ def _decode_split_kernel(
     IEEE: tl.constexpr,
     DIRECT: tl.constexpr,
     FUSED: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """DIRECT (one split): mid_o_ptr and its b/h strides are the output's; no log-sum-exp.
     FUSED (several splits): the last split of a (request, KV head) to finish combines them
@@ -127,8 +132,11 @@ def _decode_split_kernel(
     # the folded norm's factor (reads nothing without a norm, hidden 0), its row read while the
     # length and the table row are on their way rather than after them
     inv_rms = row_inv_rms(nrm_ptr + b.to(tl.int64) * nrm_b_stride, hidden, nrm_eps, NORM_BLOCK)
-    split_len = tokens_per_split(seq_len, num_splits, split_tokens, BLOCK_N)
+    span = visible_len(seq_len, WINDOW)  # the query sees positions [seq_len - span, seq_len)
+    split_len = tokens_per_split(span, num_splits, split_tokens, BLOCK_N)
     begin = split * split_len
+    if WINDOW > 0:
+        begin += seq_len - span
     if not DIRECT:  # noqa: SIM102 (a compile-time branch: Triton drops it whole for DIRECT)
         if begin >= seq_len:
             if FUSED:  # noqa: SIM102
@@ -202,6 +210,7 @@ def _decode_split_kernel(
             qk_scale,
             offs_d,
             half,
+            SOFTCAP,
         )
         pool_end = tl.minimum(end, seq_len - 1)  # the new token is in already
     else:
@@ -225,6 +234,8 @@ def _decode_split_kernel(
         else:
             v_s = None
             qk = dot(q, tl.trans(k), IEEE)
+        if SOFTCAP > 0:
+            qk = softcap_scores(qk, qk_scale, SOFTCAP)
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
 
@@ -241,7 +252,7 @@ def _decode_split_kernel(
             # the program that counts last sees all the splits' (acquire, reads through L2)
             tl.debug_barrier()
             cnt = cnt_ptr + b * tl.num_programs(1) + kvh
-            used = tl.cdiv(seq_len, split_len)
+            used = tl.cdiv(span, split_len)
             if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == used - 1:
                 tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # ready for the next launch
                 for g in tl.static_range(GROUP):
@@ -285,6 +296,7 @@ def _fold_new_token(
     qk_scale,
     offs_d,
     HALF: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """The request's new token (k rotated, k and v scaled by the folded norm's factor, [BLOCK_D]),
     for its last split (last; other splits get their state back as it was): k and v stored in
@@ -294,6 +306,8 @@ def _fold_new_token(
     tl.store(kp_ptr + slot * kp_slot_stride + kvh * kp_head_stride + offs_d, k.to(kp_ptr.dtype.element_ty), mask=store)
     tl.store(vp_ptr + slot * vp_slot_stride + kvh * vp_head_stride + offs_d, v.to(vp_ptr.dtype.element_ty), mask=store)
     qk = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], axis=1)  # [BLOCK_G]
+    if SOFTCAP > 0:
+        qk = softcap_scores(qk, qk_scale, SOFTCAP)
     qk = tl.where(last, qk * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, qk)
     alpha = tl.exp2(m_i - m_new)

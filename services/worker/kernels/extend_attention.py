@@ -6,10 +6,14 @@ head in registers and streams keys in BLOCK_N tiles, in three loops:
   1. the prefix (positions [0, prefix_len)), gathered from the pool through req_table;
   2. new tokens before the block's diagonal: visible to every query, so no mask at all;
   3. the diagonal tiles, the only ones that need the causal mask.
-Tiles above the diagonal are never visited. Scores are scaled by scale * log2(e) so the
-softmax uses exp2; accumulators are float32, tl.dot inputs the activation dtype. Query
-blocks are numbered from the end so the longest (latest) blocks start first, which
-shortens the tail of a causal launch.
+Tiles above the diagonal are never visited. With a sliding window (WINDOW > 0: a query at
+position p sees keys in (p - WINDOW, p]) the first two loops start at the tile holding the
+oldest key the block's first query sees, and the window is masked in the tiles visited. A
+logit soft cap (SOFTCAP > 0) maps each scaled score s to SOFTCAP * tanh(s / SOFTCAP) before
+the mask and the softmax. Both are compile-time switches: without them (0) the kernel is the
+plain causal one. Scores are scaled by scale * log2(e) so the softmax uses exp2; accumulators
+are float32, tl.dot inputs the activation dtype. Query blocks are numbered from the end so the
+longest (latest) blocks start first, which shortens the tail of a causal launch.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from services.worker.kernels.launch import cdiv, launcher, next_pow2
 from services.worker.kernels.strides import PoolStrides, ScaleStrides
 
 LOG2E = 1.4426950408889634
+_LOG2E: tl.constexpr = tl.constexpr(LOG2E)
 
 
 @triton.jit
@@ -31,6 +36,17 @@ def dot(a, b, IEEE: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def softcap_scores(qk, qk_scale, SOFTCAP: tl.constexpr):
+    """Raw scores qk [.., N] soft-capped as Hugging Face caps the scaled ones, s -> SOFTCAP *
+    tanh(s / SOFTCAP) with s = scale * qk, and divided by scale again, so that the softmax's
+    scaling by qk_scale (scale * log2(e)) applies as to uncapped scores. tanh(x) is computed
+    as 2 sigmoid(2x) - 1 (no tanh in every Triton backend)."""
+    scale = qk_scale / _LOG2E
+    t = 2.0 * tl.sigmoid(qk * (2.0 * scale / SOFTCAP)) - 1.0
+    return t * (SOFTCAP / scale)
 
 
 @triton.jit
@@ -114,6 +130,8 @@ def _extend_kernel(
     PAD_D: tl.constexpr,
     QUANT: tl.constexpr,
     IEEE: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     m_block = num_m_blocks - 1 - tl.program_id(0)
     h = tl.program_id(1)
@@ -140,10 +158,20 @@ def _extend_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    if WINDOW > 0:
+        # the oldest key the block's first query sees (absolute position), and the tiles of the
+        # prefix and of the new tokens that hold it: those before are skipped
+        oldest = prefix_len + m0 - WINDOW + 1
+        prefix_from = tl.maximum(oldest, 0) // BLOCK_N * BLOCK_N
+        new_from = tl.maximum(oldest - prefix_len, 0) // BLOCK_N * BLOCK_N
+    else:
+        prefix_from = 0
+        new_from = 0
+
     # 1. the prefix, gathered from the pool by slot
     kp_base = kp_ptr + kvh * kp_head_stride + offs_d[None, :]
     vp_base = vp_ptr + kvh * vp_head_stride + offs_d[None, :]
-    for n in range(0, prefix_len, BLOCK_N):
+    for n in range(prefix_from, prefix_len, BLOCK_N):
         pos = n + offs_n
         nmask = pos < prefix_len
         slots = tl.load(table_ptr + row * table_stride + pos, mask=nmask, other=0).to(tl.int64)  # [BLOCK_N]
@@ -156,26 +184,42 @@ def _extend_kernel(
         else:
             v_s = None
             qk = dot(q, tl.trans(k), IEEE)
-        qk = tl.where(nmask[None, :], qk, float("-inf"))
+        if SOFTCAP > 0:
+            qk = softcap_scores(qk, qk_scale, SOFTCAP)
+        if WINDOW > 0:
+            seen = nmask[None, :] & (pos[None, :] > (prefix_len + offs_m)[:, None] - WINDOW)
+            qk = tl.where(seen, qk, float("-inf"))
+        else:
+            qk = tl.where(nmask[None, :], qk, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
 
-    # 2. new tokens before the diagonal: every query of the block sees all of them
+    # 2. new tokens before the diagonal: every query of the block sees all of them (in its window)
     kn_base = kn_ptr + start * kn_t_stride + kvh * kn_h_stride + offs_d[None, :]
     vn_base = vn_ptr + start * vn_t_stride + kvh * vn_h_stride + offs_d[None, :]
-    for n in range(0, m0, BLOCK_N):
+    for n in range(new_from, m0, BLOCK_N):
         pos = n + offs_n
         k = _load(kn_base + pos[:, None] * kn_t_stride, pos, dmask, False, PAD_D)  # [BLOCK_N, BLOCK_D]
         v = _load(vn_base + pos[:, None] * vn_t_stride, pos, dmask, False, PAD_D)
         qk = dot(q, tl.trans(k), IEEE)
+        if SOFTCAP > 0:
+            qk = softcap_scores(qk, qk_scale, SOFTCAP)
+        if WINDOW > 0:
+            qk = tl.where(pos[None, :] > offs_m[:, None] - WINDOW, qk, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, None, q.dtype, False, IEEE)
 
-    # 3. the diagonal tiles: causal mask, and the end of the segment
+    # 3. the diagonal tiles: causal mask (and the window's), and the end of the segment
     for n in range(m0, tl.minimum(m0 + BLOCK_M, ext_len), BLOCK_N):
         pos = n + offs_n
         nmask = pos < ext_len
         k = _load(kn_base + pos[:, None] * kn_t_stride, nmask, dmask, True, PAD_D)
         v = _load(vn_base + pos[:, None] * vn_t_stride, nmask, dmask, True, PAD_D)
-        qk = tl.where((pos[None, :] <= offs_m[:, None]) & nmask[None, :], dot(q, tl.trans(k), IEEE), float("-inf"))
+        qk = dot(q, tl.trans(k), IEEE)
+        if SOFTCAP > 0:
+            qk = softcap_scores(qk, qk_scale, SOFTCAP)
+        seen = (pos[None, :] <= offs_m[:, None]) & nmask[None, :]
+        if WINDOW > 0:
+            seen = seen & (pos[None, :] > offs_m[:, None] - WINDOW)
+        qk = tl.where(seen, qk, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, None, q.dtype, False, IEEE)
 
     o = acc / l_i[:, None]
@@ -243,6 +287,14 @@ def check_pool(
     return hkv
 
 
+def check_window_softcap(name: str, window: int, softcap: float) -> None:
+    """A window is a whole number of positions, 0 for none; a soft cap positive, 0 for none."""
+    if not isinstance(window, int) or window < 0:
+        raise ValueError(f"{name}: window must be an int >= 0 (0: none), got {window!r}")
+    if softcap < 0:
+        raise ValueError(f"{name}: softcap must be >= 0 (0: none), got {softcap!r}")
+
+
 def extend_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -259,13 +311,17 @@ def extend_attention(
     out: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
     **config: int,
 ) -> torch.Tensor:
     """q: [E, Hq, D] packed extend tokens; k_new, v_new: [E, Hkv, D] their K/V; pools: [C, Hkv, D]
     holding each segment's prefix at req_table[row, 0:prefix_len]; rows, starts, extend_lens,
     prefix_lens: [Be] int32; max_extend_len >= every extend_lens. k_scale, v_scale [C, Hkv]
-    float32 mark an int8 pool (the prefix only: k_new / v_new are in q's dtype). config
-    overrides BLOCK_M / BLOCK_N / num_warps / num_stages. Returns out [E, Hq, D]."""
+    float32 mark an int8 pool (the prefix only: k_new / v_new are in q's dtype). window > 0: a
+    query at position p sees keys in (p - window, p] only; softcap > 0: each scaled score s
+    becomes softcap * tanh(s / softcap) before the softmax. config overrides BLOCK_M / BLOCK_N /
+    num_warps / num_stages. Returns out [E, Hq, D]."""
     if q.dim() != 3 or q.stride(-1) != 1:
         raise ValueError(f"extend_attention: q must be [E, Hq, D] with a contiguous last dim, got {tuple(q.shape)}")
     e, hq, d = q.shape
@@ -283,6 +339,7 @@ def extend_attention(
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
         raise ValueError(f"extend_attention: out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
+    check_window_softcap("extend_attention", window, softcap)
     if be == 0 or e == 0 or max_extend_len <= 0:
         return out
     cfg = extend_config(d, q.dtype, q.is_cuda, max_extend_len) | config
@@ -329,6 +386,8 @@ def extend_attention(
         PAD_D=block_d != d,
         QUANT=quant,
         IEEE=q.dtype == torch.float32,
+        WINDOW=window,
+        SOFTCAP=float(softcap),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

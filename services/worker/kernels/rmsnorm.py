@@ -2,7 +2,8 @@
 
 One program per token row: a row (hidden size up to 8192) fits in registers, so x is read
 once. The arithmetic follows ``TorchOps.rmsnorm`` (Hugging Face): float32 statistics, the
-normalised row rounded to the activation dtype before the weight multiply.
+normalised row rounded to the activation dtype before the weight multiply; or, with
+UNIT_OFFSET (Gemma's), the float32 row times 1 + weight, rounded once.
 """
 
 from __future__ import annotations
@@ -16,15 +17,30 @@ from services.worker.models.layers.ops import RowNorm
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, hidden, eps, BLOCK: tl.constexpr):
+def weighted(x, rstd, w_ptr, offs, mask, dtype, UNIT_OFFSET: tl.constexpr):
+    """The normalised row x * rstd (float32) times the norm's weight w_ptr[offs]: Llama's
+    rounds the row to dtype first (and loads the weight after it, as it always has: the same
+    compiled kernel); Gemma's (UNIT_OFFSET) multiplies by 1 + weight in float32."""
+    if UNIT_OFFSET:
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        return x * rstd * (1.0 + w)
+    else:
+        normed = (x * rstd).to(dtype).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        return normed * w
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, hidden, eps, BLOCK: tl.constexpr, UNIT_OFFSET: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
     x = tl.load(x_ptr + row * x_row_stride + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
-    normed = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * out_row_stride + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    y = weighted(x, rstd, w_ptr, offs, mask, x_ptr.dtype.element_ty, UNIT_OFFSET)
+    tl.store(out_ptr + row * out_row_stride + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 _rmsnorm_launch = launcher(_rmsnorm_kernel)
@@ -63,8 +79,11 @@ def row_launch_params(hidden: int) -> tuple[int, int]:
     return block, num_warps
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [T, H], weight: [H] -> [T, H] in the promoted dtype of weight and x."""
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None, unit_offset: bool = False
+) -> torch.Tensor:
+    """x: [T, H], weight: [H] -> [T, H] in the promoted dtype of weight and x. unit_offset: Gemma's
+    norm, times 1 + weight."""
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"rmsnorm: x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} {x.stride()}")
     t, h = x.shape
@@ -77,5 +96,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor
     if t == 0:
         return out
     block, num_warps = row_launch_params(h)
-    _rmsnorm_launch[(t,)](x, weight, out, x.stride(0), out.stride(0), h, eps, BLOCK=block, num_warps=num_warps)
+    _rmsnorm_launch[(t,)](
+        x, weight, out, x.stride(0), out.stride(0), h, eps, BLOCK=block, UNIT_OFFSET=unit_offset, num_warps=num_warps
+    )
     return out

@@ -7,6 +7,7 @@ import torch
 
 from services.worker.kernels.add_rmsnorm import add_rmsnorm_
 from services.worker.kernels.fused_moe import fused_experts
+from services.worker.kernels.gelu_tanh_mul import gelu_tanh_mul
 from services.worker.kernels.rmsnorm import rmsnorm
 from services.worker.kernels.rotary import rotary_
 from services.worker.kernels.silu_mul import silu_mul
@@ -16,11 +17,13 @@ from services.worker.models.layers.ops import RowNorm
 class TritonOps:
     """One fused kernel per step; same arithmetic as ``services.worker.models.layers.ops.TorchOps``."""
 
-    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return rmsnorm(x, weight, eps)
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
+        return rmsnorm(x, weight, eps, unit_offset=unit_offset)
 
-    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return add_rmsnorm_(x, residual, weight, eps)
+    def add_rmsnorm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False
+    ) -> torch.Tensor:
+        return add_rmsnorm_(x, residual, weight, eps, unit_offset=unit_offset)
 
     def rotary_(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
         rotary_(q, k, positions, cos_sin)
@@ -32,3 +35,6 @@ class TritonOps:
         self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
         return fused_experts(x, w13, w2, weights, ids)
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh_mul(gate_up)

@@ -62,8 +62,7 @@ class PromptCache:
         """Point the start of the request's row (which it holds, empty) at the prefix's slots."""
         assert req.row is not None and req.alloc_len == 0
         if hit.length:
-            slots = hit.values[0] if len(hit.values) == 1 else torch.cat(hit.values)
-            self.table.write_prefix(req.row, slots)
+            self.table.write_prefix(req.row, _joined(hit.values))
         self.tree.lock(hit.node)
         req.cache_node = hit.node
         req.cached_len = req.kv_len = req.alloc_len = hit.length
@@ -84,7 +83,7 @@ class PromptCache:
         present = self._insert(req, upto)
         hit = self.tree.match(req.tokens[:upto])
         if present > old:  # another request cached part of it first: use the tree's copies
-            self.table.write_prefix(req.row, hit.values[0] if len(hit.values) == 1 else torch.cat(hit.values))
+            self.table.write_prefix(req.row, _joined(hit.values))
         self.tree.lock(hit.node)
         self._unlock(req)
         req.cache_node = hit.node
@@ -126,7 +125,12 @@ class PromptCache:
             return
         self.tree.evict(short)
         if self._evicted:
-            freed = self._evicted[0] if len(self._evicted) == 1 else torch.cat(self._evicted)
+            freed = _joined(self._evicted)
             self._evicted.clear()
             self.allocator.free(freed)
             self.stats.evicted += int(freed.numel())
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The slot tensors one after another (no copy when there is one)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

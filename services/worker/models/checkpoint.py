@@ -12,7 +12,10 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from services.worker.models import int4_formats
+from services.worker.models.int4_weight import Int4Weight
 from services.worker.tp.parallel import TensorParallel
+from shared.quant_config import WeightQuant
 
 
 class WeightLoadError(RuntimeError):
@@ -60,17 +63,29 @@ def _open(path: str):
 
 class Checkpoint:
     """Tensor name -> tensor across all files of a checkpoint, read lazily; ``put`` moves a
-    tensor to the serving device and dtype."""
+    tensor to the serving device and dtype. In a checkpoint of int4 weights (quant), a projection's
+    "<name>.weight" is read as an Int4Weight from its packed tensors (models/int4_formats.py)."""
 
-    def __init__(self, model_dir: str, dtype: torch.dtype, device: torch.device | str, progress: bool = True) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        progress: bool = True,
+        quant: WeightQuant | None = None,
+    ) -> None:
         self.handles = [_open(f) for f in weight_files(model_dir)]
         self.where = {name: h for h in self.handles for name in h.keys()}  # noqa: SIM118 (safe_open has no __iter__)
         self.dtype = dtype
         self.device = device
         self.show_progress = progress
+        self.quant = quant
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str) -> torch.Tensor | Int4Weight:
         handle = self.where.get(name)
+        stem = name.removesuffix("weight")
+        if handle is None and self.quant is not None and stem + "qweight" in self.where:
+            return int4_formats.read(self.quant.method, self.get, stem, self.quant.group_size)
         if handle is None:
             raise WeightLoadError(f"tensor {name} missing from the checkpoint")
         return handle.get_tensor(name)
@@ -78,7 +93,7 @@ class Checkpoint:
     def has(self, name: str) -> bool:
         return name in self.where
 
-    def put(self, t: torch.Tensor) -> torch.Tensor:
+    def put(self, t: torch.Tensor | Int4Weight) -> torch.Tensor | Int4Weight:
         return t.to(device=self.device, dtype=self.dtype).contiguous()
 
     def progress(self, num_layers: int) -> Iterable[int]:

@@ -59,6 +59,11 @@ class LlamaModel:
         self.kv_size = self.kv_heads * cfg.head_dim
         self.qkv_size = self.q_size + 2 * self.kv_size
 
+    def cos_sin_of(self, layer: int) -> torch.Tensor:
+        """The rotary table that turns the given layer's q and k: one for every layer here; a family
+        whose layers differ overrides this (Gemma 3's sliding layers have a base of their own)."""
+        return self.cos_sin
+
     def projections(self) -> dict[str, list[torch.Tensor]]:
         names = ("qkv", "o", "gate_up", "down")
         out = {n: [getattr(layer, n) for layer in self.w.layers] for n in names}
@@ -79,7 +84,7 @@ class LlamaModel:
         for i in range(self.num_layers):
             assert c.q is not None and c.k is not None and c.v is not None
             if decode_only:
-                o = self.attn.decode_attend(i, c.q, c.k, c.v, batch, self.cos_sin, self.ops.rotary_)
+                o = self.attn.decode_attend(i, c.q, c.k, c.v, batch, self.cos_sin_of(i), self.ops.rotary_)
             else:
                 o = self.attn.attend(i, c.q, c.k, c.v, batch)  # [T, Hq, D]
             c = self.piece(i + 1, o, c, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only)
@@ -116,7 +121,7 @@ class LlamaModel:
             x = self.ops.add_rmsnorm(h, residual, self.w.layers[i].attn_norm, eps)
         q, k, v = self._qkv(self.w.layers[i], x, qkv_out)
         if store:
-            self.attn.rotary_store(i, q, k, v, positions, self.cos_sin, out_slots, self.ops.rotary_)
+            self.attn.rotary_store(i, q, k, v, positions, self.cos_sin_of(i), out_slots, self.ops.rotary_)
         return Carry(residual, q=q, k=k, v=v)
 
     def decode_folded(self, batch: ForwardBatch) -> torch.Tensor:
@@ -130,7 +135,7 @@ class LlamaModel:
         for i, layer in enumerate(self.w.layers):
             norm = RowNorm(residual, eps)
             q, k, v = self._qkv(layer, residual)
-            o = self.attn.decode_attend(i, q, k, v, batch, self.cos_sin, self.ops.rotary_, norm=norm)
+            o = self.attn.decode_attend(i, q, k, v, batch, self.cos_sin_of(i), self.ops.rotary_, norm=norm)
             self.project("o", o.reshape(t, self.q_size), layer.o, residual, accumulate=True)
             a = self.ops.silu_mul(self.project("gate_up", residual, layer.gate_up), norm)
             self.project("down", a, layer.down, residual, accumulate=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.models import llama, mixtral, moe, phi3, qwen3, qwen_moe
+from services.worker.models import gemma2, gemma3, llama, mixtral, moe, phi3, qwen3, qwen_moe
 from services.worker.models.checkpoint import Checkpoint, Shard
 from services.worker.models.random_weights import dense_random_weights
 from services.worker.models.weights import ModelWeights
@@ -27,6 +27,8 @@ class Family:
 LLAMA = Family(model=llama.LlamaModel, load=llama.load, random=dense_random_weights)
 QWEN3 = Family(model=qwen3.Qwen3Model, load=qwen3.load, random=qwen3.random_weights)
 PHI3 = Family(model=phi3.Phi3Model, load=phi3.load, random=dense_random_weights)
+GEMMA2 = Family(model=gemma2.Gemma2Model, load=gemma2.load, random=gemma2.random_weights)
+GEMMA3 = Family(model=gemma3.Gemma3Model, load=gemma3.load, random=gemma3.random_weights)
 MIXTRAL = Family(model=mixtral.MixtralModel, load=mixtral.load, random=moe.random_weights)
 QWEN2_MOE = Family(model=qwen_moe.Qwen2MoeModel, load=qwen_moe.load, random=moe.random_weights)
 QWEN3_MOE = Family(model=qwen_moe.Qwen3MoeModel, load=qwen_moe.load, random=qwen_moe.qwen3_random_weights)
@@ -41,6 +43,8 @@ FAMILIES: dict[str, Family] = {
     "mixtral": MIXTRAL,
     "qwen2_moe": QWEN2_MOE,
     "qwen3_moe": QWEN3_MOE,
+    "gemma2": GEMMA2,
+    "gemma3": GEMMA3,
 }
 
 
@@ -60,7 +64,7 @@ def load_weights(
     progress: bool = True,
 ) -> ModelWeights:
     """The checkpoint in model_dir, this rank's shard of it, on device in dtype."""
-    return family_of(cfg).load(Checkpoint(model_dir, dtype, device, progress), cfg, Shard(tp))
+    return family_of(cfg).load(Checkpoint(model_dir, dtype, device, progress, cfg.quantization), cfg, Shard(tp))
 
 
 def random_weights(

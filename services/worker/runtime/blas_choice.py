@@ -77,7 +77,11 @@ def choose(
     projections named in accumulate are timed adding into their output, as the step runs them
     (a GEMM with beta 1 may get another kernel from a library's heuristic than one with beta 0)."""
     return {
-        name: _fastest(weights[:layers], batch, lt, reps, name in accumulate) for name, weights in projections.items()
+        # an int4 weight has its own kernel (layers/projection.py), whatever is chosen
+        name: _fastest(weights[:layers], batch, lt, reps, name in accumulate)
+        if isinstance(weights[0], torch.Tensor)
+        else DEFAULT
+        for name, weights in projections.items()
     }
 
 

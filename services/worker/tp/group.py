@@ -2,11 +2,12 @@
 
 Rank 0 is the worker service's own process: it talks to Redis, schedules and samples.
 The other ranks are child processes that run each batch rank 0 sends them (channel.py).
-All ranks join one torch.distributed group: NCCL on GPUs (rank r on GPU r), gloo on the
-CPU. A rank that dies takes the whole group down on purpose: rank 0's watchdog ends every
-request it holds with an explicit error and exits, so the service restarts as a whole
-(compose's restart policy, or whoever runs it) and the router places requests on it again
-once its new instance reports.
+All ranks join one torch.distributed group: NCCL on GPUs (a host's ranks on its GPUs in
+order), gloo on the CPU. A group may span hosts (nodes.py): then the other hosts' ranks are
+theirs to start, and rank 0 takes them in over TCP. A rank that dies takes the whole group
+down on purpose: rank 0's watchdog ends every request it holds with an explicit error and
+exits, so the service restarts as a whole (compose's restart policy, or whoever runs it) and
+the router places requests on it again once its new instance reports.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from services.worker.tp.channel import StepChannel
+from services.worker.tp.nodes import DEAD_AFTER_S, SocketPipe, accept_ranks, connect_rank
 from services.worker.tp.parallel import TensorParallel
 from shared.config import WorkerConfig
 
@@ -42,17 +44,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_rank(cfg: WorkerConfig, rank: int, port: int) -> TensorParallel:
-    """Join the group as `rank`; on CUDA, rank r takes GPU r."""
+def rendezvous(cfg: WorkerConfig) -> tuple[str, int]:
+    """Where the ranks meet: a free local port on one host, --dist-init-addr across hosts."""
+    return cfg.dist_address if cfg.nnodes > 1 else ("127.0.0.1", free_port())
+
+
+def init_rank(cfg: WorkerConfig, rank: int, at: tuple[str, int]) -> TensorParallel:
+    """Join the group as `rank`; on CUDA, a host's ranks take its GPUs in order."""
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cuda:
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(rank - cfg.ranks_here.start)
     else:
-        # ranks share the machine's cores: more threads each would only fight over them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.tp))
+        # a host's ranks share its cores: more threads each would only fight over them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // len(cfg.ranks_here)))
+    host, port = at
     dist.init_process_group(
         backend="nccl" if cuda else "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}",
         world_size=cfg.tp,
         rank=rank,
         timeout=INIT_TIMEOUT,
@@ -68,6 +76,7 @@ class RankGroup:
     tp: TensorParallel
     channel: StepChannel
     followers: list[multiprocessing.Process]
+    remote: list[SocketPipe]  # the connections to the other hosts' ranks
 
     def stop(self, join_s: float) -> None:
         """Tell the other ranks to leave, and wait up to join_s for each to exit."""
@@ -77,32 +86,40 @@ class RankGroup:
 
 
 def start_group(cfg: WorkerConfig) -> RankGroup:
-    """Join a group of cfg.tp ranks as rank 0 here, the others started as child processes."""
+    """Join a group of cfg.tp ranks as rank 0 here, this host's others started as child
+    processes, the other hosts' taken in as they connect."""
     from services.worker.build import resolve_device
 
-    port = free_port()
-    followers, pipes = start_followers(cfg, port)
-    tp = init_rank(cfg, 0, port)
-    return RankGroup(tp, StepChannel(tp.group, resolve_device(cfg.device), pipes), followers)
+    at = rendezvous(cfg)
+    followers, pipes = start_followers(cfg, at)
+    others = range(len(cfg.ranks_here), cfg.tp)  # the other hosts' ranks
+    remote = accept_ranks(at[1] + 1, others, INIT_TIMEOUT.total_seconds()) if others else []
+    tp = init_rank(cfg, 0, at)
+    channel = StepChannel(tp.group, resolve_device(cfg.device), [*pipes, *remote])
+    return RankGroup(tp, channel, followers, remote)
 
 
-def start_followers(cfg: WorkerConfig, port: int) -> tuple[list[multiprocessing.Process], list[Connection]]:
-    """-> the processes of ranks 1..tp-1, and the pipe that carries each one its batches."""
+def start_followers(cfg: WorkerConfig, at: tuple[str, int]) -> tuple[list[multiprocessing.Process], list[Connection]]:
+    """-> the processes of this host's ranks after 0, and the pipe that carries each one its batches."""
     ctx = multiprocessing.get_context("spawn")
     procs, pipes = [], []
-    for rank in range(1, cfg.tp):
+    for rank in cfg.ranks_here[1:]:
         reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=follower_main, args=(cfg, rank, port, os.getpid(), reader), name=f"tp-rank-{rank}")
+        proc = ctx.Process(target=follower_main, args=(cfg, rank, os.getpid(), reader, at), name=f"tp-rank-{rank}")
         proc.start()
         reader.close()  # the rank holds it now: its end closing is how the rank learns rank 0 is gone
         procs.append(proc)
         pipes.append(writer)
-    log.info("started tensor-parallel ranks 1..%d (pids %s)", cfg.tp - 1, [p.pid for p in procs])
+    if procs:
+        log.info("started tensor-parallel ranks %s (pids %s)", list(cfg.ranks_here[1:]), [p.pid for p in procs])
     return procs, pipes
 
 
-def follower_main(cfg: WorkerConfig, rank: int, port: int, parent: int, pipe: Connection) -> None:
-    """Ranks 1..tp-1: build the same model shard and run every batch rank 0 sends."""
+def follower_main(
+    cfg: WorkerConfig, rank: int, parent: int, pipe: Connection | None, at: tuple[str, int] | None = None
+) -> None:
+    """Every rank but 0: build the same model shard and run every batch rank 0 sends. Without a
+    pipe (a rank on another host than rank 0), it connects to rank 0's host for its batches."""
     from services.worker.build import build_model_stack
     from shared.log import setup_logging
     from shared.streams import SERVICE_WORKER
@@ -110,7 +127,10 @@ def follower_main(cfg: WorkerConfig, rank: int, port: int, parent: int, pipe: Co
     setup_logging(SERVICE_WORKER, f"{cfg.replica}-rank{rank}", cfg.log_level, cfg.log_format)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 decides when the group stops
     _exit_with_parent(parent)
-    tp = init_rank(cfg, rank, port)
+    at = at or cfg.dist_address
+    if pipe is None:
+        pipe = connect_rank(at[0], at[1] + 1, rank, INIT_TIMEOUT.total_seconds())  # type: ignore[assignment]
+    tp = init_rank(cfg, rank, at)
     stack = build_model_stack(cfg, tp)
     channel = StepChannel(tp.group, stack.device, [pipe])
     log.info("rank %d ready", rank)
@@ -153,8 +173,11 @@ def _exit_with_parent(parent: int) -> None:
 class RankWatchdog:
     """On rank 0: notices a dead rank and calls on_death once (which must not return)."""
 
-    def __init__(self, procs: list[multiprocessing.Process], on_death: Callable[[str], None]) -> None:
+    def __init__(
+        self, procs: list[multiprocessing.Process], on_death: Callable[[str], None], remote: list[SocketPipe] = ()
+    ) -> None:
         self.procs = procs
+        self.remote = list(remote)
         self.on_death = on_death
         self._thread = threading.Thread(target=self._run, name="rank-watchdog", daemon=True)
         self.stopped = threading.Event()
@@ -169,6 +192,11 @@ class RankWatchdog:
             if dead:
                 why = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
                 self.on_death(f"tensor-parallel rank died: {why}")
+                return
+            silent = [s for pipe in self.remote if (s := pipe.silent_for()) > DEAD_AFTER_S]
+            if silent:
+                why = "its connection closed" if max(silent) == float("inf") else f"silent for {max(silent):.0f} s"
+                self.on_death(f"tensor-parallel rank died: a rank on another host is gone ({why})")
                 return
 
     def stop_all(self) -> None:

@@ -91,7 +91,6 @@ def test_chat_rules_across_fields() -> None:
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content"),
         ({"logit_bias": {"1": 2.0}}, "logit_bias"),
         ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
-        ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
         ({"stream_options": {"continuous": True}}, "stream_options.continuous"),
         ({"stop": 3}, "stop"),
         ({"bogus": 1}, "bogus"),

@@ -29,7 +29,7 @@ def _fields(obj) -> list[tuple]:
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"])
 @pytest.mark.parametrize("size", [1, 2])
 def test_a_ranks_random_shard_has_the_loaded_shards_shapes(tiny_models: dict[str, str], arch: str, size: int) -> None:
     cfg = ModelConfig.from_dir(tiny_models[arch])

@@ -4,6 +4,7 @@ The captured graphs themselves are checked on the GPU (test_cuda_path.py)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from services.worker.build import build_engine
@@ -38,20 +39,27 @@ def test_buckets_end_at_the_limit() -> None:
     assert token_buckets_up_to(0) == []
 
 
-def test_padded_pieces_give_the_plain_forwards_logits(tiny_llama: str) -> None:
+# Gemma's pieces: post-norms, windows (8 tokens) and Gemma 3's head norms over the static buffers
+ARCHS = ["llama", "gemma2", "gemma3"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_padded_pieces_give_the_plain_forwards_logits(tiny_models: dict[str, str], arch: str) -> None:
     ids = list(range(3, 23))  # 20 tokens: padded to the 24-token bucket
-    engine, used = _with_pieces(tiny_llama)
-    plain = build_engine(WorkerConfig(model_dir=tiny_llama, device="cpu"))
+    engine, used = _with_pieces(tiny_models[arch])
+    plain = build_engine(WorkerConfig(model_dir=tiny_models[arch], device="cpu"))
     got, want = prefill_logits(engine, ids), prefill_logits(plain, ids)
     assert used == [20]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_mixed_and_chunked_steps_through_the_pieces_match_hugging_face(tiny_llama: str) -> None:
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mixed_and_chunked_steps_through_the_pieces_match_hugging_face(tiny_models: dict[str, str], arch: str) -> None:
     """A 16-token prefill budget chunks the longer prompts across steps that also decode the
     others; those steps go through the pieces, in buckets of 8 and 24 tokens. Slots a larger step
     left in the padding would overwrite other requests' KV: the outputs would differ."""
-    tok = hf_reference.tokenizer(tiny_llama)
+    tiny = tiny_models[arch]
+    tok = hf_reference.tokenizer(tiny)
     texts = [
         "Hello world",
         "The quick brown fox jumps over the lazy dog. " * 3,
@@ -59,13 +67,17 @@ def test_mixed_and_chunked_steps_through_the_pieces_match_hugging_face(tiny_llam
         "Once upon a time",
         "def f(x): return x * x  # a function",
     ]
-    reqs = [request(str(i), tok(t)["input_ids"], max_new_tokens=6 + 5 * i) for i, t in enumerate(texts)]
+    # no end at EOS: every family's steps have the same sizes
+    reqs = [
+        request(str(i), tok(t)["input_ids"], max_new_tokens=6 + 5 * i, ignore_eos=True) for i, t in enumerate(texts)
+    ]
     # the cache off: shared first tokens would change which steps are small
-    engine, used = _with_pieces(tiny_llama, batch_max_tokens=16, disable_prompt_cache=True)
+    engine, used = _with_pieces(tiny, batch_max_tokens=16, disable_prompt_cache=True)
     out = run(engine, reqs)
     assert min(used) <= 8 and max(used) > 8 and len(used) >= 5
     for r in reqs:
-        assert out[r.rid].tokens == hf_reference.greedy(tiny_llama, list(r.input_ids), r.params.max_new_tokens), r.rid
+        want = hf_reference.greedy(tiny, list(r.input_ids), r.params.max_new_tokens, eos=False)
+        assert out[r.rid].tokens == want, r.rid
 
 
 def test_steps_past_the_largest_bucket_and_decode_only_steps_run_eagerly(tiny_llama: str) -> None:

@@ -1,26 +1,56 @@
-"""The attention backend interface: store this step's K and V, attend over the pool."""
+"""The attention backend interface: store this step's K and V, attend over the pool.
+
+How each layer attends (LayerAttention: its scale, sliding window and logit soft cap) is the
+backend's, set once from the model's config, so every caller, the model's forward, the pieces'
+runner and the decode graphs, names only the layer. The KV pool keeps every token of a request
+whatever its layers' windows: a window limits what attention reads, never what is stored.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from services.worker.forward_batch import ForwardBatch
 from services.worker.memory.kv_cache import KVCache
 from services.worker.models.layers.ops import RowNorm, scale_rows
+from shared.model_config import ModelConfig
 
 # the ops' rotary_(q, k, positions, cos_sin): rotates q and k in place
 Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
+@dataclass(frozen=True)
+class LayerAttention:
+    """How one layer attends."""
+
+    scale: float  # what q . k is multiplied by
+    window: int = 0  # a query at position p sees keys in (p - window, p]; 0: every earlier key
+    softcap: float = 0.0  # scaled scores s become softcap * tanh(s / softcap) before the softmax; 0: none
+
+
+def attention_layers(cfg: ModelConfig) -> list[LayerAttention]:
+    """Each layer's attention as the model's config gives it."""
+    windows = cfg.layer_windows or (0,) * cfg.num_layers
+    return [LayerAttention(cfg.attention_scale, w, cfg.attn_logit_softcap) for w in windows]
+
+
 class AttentionBackend(ABC):
-    def __init__(self, cache: KVCache, num_heads: int, head_dim: int) -> None:
+    def __init__(
+        self, cache: KVCache, num_heads: int, head_dim: int, layers: Sequence[LayerAttention] | None = None
+    ) -> None:
+        """layers: each layer's attention; None: causal over every earlier key, scaled by
+        head_dim^-1/2, no soft cap (the Llama family's)."""
         self.cache = cache
         self.num_heads = num_heads  # this rank's query heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        n = cache.layout.num_layers
+        self.layers = tuple(layers) if layers is not None else (LayerAttention(head_dim**-0.5),) * n
+        if len(self.layers) != n:
+            raise ValueError(f"{len(self.layers)} layers' attention settings for a pool of {n} layers")
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch

@@ -17,6 +17,8 @@ inside the grid each request uses as many splits as its own context warrants (SP
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from services.worker.forward_batch import ForwardBatch
@@ -32,7 +34,7 @@ from services.worker.kernels.kv_store import store_kv
 from services.worker.kernels.kv_store_int8 import store_kv_int8
 from services.worker.kernels.rotary_store import rotary_store_
 from services.worker.memory.kv_cache import KVCache
-from services.worker.models.attention.base import AttentionBackend, Rotary
+from services.worker.models.attention.base import AttentionBackend, LayerAttention, Rotary
 from services.worker.models.layers.ops import RowNorm
 
 # up to this many splits a request, the last split to finish combines them; with more, the
@@ -44,8 +46,15 @@ FUSE_MAX_SPLITS = 8
 
 
 class TritonAttention(AttentionBackend):
-    def __init__(self, cache: KVCache, num_heads: int, head_dim: int, max_decode_batch: int = 0) -> None:
-        super().__init__(cache, num_heads, head_dim)
+    def __init__(
+        self,
+        cache: KVCache,
+        num_heads: int,
+        head_dim: int,
+        max_decode_batch: int = 0,
+        layers: Sequence[LayerAttention] | None = None,
+    ) -> None:
+        super().__init__(cache, num_heads, head_dim, layers)
         device = cache.k[0].device
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         self.split_min = split_min_tokens(head_dim, cache.layout.dtype, device.type == "cuda")
@@ -99,6 +108,7 @@ class TritonAttention(AttentionBackend):
         e = batch.num_extend_tokens
         if batch.num_extends > 0:
             k_scale, v_scale = self._scales(layer)
+            how = self.layers[layer]
             extend_attention(
                 q[:e],
                 k[:e],
@@ -111,10 +121,12 @@ class TritonAttention(AttentionBackend):
                 batch.extend_lens,
                 batch.extend_prefix_lens,
                 batch.extend_max_len,
-                self.scale,
+                how.scale,
                 out=out[:e],
                 k_scale=k_scale,
                 v_scale=v_scale,
+                window=how.window,
+                softcap=how.softcap,
             )
         if batch.num_decodes > 0:
             self._decode(layer, q[e : e + batch.num_decodes], batch, out[e : e + batch.num_decodes])
@@ -154,7 +166,9 @@ class TritonAttention(AttentionBackend):
         cache = self.cache
         k_scale, v_scale = self._scales(layer)
         bd = batch.num_decodes
-        splits = self._num_splits(bd, batch.decode_max_len)
+        how = self.layers[layer]
+        # a sliding window's splits divide the window: no more of them than it warrants
+        splits = self._num_splits(bd, min(batch.decode_max_len, how.window or batch.decode_max_len))
         self._reserve(bd * splits, bd)
         hq, d = self.num_heads, self.head_dim
         mid_o = self._mid_o[: bd * hq * splits * d].view(bd, hq, splits, d)
@@ -166,7 +180,7 @@ class TritonAttention(AttentionBackend):
             batch.req_table,
             batch.decode_rows,
             batch.decode_seq_lens,
-            self.scale,
+            how.scale,
             splits,
             out=out,
             split_tokens=SPLIT_TOKENS,
@@ -176,6 +190,8 @@ class TritonAttention(AttentionBackend):
             mid_lse=mid_lse,
             counts=self._counts if splits <= FUSE_MAX_SPLITS else None,
             new=new,
+            window=how.window,
+            softcap=how.softcap,
         )
 
     def _scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:

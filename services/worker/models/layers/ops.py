@@ -36,10 +36,15 @@ def scale_rows(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 
 
 class LayerOps(Protocol):
-    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
+        """Llama's RMSNorm: the normalised row rounded to x's dtype, then times weight. unit_offset:
+        Gemma's, the row times (1 + weight) in float32, rounded once."""
+        ...
 
-    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """residual += x (in place, rounded to its dtype); returns rmsnorm(residual) * weight."""
+    def add_rmsnorm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False
+    ) -> torch.Tensor:
+        """residual += x (in place, rounded to its dtype); returns rmsnorm(residual, weight, eps, unit_offset)."""
         ...
 
     def rotary_(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
@@ -56,17 +61,24 @@ class LayerOps(Protocol):
     ) -> torch.Tensor:
         """x [T, H] through its routed experts: w13 [E, 2I, H], w2 [E, H, I], weights and ids
         [T, k] (layers/moe.py's route) -> [T, H], the weighted sum of each token's k experts."""
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2I] (gate | up) -> gelu(gate) * up: [T, I], GELU's tanh approximation (Gemma's GeGLU)."""
         ...
 
 
 class TorchOps:
-    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
         xf = x.float() * RowNorm(x, eps).inv_rms()
+        if unit_offset:  # Hugging Face's Gemma RMSNorm: (1 + w) in float32, rounded once
+            return (xf * (1.0 + weight.float())).to(x.dtype)
         return weight * xf.to(x.dtype)
 
-    def add_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def add_rmsnorm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False
+    ) -> torch.Tensor:
         residual.add_(x)
-        return self.rmsnorm(residual, weight, eps)
+        return self.rmsnorm(residual, weight, eps, unit_offset)
 
     def rotary_(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
         half = cos_sin.shape[1] // 2
@@ -93,3 +105,7 @@ class TorchOps:
         self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
         return experts_reference(x, w13, w2, weights, ids)
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        half = gate_up.shape[-1] // 2
+        return torch.nn.functional.gelu(gate_up[..., :half], approximate="tanh") * gate_up[..., half:]

@@ -1,7 +1,6 @@
-"""Frozen dataclasses to msgpack-ready arrays and back: the fields in declaration order, a
-nested struct as the array of its own fields. shared/messages.py declares the structs and
-wraps them in its versioned envelope; this is the mapping of one struct.
-"""
+"""Structs as msgpack arrays: each frozen dataclass goes on the wire as the array of its fields in
+declaration order, a nested struct as the array of its own. shared/messages.py declares the
+types and wraps them in its versioned envelope (``encode``, ``decode``); this is the machinery."""
 
 from __future__ import annotations
 

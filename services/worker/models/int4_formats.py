@@ -1,0 +1,115 @@
+"""AWQ's and GPTQ's 4-bit checkpoint tensors -> Int4Weight (int4_weight.py's one layout), and the
+quantizers that write them (tools/make_tiny_model.py --quant), so each reader is tested without
+a download.
+
+Per projection, both store scales [K / G, N] (float16) beside:
+
+- AWQ (AutoAWQ, version gemm): qweight [K, N / 8] and qzeros [K / G, N / 8] int32, eight
+  output columns a word in the order 0 2 4 6 1 3 5 7 (nibble i, at bits 4i, holds column
+  8w + AWQ_ORDER[i]); W = (q - zero) * scale.
+- GPTQ (auto-gptq's and transformers' "gptq" format, the exllama kernels' input): qweight
+  [K / 8, N] int32, input row 8i + j at bits 4j of word i; qzeros [K / G, N / 8], column 8w + j
+  at bits 4j of word w, holding the zero point minus one; g_idx [K] (k // G when desc_act is
+  false, which is all that is read). W = (q - (stored zero + 1)) * scale; symmetric: zero 8.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.worker.models.int4_weight import Int4Weight, pack_cols, pack_rows, unpack_cols
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)  # column j of a word is nibble AWQ_REVERSE[j]
+
+
+def _awq_unorder(q: torch.Tensor) -> torch.Tensor:
+    """[R, C] as AWQ's words unpack (nibble order) -> columns in order."""
+    return q.view(q.shape[0], -1, 8)[:, :, list(AWQ_REVERSE)].reshape(q.shape)
+
+
+def _awq_order(q: torch.Tensor) -> torch.Tensor:
+    return q.view(q.shape[0], -1, 8)[:, :, list(AWQ_ORDER)].reshape(q.shape)
+
+
+def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> Int4Weight:
+    q = _awq_unorder(unpack_cols(qweight))  # [K, N]
+    z = _awq_unorder(unpack_cols(qzeros))  # [K / G, N]
+    return Int4Weight(pack_rows(q), z, scales, group_size)
+
+
+def from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> Int4Weight:
+    z = (unpack_cols(qzeros).int() + 1).to(torch.uint8)  # the "gptq" format stores zero - 1
+    return Int4Weight(qweight.to(torch.int32), z, scales, group_size)
+
+
+def quantize(w: torch.Tensor, group_size: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W [N, K] -> (q [K, N], zeros [K / G, N], scales [K / G, N] float16) by round to nearest:
+    asymmetric (AWQ's zero points: the group's range over 0..15) or symmetric (GPTQ's: zero 8,
+    the largest magnitude at 7 steps)."""
+    n, k = w.shape
+    g = w.float().t().reshape(k // group_size, group_size, n)  # [K / G, G, N]
+    if symmetric:
+        scale = (g.abs().amax(1) / 7).clamp(min=1e-8)
+        zero = torch.full_like(scale, 8.0)
+    else:
+        lo, hi = g.amin(1).clamp(max=0), g.amax(1).clamp(min=0)
+        scale = ((hi - lo) / 15).clamp(min=1e-8)
+        zero = (-lo / scale).round().clamp(0, 15)
+    scale = scale.half()
+    q = (g / scale.float()[:, None, :]).round() + zero[:, None, :]
+    return q.clamp(0, 15).reshape(k, n).to(torch.uint8), zero.to(torch.uint8), scale
+
+
+def to_awq(w: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
+    """W [N, K] -> AWQ's tensors by their checkpoint suffixes."""
+    q, z, s = quantize(w, group_size, symmetric=False)
+    return {"qweight": pack_cols(_awq_order(q)), "qzeros": pack_cols(_awq_order(z)), "scales": s}
+
+
+def to_gptq(w: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
+    """W [N, K] -> GPTQ's tensors by their checkpoint suffixes (symmetric, desc_act false)."""
+    q, z, s = quantize(w, group_size, symmetric=True)
+    g_idx = torch.arange(w.shape[1], dtype=torch.int32) // group_size
+    return {"qweight": pack_rows(q), "qzeros": pack_cols(z.int() - 1), "scales": s, "g_idx": g_idx}
+
+
+def read(method: str, get, prefix: str, group_size: int) -> Int4Weight:
+    """The projection under prefix ("...q_proj.") from a checkpoint's get(name)."""
+    qweight, qzeros, scales = (get(prefix + n) for n in ("qweight", "qzeros", "scales"))
+    if method == "awq":
+        return from_awq(qweight, qzeros, scales, group_size)
+    if method == "gptq":
+        return from_gptq(qweight, qzeros, scales, group_size)
+    raise ValueError(f"int4 method {method!r}: awq or gptq")
+
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def quantize_checkpoint(tensors: dict[str, torch.Tensor], method: str, group_size: int) -> dict[str, torch.Tensor]:
+    """A dense checkpoint's tensors with every layer's projection in method's tensors (the
+    embedding, the output layer and the norms as they were), as AutoAWQ and auto-gptq write them."""
+    write = to_awq if method == "awq" else to_gptq
+    out = {}
+    for name, t in tensors.items():
+        if name.startswith("model.layers.") and name.rsplit(".", 2)[-2] in PROJECTIONS and name.endswith(".weight"):
+            stem = name.removesuffix("weight")
+            out |= {stem + k: v for k, v in write(t, group_size).items()}
+        else:
+            out[name] = t
+    return out
+
+
+def quantization_config(method: str, group_size: int) -> dict:
+    """config.json's quantization_config for a checkpoint quantize_checkpoint wrote."""
+    if method == "awq":
+        return {"quant_method": "awq", "bits": 4, "group_size": group_size, "version": "gemm", "zero_point": True}
+    return {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": group_size,
+        "desc_act": False,
+        "sym": True,
+        "checkpoint_format": "gptq",
+    }

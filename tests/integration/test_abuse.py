@@ -1,0 +1,100 @@
+"""A hostile client against a real front end: a 200 MB chunked body is refused after at most the
+limit's bytes, a thousand connections sending their headers a byte at a time neither keep
+normal requests from being served within a second nor stay open past the head deadline, and a
+head without end is cut off."""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.integration.conftest import start_stack
+from tools.redis_server import RedisServer
+from tools.stack import Stack
+
+LIMIT = 1024 * 1024
+HEAD_TIMEOUT_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_llama: str, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    args = ["--max-body-bytes", str(LIMIT), "--header-timeout-s", str(HEAD_TIMEOUT_S)]
+    s = start_stack(tiny_llama, redis_server, str(tmp_path_factory.mktemp("logs-abuse")), tokenizer_args=args)
+    yield s
+    s.stop()
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_200mb_chunked_body_gets_413_after_at_most_the_limit(stack: Stack) -> None:
+    front = stack.services["tokenizer"].proc
+    assert front is not None
+    rss_before = _rss_kb(front.pid)
+    sock = socket.create_connection(("127.0.0.1", stack.opts.port), timeout=30)
+    head = b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    sock.sendall(head)
+    chunk = b"%x\r\n" % (64 * 1024) + b" " * (64 * 1024) + b"\r\n"
+    sent = 0
+    started = time.monotonic()
+    while sent < 200 * 1024 * 1024 and not select.select([sock], [], [], 0)[0]:
+        try:
+            sock.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        sent += 64 * 1024
+    answer = sock.recv(4096)
+    took = time.monotonic() - started
+    sock.close()
+    print(f"413 after {sent / 1024 / 1024:.1f} MB sent (socket buffers included), {took:.2f}s")
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert sent < 32 * 1024 * 1024  # the limit plus what the sockets' buffers held, never the 200 MB
+    assert _rss_kb(front.pid) - rss_before < 20 * 1024
+
+
+def test_a_thousand_slow_heads_do_not_hold_up_normal_requests(stack: Stack) -> None:
+    slow = [socket.create_connection(("127.0.0.1", stack.opts.port), timeout=10) for _ in range(1000)]
+    for s in slow:
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\n")  # and never the rest of the head
+    opened = time.monotonic()
+
+    async def normal() -> list[float]:
+        took = []
+        async with httpx.AsyncClient(base_url=stack.url, timeout=10) as client:
+            for _ in range(5):
+                t = time.monotonic()
+                r = await client.post("/generate", json={"inputs": "Hello", "parameters": {"max_new_tokens": 2}})
+                assert r.status_code == 200, r.text
+                took.append(time.monotonic() - t)
+        return took
+
+    took = asyncio.run(normal())
+    print(f"normal requests beside 1000 slow heads: {max(took):.3f}s at most")
+    assert max(took) < 1.0, took
+    time.sleep(max(0.0, opened + HEAD_TIMEOUT_S + 2.0 - time.monotonic()))
+    closed = sum(1 for s in slow if select.select([s], [], [], 0)[0] and s.recv(1) == b"")
+    for s in slow:
+        s.close()
+    assert closed == len(slow)  # each closed by the front end at the head deadline
+
+
+def test_a_head_without_end_is_cut_off(stack: Stack) -> None:
+    sock = socket.create_connection(("127.0.0.1", stack.opts.port), timeout=10)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Long: ")
+    sent = 0
+    try:
+        while sent < 50 * 1024 * 1024:
+            sock.sendall(b"a" * 65536)
+            sent += 65536
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    sock.close()
+    assert sent < 16 * 1024 * 1024  # closed after its first 64 KiB (and what the buffers held)

@@ -1,0 +1,246 @@
+"""deploy/kubernetes rendered offline (`kubectl kustomize`, every overlay) and checked against
+the Kubernetes schemas (kubernetes-validate) and against the code: every image is a Dockerfile
+target that has what its command needs, every command a service's module, every LS_* variable
+a flag of that service's config (and valid there), every probe a route or port that exists;
+the grace periods cover the drain; PDBs, the HPA and KEDA's ScaledObject aim at what exists."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import urllib.parse
+
+import pytest
+
+from services.tokenizer.drain import CLOSE_S, FLUSH_S
+from services.tokenizer.gates import PROBES
+from services.tokenizer.ops_routes import ops_router
+from shared.cli import parse_config
+from shared.config import CommonConfig, DetokenizerConfig, RouterConfig, TokenizerConfig, WorkerConfig
+from shared.streams import GROUP_ROUTER, StreamNames
+from tests.ops.kube_render import (
+    OVERLAYS,
+    ROOT,
+    Rendered,
+    container_env,
+    dockerfile_copies,
+    dockerfile_targets,
+    kubectl,
+    pod_spec,
+    render,
+)
+
+pytestmark = pytest.mark.skipif(kubectl() is None, reason="kubectl is not installed")
+
+CONFIGS = {
+    "services.tokenizer": TokenizerConfig,
+    "services.router": RouterConfig,
+    "services.worker": WorkerConfig,
+    "services.detokenizer": DetokenizerConfig,
+}
+TORCH_IMAGES = {"cpu", "cuda"}  # the light image has no torch
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def rendered(request: pytest.FixtureRequest) -> Rendered:
+    return render(request.param)
+
+
+def test_overlays_are_the_documented_ones() -> None:
+    assert set(OVERLAYS) == {"cpu-demo", "gpu", "gpu-sentinel"}
+
+
+def test_objects_validate_against_the_kubernetes_schemas(rendered: Rendered) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for obj in rendered.objects:
+        if obj["apiVersion"].startswith("keda.sh/"):
+            continue  # a CRD: test_keda_scales_the_workers_on_the_router_queue checks its fields
+        kubernetes_validate.validate(obj, "1.32.0", strict=True)
+
+
+def _containers(rendered: Rendered):
+    for w in rendered.workloads():
+        spec = pod_spec(w)
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            yield w, c
+
+
+def test_images_commands_and_environment_match_the_code(rendered: Rendered) -> None:
+    targets = dockerfile_targets()
+    copied = dockerfile_copies()
+    for w, c in _containers(rendered):
+        where = f"{rendered.overlay} {w['metadata']['name']}/{c['name']}"
+        repo, _, tag = c["image"].partition(":")
+        if repo != "lightstream":
+            continue  # redis
+        assert tag in targets, where
+        argv = c["command"] + c.get("args", [])
+        assert argv[0] == "python", where
+        if argv[1] == "-m":
+            module = argv[2]
+            assert os.path.exists(os.path.join(ROOT, *module.split("."), "__main__.py")), where
+            if module == "services.worker":
+                assert tag in TORCH_IMAGES, where
+            env = container_env(rendered, c)
+            _check_env(CONFIGS[module], env, argv[3:], where)
+        else:  # a script of the repository, in the image
+            script = argv[1]
+            assert os.path.exists(os.path.join(ROOT, script)) and script.split("/")[0] in copied, where
+            assert tag in TORCH_IMAGES, where  # the demo model is made with torch
+
+
+def _check_env(cls: type, env: dict[str, str], argv: list[str], where: str) -> None:
+    known = {"LS_" + f.name.upper() for f in dataclasses.fields(cls)}
+    ours = {k: v for k, v in env.items() if k.startswith("LS_")}
+    assert set(ours) <= known, f"{where}: not flags of {cls.__name__}: {sorted(set(ours) - known)}"
+    cfg = parse_config(cls, argv, ours)  # every value valid where the service reads it
+    assert cfg.replica == "pod-name-0", f"{where}: LS_REPLICA is the pod's name"
+
+
+def test_the_configmap_holds_common_flags_only(rendered: Rendered) -> None:
+    common = {"LS_" + f.name.upper() for f in dataclasses.fields(CommonConfig)}
+    assert set(rendered.config_env()) <= common
+
+
+def test_every_container_has_requests_and_limits(rendered: Rendered) -> None:
+    for w, c in _containers(rendered):
+        res = c["resources"]
+        for kind in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(res[kind]), f"{w['metadata']['name']}/{c['name']} {kind}"
+
+
+def _container(rendered: Rendered, component: str) -> tuple[dict, dict]:
+    w = rendered.component(component)
+    return w, pod_spec(w)["containers"][0]
+
+
+def _port(container: dict, name_or_number: str | int) -> int:
+    if isinstance(name_or_number, int):
+        return name_or_number
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert name_or_number in ports, f"{container['name']}: no port {name_or_number}"
+    return ports[name_or_number]
+
+
+def test_front_end_probes_its_own_routes_and_drains_within_the_grace(rendered: Rendered) -> None:
+    w, c = _container(rendered, "tokenizer")
+    env = container_env(rendered, c)
+    ready, live = c["readinessProbe"]["httpGet"], c["livenessProbe"]["httpGet"]
+    assert (ready["path"], live["path"]) == ("/readiness", "/liveness")
+    assert c["startupProbe"]["httpGet"]["path"] == "/liveness"
+    routes = {r.path for r in ops_router(None, None).routes}  # type: ignore[arg-type]
+    for probe in (ready, live):
+        assert probe["path"] in routes and probe["path"] in PROBES  # served, and without a key
+        assert _port(c, probe["port"]) == int(env["LS_PORT"])
+    pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    needed = float(pre_stop[1]) + float(env["LS_DRAIN_TIMEOUT_S"]) + FLUSH_S + CLOSE_S
+    assert pod_spec(w)["terminationGracePeriodSeconds"] >= needed
+    service = rendered.get("Service", "lightstream")
+    assert service["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()
+    assert _port(c, service["spec"]["ports"][0]["targetPort"]) == int(env["LS_PORT"])
+
+
+def test_other_services_probe_their_metrics_port(rendered: Rendered) -> None:
+    for name in ("router", "worker", "detokenizer"):
+        _, c = _container(rendered, name)
+        port = int(container_env(rendered, c)["LS_METRICS_PORT"])
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            get = c[probe]["httpGet"]
+            assert get["path"] == "/metrics" and _port(c, get["port"]) == port, (name, probe)
+
+
+def test_router_is_single_and_the_workers_are_groups_by_ordinal(rendered: Rendered) -> None:
+    router = rendered.component("router")
+    assert router["kind"] == "Deployment" and router["spec"]["replicas"] == 1
+    assert router["spec"]["strategy"]["type"] == "Recreate"  # never two routers at once
+    worker, c = _container(rendered, "worker")
+    assert worker["kind"] == "StatefulSet"
+    assert rendered.get("Service", worker["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["LS_GROUP"]["value"] == "auto"  # the group is the replica: the pod's name
+    assert env["LS_REPLICA"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    tp = int(container_env(rendered, c)["LS_TP"])
+    if container_env(rendered, c)["LS_DEVICE"] == "cuda":
+        assert c["image"] == "lightstream:cuda"
+        for kind in ("requests", "limits"):
+            assert int(c["resources"][kind]["nvidia.com/gpu"]) == tp  # one GPU per rank, in the pod
+    else:
+        assert c["image"] == "lightstream:cpu" and "nvidia.com/gpu" not in c["resources"]["limits"]
+
+
+def test_pdbs_cover_every_service_but_the_router(rendered: Rendered) -> None:
+    covered = set()
+    for pdb in rendered.of_kind("PodDisruptionBudget"):
+        selector = pdb["spec"]["selector"]["matchLabels"].items()
+        matched = [w for w in rendered.workloads() if selector <= w["spec"]["template"]["metadata"]["labels"].items()]
+        assert len(matched) == 1, pdb["metadata"]["name"]
+        covered.add(matched[0]["metadata"]["labels"]["app.kubernetes.io/component"])
+    assert covered == {"tokenizer", "worker", "detokenizer"}
+
+
+def test_hpa_scales_the_front_end_by_cpu(rendered: Rendered) -> None:
+    (hpa,) = rendered.of_kind("HorizontalPodAutoscaler")
+    ref = hpa["spec"]["scaleTargetRef"]
+    front, c = _container(rendered, "tokenizer")
+    assert (ref["kind"], ref["name"]) == (front["kind"], front["metadata"]["name"])
+    assert "replicas" not in front["spec"]  # the HPA's to set
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu" and c["resources"]["requests"]["cpu"]
+    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+
+
+def test_keda_scales_the_workers_on_the_router_queue(rendered: Rendered) -> None:
+    objects = rendered.of_kind("ScaledObject")
+    if rendered.overlay == "cpu-demo":
+        assert not objects
+        return
+    (so,) = objects
+    ref = so["spec"]["scaleTargetRef"]
+    worker = rendered.component("worker")
+    assert (ref["kind"], ref["name"]) == (worker["kind"], worker["metadata"]["name"])
+    env = rendered.config_env()
+    (trigger,) = so["spec"]["triggers"]
+    meta = trigger["metadata"]
+    assert meta["stream"] == StreamNames(env["LS_NAMESPACE"]).router and meta["consumerGroup"] == GROUP_ROUTER
+    assert int(meta["pendingEntriesCount"]) >= 1
+    url = urllib.parse.urlparse(env["LS_REDIS_URL"])
+    assert meta["databaseIndex"] == (url.path.strip("/") or "0")
+    if "LS_REDIS_SENTINEL" in env:
+        assert trigger["type"] == "redis-sentinel-streams"
+        assert meta["addresses"] == env["LS_REDIS_SENTINEL"] and meta["sentinelMaster"] == env["LS_REDIS_MASTER_NAME"]
+    else:
+        assert trigger["type"] == "redis-streams" and meta["address"] == f"{url.hostname}:{url.port}"
+    assert so["spec"]["minReplicaCount"] >= 1  # a group always serves: the queue is not the load
+
+
+def test_redis_is_in_the_cluster_or_found_through_sentinels(rendered: Rendered) -> None:
+    env = rendered.config_env()
+    redis = [w for w in rendered.workloads() if w["metadata"]["labels"].get("app.kubernetes.io/component") == "redis"]
+    if "LS_REDIS_SENTINEL" in env:
+        assert not redis
+        CommonConfig(redis_sentinel=env["LS_REDIS_SENTINEL"])  # parses
+        return
+    url = urllib.parse.urlparse(env["LS_REDIS_URL"])
+    service = rendered.get("Service", url.hostname)
+    assert service["spec"]["ports"][0]["port"] == url.port
+    (server,) = redis
+    assert "--appendonly" in server["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_volumes_are_declared_and_the_model_is_read_only(rendered: Rendered) -> None:
+    claims = {o["metadata"]["name"] for o in rendered.of_kind("PersistentVolumeClaim")}
+    for w in rendered.workloads():
+        spec = pod_spec(w)
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        templates = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
+        for v in volumes.values():
+            if "persistentVolumeClaim" in v:
+                assert v["persistentVolumeClaim"]["claimName"] in claims
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            for m in c.get("volumeMounts", []):
+                assert m["name"] in volumes.keys() | templates, (w["metadata"]["name"], m["name"])
+        for c in spec["containers"]:
+            model = [m for m in c.get("volumeMounts", []) if m["name"] == "model"]
+            assert all(m.get("readOnly") for m in model), w["metadata"]["name"]
+            if "model" in volumes and "emptyDir" in volumes["model"]:  # the demo model: made in the pod
+                assert [i["name"] for i in spec["initContainers"]] == ["demo-model"]
