@@ -345,9 +345,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="lean: tools/http_stream.py on uvloop; aiohttp: aiohttp on asyncio's loop, as vLLM's client",
     )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
-    ap.add_argument(
-        "--per-request", action="store_true", help="each request's TTFT and output tokens too, in the workload's order"
-    )
+    ap.add_argument("--per-request", action="store_true", help="each request's TTFT and output tokens, in order")
     ap.add_argument(
         "--json-schemas",
         type=int,
@@ -355,9 +353,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="request k asks for JSON under tools/structured_schemas.py's schema k mod N (1..10), ignore_eos off",
     )
     ap.add_argument("--max-output", type=int, default=0, help="cap on each request's output length; 0: none")
-    ap.add_argument(
-        "--output-lens", default="", help="a --per-request JSON of this workload: its output lengths as max_tokens"
-    )
+    ap.add_argument("--output-lens", default="", help="a --per-request JSON: its output lengths as max_tokens")
     ap.add_argument("--workload", choices=("sharegpt", "shared_prefix", "multi_turn"), default="sharegpt")
     ap.add_argument("--tokenizer", default="", help="multi_turn: the served model's directory, to read output ids back")
     bench_workloads.add_args(ap)
