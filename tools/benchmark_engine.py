@@ -44,7 +44,7 @@ if __package__ in (None, ""):
 import torch
 
 from services.worker.engine import Engine
-from services.worker.models.random_weights import SHAPES
+from services.worker.models.bench_shapes import SHAPES
 from shared.model_config import ModelConfig
 from tools import bench_prefix, bench_workloads
 from tools.bench_prefix import request, warm

@@ -23,7 +23,7 @@ import torch
 
 from services.worker.build import build_engine
 from services.worker.engine import Engine
-from services.worker.models.random_weights import SHAPES
+from services.worker.models.bench_shapes import SHAPES
 from services.worker.models.registry import random_weights
 from services.worker.models.weights import ModelWeights
 from services.worker.runtime.warmup import warm_up

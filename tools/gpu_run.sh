@@ -7,6 +7,9 @@
 #         cache-prefix | cache-turns | cache-offline | cache-routing   (the prompt cache, issue 44: each on and
 #         off, or under both router policies, in one run; cache-routing runs two groups on the one GPU)
 #         structured   (issue 48: the fixed workload under JSON schemas against unconstrained, one stack)
+#         families-tests | families | families-rest   (issue 45: each family's 1B model in bf16 against Hugging
+#         Face fp32; Qwen3-8B's decode step against Llama-3-8B's, then the issue's four benchmark families against
+#         the peer; the other six against the peer)
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 set -u
 out=${1:?OUTDIR}; shift
@@ -59,6 +62,14 @@ for part in "$@"; do
     structured) timeout 580 python3 tools/bench_structured.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" 2>&1 \
                   | grep -v "it/s\]" | tail -12
                 tar czf "$out/structured_logs.tgz" -C /tmp/lightstream-bench-structured logs 2>/dev/null ;;
+    families-tests) timeout 240 python3 -m pytest -m gpu tests/worker/test_cuda_path.py -k test_1b_bf16 -q -s \
+                      -p no:cacheprovider -rA 2>&1 | grep "agreement\|passed\|failed\|Error" | tail -90 \
+                      | tee "$out/families_tests.log" ;;
+    families) timeout 580 python3 tools/bench_families.py --out "$out/families.json" --requests 16 \
+                --families qwen3,gemma2,mixtral,qwen3_moe --peer-timeout 150 2>&1 | tail -6 ;;
+    families-rest) timeout 580 python3 tools/bench_families.py --out "$out/families_rest.json" --requests 16 \
+                     --families llama,mistral,qwen2,phi3,gemma3,qwen2_moe --decode-shapes "" --peer-timeout 100 2>&1 \
+                     | tail -6 ;;
     dp) timeout 240 python3 tools/bench_data_parallel.py --groups 2 --out "$out/dp2.json" -- --running-max-req-size 2048 2>&1 | tail -3 ;;
     *) echo "unknown part $part" ;;
   esac

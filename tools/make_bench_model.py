@@ -23,7 +23,7 @@ if __package__ in (None, ""):
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
-from services.worker.models.random_weights import SHAPES
+from services.worker.models.bench_shapes import SHAPES
 
 NUM_SPECIAL = 256  # Llama 3 keeps its last 256 ids for special tokens
 
@@ -100,7 +100,6 @@ def main(argv: list[str] | None = None) -> None:
     assert tok.get_vocab_size() == cfg["vocab_size"], tok.get_vocab_size()
     bos, eos = tok.token_to_id("<|begin_of_text|>"), tok.token_to_id("<|end_of_text|>")
     cfg.update(bos_token_id=bos, eos_token_id=eos)
-    cfg.setdefault("model_type", "llama")
     tok.save(os.path.join(args.out, "tokenizer.json"))
     files = {
         "config.json": cfg,
