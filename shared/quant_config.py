@@ -41,7 +41,9 @@ class WeightQuant:
     method: str  # awq | gptq | fp8
     bits: int  # 4, or 8 for fp8
     group_size: int  # int4: input columns sharing one scale and zero point; fp8: 0
-    scale_name: str = ""  # fp8: the checkpoint's scale tensor suffix (FP8_SCALES); "": a bf16 checkpoint quantized at load
+    scale_name: str = (
+        ""  # fp8: the checkpoint's scale tensor suffix (FP8_SCALES); "": a bf16 checkpoint quantized at load
+    )
     block: tuple[int, int] = (0, 0)  # fp8 weight_scale_inv's block [rows, cols]; (0, 0): per tensor or channel
 
     def __post_init__(self) -> None:

@@ -105,8 +105,12 @@ class Checkpoint:
         if stem + quant.scale_name not in self.where:
             return handle.get_tensor(name)
         if dense:
-            return fp8_formats.read(self.get, stem, quant)
-        return fp8_formats.dequantize(handle.get_tensor(name), self.get(stem + quant.scale_name), quant)
+            return fp8_formats.read(self._raw, stem, quant)
+        return fp8_formats.dequantize(handle.get_tensor(name), self._raw(stem + quant.scale_name), quant)
+
+    def _raw(self, name: str) -> torch.Tensor:
+        """The tensor stored under name, as stored."""
+        return self.where[name].get_tensor(name)
 
     def has(self, name: str) -> bool:
         return name in self.where

@@ -40,7 +40,9 @@ class Fp8Weight:
 
     def __post_init__(self) -> None:
         if self.weight.dtype != FP8 or self.scale.dtype != torch.float32:
-            raise Fp8LayoutError(f"fp8 weight: e4m3 weight and float32 scale, got {self.weight.dtype}, {self.scale.dtype}")
+            raise Fp8LayoutError(
+                f"fp8 weight: e4m3 weight and float32 scale, got {self.weight.dtype}, {self.scale.dtype}"
+            )
         if self.weight.dim() != 2 or self.scale.shape != self.weight.shape[:1]:
             raise Fp8LayoutError(
                 f"fp8 weight {tuple(self.weight.shape)}: scale {tuple(self.scale.shape)} should be one per output row"
@@ -72,7 +74,9 @@ class Fp8Weight:
 
     def chunk(self, chunks: int, dim: int = 0) -> list[Fp8Weight]:
         if dim == 0:
-            return [Fp8Weight(w, s) for w, s in zip(self.weight.chunk(chunks, 0), self.scale.chunk(chunks), strict=True)]
+            return [
+                Fp8Weight(w, s) for w, s in zip(self.weight.chunk(chunks, 0), self.scale.chunk(chunks), strict=True)
+            ]
         return [Fp8Weight(w, self.scale) for w in self.weight.chunk(chunks, 1)]
 
     def split(self, sizes: list[int], dim: int = 0) -> list[Fp8Weight]:
