@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from services.worker.build import build_engine
 from services.worker.models.fp8_weight import Fp8Weight
+from services.worker.tp.group import leave_group, start_group
 from shared.config import WorkerConfig
 from tests import hf_reference
 from tests.conftest import ARCHS, MOE_ARCHS
@@ -19,8 +21,8 @@ from tests.worker.test_engine_vs_hf import PROMPTS
 from tools import make_tiny_model
 
 
-def _check(model_dir: str, reference: str, quantization: str) -> None:
-    engine = build_engine(WorkerConfig(model_dir=model_dir, quantization=quantization))
+def _check(model_dir: str, reference: str, quantization: str, engine=None) -> None:
+    engine = engine or build_engine(WorkerConfig(model_dir=model_dir, quantization=quantization))
     for layer in engine.runner.model.w.layers:
         assert isinstance(layer.qkv, Fp8Weight) and isinstance(layer.o, Fp8Weight)
         assert layer.gate_up is None or isinstance(layer.gate_up, Fp8Weight)  # a routed-only MoE layer has none
@@ -51,3 +53,19 @@ def test_fp8_checkpoints_of_mixtures_of_experts(arch: str, kind: str, tmp_path) 
     dequantized_copy(model_dir, reference)
     assert os.path.exists(os.path.join(reference, "model.safetensors"))
     _check(model_dir, reference, "none")
+
+
+def test_fp8_over_two_tensor_parallel_ranks(tiny_quant: dict[str, str]) -> None:
+    """--quantization fp8 over two gloo ranks (rank 1 a child process): column-parallel shares cut
+    the scales, row-parallel ones keep them whole, and the tokens are HF's on the whole model's
+    FP8 weights, dequantized."""
+    cfg = WorkerConfig(model_dir=tiny_quant["plain"], device="cpu", tp=2, quantization="fp8", batch_max_tokens=16)
+    threads = torch.get_num_threads()  # joining the group divides the cores between the ranks
+    group = start_group(cfg)
+    try:
+        engine = build_engine(cfg, group.tp, channel=group.channel)
+        _check(tiny_quant["plain"], tiny_quant["fp8-at-load-dequantized"], "fp8", engine)
+    finally:
+        group.stop(join_s=20)
+        leave_group()
+        torch.set_num_threads(threads)
