@@ -377,12 +377,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     ap.add_argument("--logit-scale", type=float, default=4.0, help="standard deviation of the logits")
     ap.add_argument("--eos-boost", type=float, default=1.8, help="extra scale of the EOS row of the output layer")
-    ap.add_argument(
-        "--quant",
-        choices=["awq", "gptq", *fp8_formats.KINDS],
-        default=None,
-        help="4-bit projections as AWQ or GPTQ store them, or FP8 ones (per channel, per tensor, per block)",
-    )
+    ap.add_argument("--quant", choices=["awq", "gptq", *fp8_formats.KINDS], help="quantized projections (docstring)")
     ap.add_argument("--group-size", type=int, default=128, help="awq and gptq's group size")
     ap.add_argument("--block-size", type=int, default=128, help="fp8-block's block: rows and columns")
     return ap
