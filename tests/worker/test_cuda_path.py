@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from services.worker.build import build_engine
+from services.worker.models.layers.fp8_product import fp8_tensor_cores
 from shared.config import WorkerConfig
 from tests import hf_reference
 from tests.worker.engine_driver import request, run
@@ -164,6 +165,7 @@ def test_1b_quantized_kv_agrees_with_bf16_kv(model_1b: str, sequences, kv: str) 
 def test_1b_fp8_weights_agree_with_bf16_weights(model_1b: str, sequences) -> None:
     """Teacher forcing through the FP8 engine (decode graphs and piecewise graphs replaying
     torch._scaled_mm) against the bf16 engine, prefill and decode."""
+    assert fp8_tensor_cores(torch.device("cuda")), "no FP8 tensor cores, or a torch _scaled_mm was not tested with"
     bf16, fp8 = _engine(model_1b), _engine(model_1b, quantization="fp8")
     start = 256
     for name, agree in (

@@ -15,10 +15,13 @@ the CPU path (so CPU results equal Hugging Face's on the dequantized weights exa
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 
 from services.worker.models.fp8_weight import FP8_MAX, MIN_SCALE, Fp8Weight, fp8_reference, to_fp8
+
+log = logging.getLogger(__name__)
 
 TESTED_TORCH = ((2, 5), (2, 13))  # the releases torch._scaled_mm's row-wise form was tested with, inclusive
 
@@ -32,10 +35,15 @@ def _torch_version() -> tuple[int, int]:
 def fp8_tensor_cores(device: torch.device) -> bool:
     """Whether device runs torch._scaled_mm as it was tested: a CUDA GPU of compute capability
     8.9 or more (Ada, Hopper, Blackwell) under a tested torch."""
-    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         return False
     lo, hi = TESTED_TORCH
-    return lo <= _torch_version() <= hi and torch.cuda.get_device_capability(device) >= (8, 9)
+    if not hasattr(torch, "_scaled_mm") or not lo <= _torch_version() <= hi:
+        log.warning(
+            "torch %s: FP8 products dequantize instead (torch._scaled_mm tested on %s)", torch.__version__, TESTED_TORCH
+        )
+        return False
+    return True
 
 
 def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
