@@ -45,7 +45,8 @@ for part in "$@"; do
              --out "$out/quant.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -20 ;;
     quant-tests) timeout 500 python3 -m pytest -m gpu -q -s -p no:cacheprovider -rA tests/worker/models/test_fp8_product.py \
                    tests/worker/test_cuda_path.py tests/worker/test_quant_vs_hf.py tests/kernels/test_kv_store.py \
-                   tests/kernels/test_decode_attention.py tests/kernels/test_extend_attention.py 2>&1 \
+                   tests/kernels/test_decode_attention.py tests/kernels/test_extend_attention.py \
+                   tests/kernels/test_fp8_quant_rows.py 2>&1 \
                    | grep -v "it/s\]\|^$\|^PASSED" | tail -40 | tee "$out/quant_tests.log" ;;
     engine-int8) timeout 300 python3 tools/benchmark_engine.py --kv-dtype int8 --parts static,offline --out "$out/engine_int8.json" 2>&1 | tail -8 ;;
     tp-tests) timeout 300 python3 -m pytest -m gpu tests/worker/test_tp_cuda.py -q -s -p no:cacheprovider -rA 2>&1 \

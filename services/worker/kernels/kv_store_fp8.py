@@ -21,7 +21,7 @@ FP8 = torch.float8_e4m3fn
 
 
 @triton.jit
-def _round_to_e4m3(y):
+def round_to_e4m3(y):
     """float32 y with |y| <= 448 -> the nearest e4m3 value, ties to even, still float32."""
     bits = y.to(tl.int32, bitcast=True)
     a = tl.abs(y)
@@ -63,7 +63,7 @@ def _quantize_store(
     absmax = tl.max(tl.abs(x), axis=1)  # [BLOCK_H]
     scale = tl.math.div_rn(tl.maximum(absmax, 1e-8), 448.0)
     y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[:, None]), -448.0), 448.0)
-    q = _round_to_e4m3(y).to(pool_ptr.dtype.element_ty)
+    q = round_to_e4m3(y).to(pool_ptr.dtype.element_ty)
     tl.store(pool_ptr + slot * pool_slot_stride + offs_h[:, None] * pool_head_stride + offs_d[None, :], q, mask=mask)
     tl.store(scale_ptr + slot * scale_slot_stride + offs_h * scale_head_stride, scale, mask=hmask)
 

@@ -1,7 +1,8 @@
 """x @ W.t() for an Fp8Weight (models/fp8_weight.py): on the GPU's FP8 tensor cores where it has
 them, else the reference (dequantize, then PyTorch's matmul).
 
-The FP8 product quantizes x per token on the fly (each row's absmax / 448, e4m3) and runs
+The FP8 product quantizes x per token on the fly (each row's absmax / 448, e4m3; one Triton
+kernel, kernels/fp8_quant_rows.py, whose reference is quantize_tokens) and runs
 torch._scaled_mm with row-wise scales: x's [T, 1] and the weight's [1, N], the float32 sums
 scaled and rounded once to bf16. Everything is a plain device op with no host sync, so the
 decode and piecewise CUDA graphs capture it.
@@ -58,8 +59,12 @@ def scaled_mm_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
 
 
 def fp8_scaled_mm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
-    """x [T, K] bf16 @ W.t() -> [T, N] bf16 on the FP8 tensor cores (scaled_mm_fits(x, w) must hold)."""
-    xq, xs = quantize_tokens(x)
+    """x [T, K] bf16 @ W.t() -> [T, N] bf16 on the FP8 tensor cores (scaled_mm_fits(x, w) must hold);
+    x quantized by kernels/fp8_quant_rows.py, quantize_tokens in one launch."""
+    # imported here: the kernels compile for the device they first see
+    from services.worker.kernels.fp8_quant_rows import fp8_quant_rows
+
+    xq, xs = fp8_quant_rows(x if x.stride(-1) == 1 else x.contiguous())
     # w.weight [N, K] row-major is the [K, N] column-major operand _scaled_mm wants
     return torch._scaled_mm(xq, w.weight.t(), scale_a=xs, scale_b=w.scale[None, :], out_dtype=x.dtype)
 
