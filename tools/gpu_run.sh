@@ -41,7 +41,8 @@ for part in "$@"; do
     trace) timeout 200 python3 tools/trace_lowload.py --device cuda --requests 12 --redis-server "$PWD/.redis/redis-server" \
              --out "$out/trace.json" 2>&1 | grep -v "it/s\]" | tail -2 ;;
     peer) timeout 280 python3 .peer/peer_hf.py --requests 300 --skip static_b1,static_b64 --out "$out/peer_hf.json" 2>&1 | tail -6 ;;
-    quant) timeout 590 python3 tools/bench_quant.py --variants "${VARIANTS:-bf16,kv-fp8,fp8}" --running-max-req-size 2048 \
+    quant) timeout 590 python3 tools/bench_quant.py --variants "${VARIANTS:-bf16,kv-fp8,fp8}" --static 1x1024,64x1024 \
+             --running-max-req-size 2048 \
              --out "$out/quant.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -20 ;;
     quant-tests) timeout 500 python3 -m pytest -m gpu -q -s -p no:cacheprovider -rA tests/worker/models/test_fp8_product.py \
                    tests/worker/test_cuda_path.py tests/worker/test_quant_vs_hf.py tests/kernels/test_kv_store.py \
