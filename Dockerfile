@@ -21,7 +21,8 @@ FROM ${PYTHON_IMAGE} AS light-deps
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 COPY requirements.txt .
-RUN grep -vE '^(torch|triton)==' requirements.txt > /tmp/requirements-light.txt \
+# xgrammar needs torch: it goes into the worker's images (cpu, cuda) only
+RUN grep -vE '^(torch|triton|xgrammar)==' requirements.txt > /tmp/requirements-light.txt \
  && pip install -r /tmp/requirements-light.txt
 # /model is owned by the service user, so a new named volume mounted there (the demo
 # model's) is writable by the service that makes the model
@@ -46,7 +47,8 @@ FROM light-deps AS cpu
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_SPEC=""
 RUN apt-get update && apt-get install -y --no-install-recommends redis-server && rm -rf /var/lib/apt/lists/* \
- && pip install --index-url ${TORCH_INDEX} "${TORCH_SPEC:-$(grep -E '^torch==' requirements.txt)}"
+ && pip install --index-url ${TORCH_INDEX} "${TORCH_SPEC:-$(grep -E '^torch==' requirements.txt)}" \
+ && pip install $(grep -E '^(xgrammar|triton)==' requirements.txt)
 COPY shared shared
 COPY services services
 COPY tools tools

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.config import ROUTING_POLICIES, ConfigError, option
+from shared.config import REASONING_PARSERS, ROUTING_POLICIES, TOOL_CALL_PARSERS, ConfigError, option
 
 # what --dtype accepts -> the worker's spelling
 DTYPES = {
@@ -37,6 +37,12 @@ class ServeConfig:
     model_name: str = option("", "the model's name in the API; none: the model directory's name", "--served-model-name")
     tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
     chat_template: str = option("", "a Jinja chat template (its file's path or its text) in place of the model's")
+    tool_call_parser: str = option(
+        "", f"how the model writes tool calls ({', '.join(TOOL_CALL_PARSERS)}); none: tool_choice auto is refused"
+    )
+    reasoning_parser: str = option(
+        "", f"how the model's thinking is set apart ({', '.join(REASONING_PARSERS)}): to message.reasoning_content"
+    )
     api_keys: tuple[str, ...] = option((), "clients must send 'Authorization: Bearer KEY' (repeatable)")
     tp: int = option(
         1, "tensor-parallel ranks per worker group, one process per GPU (gloo on the CPU)", "--tensor-parallel-size"
@@ -103,6 +109,14 @@ class ServeConfig:
         _check(self.detokenizers >= 1 and self.fronts >= 1, "--detokenizers and --fronts must be >= 1")
         _check(self.log_format in ("text", "json"), f"--log-format must be text or json, got {self.log_format!r}")
         _check(
+            self.tool_call_parser in ("", *TOOL_CALL_PARSERS),
+            f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}",
+        )
+        _check(
+            self.reasoning_parser in ("", *REASONING_PARSERS),
+            f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}",
+        )
+        _check(
             self.routing_policy in ROUTING_POLICIES,
             f"--routing-policy must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing_policy!r}",
         )
@@ -129,8 +143,10 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "routing_policy": (("router",), "--routing-policy"),
     "log_format": (("worker", "router", "tokenizer", "detokenizer"), "--log-format"),
     "model_name": (("tokenizer", "worker", "router", "detokenizer"), "--model-name"),
-    "tokenizer": (("tokenizer", "detokenizer"), "--tokenizer"),
+    "tokenizer": (("tokenizer", "detokenizer", "worker"), "--tokenizer"),
     "chat_template": (("tokenizer",), "--chat-template"),
+    "tool_call_parser": (("tokenizer",), "--tool-call-parser"),
+    "reasoning_parser": (("tokenizer",), "--reasoning-parser"),
 }
 
 

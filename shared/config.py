@@ -20,6 +20,9 @@ class ConfigError(ValueError):
 
 # how the router picks among the groups that can take a request (services/router/routing.py)
 ROUTING_POLICIES = ("cache_aware", "least_loaded", "round_robin")
+# how the front end reads tool calls and thinking out of a chat answer (services/tokenizer/openai/)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 def option(default: Any, help: str, *aliases: str, positional: str = "") -> Any:
@@ -96,6 +99,16 @@ class TokenizerConfig(CommonConfig):
     chat_template: str = option(
         "", "a Jinja chat template, its file's path or its text, in place of the tokenizer's own"
     )
+    tool_call_parser: str = option(
+        "",
+        f"how tool calls are written in the model's answers ({', '.join(TOOL_CALL_PARSERS)}): chat requests with "
+        "tool_choice auto read them out; none: tool_choice auto is refused ('required' and named ones work)",
+    )
+    reasoning_parser: str = option(
+        "",
+        f"how the model's thinking is set apart ({', '.join(REASONING_PARSERS)}): it goes to reasoning_content, "
+        "and an output format applies to the answer after it; none: all of the output is content",
+    )
     host: str = option("0.0.0.0", "address the HTTP API listens on")
     port: int = option(8000, "port of the HTTP API")
     reuse_port: bool = option(
@@ -152,6 +165,14 @@ class TokenizerConfig(CommonConfig):
         _check(self.pipeline_check_s > 0, "pipeline_check_s must be > 0")
         _check(self.router_dead_after_s > 0, "router_dead_after_s must be > 0")
         _check(self.tokenizer_threads >= 1, "tokenizer_threads must be >= 1")
+        _check(
+            self.tool_call_parser in ("", *TOOL_CALL_PARSERS),
+            f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}",
+        )
+        _check(
+            self.reasoning_parser in ("", *REASONING_PARSERS),
+            f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}",
+        )
         _check(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
         for name in ("fastchat_controller", "worker_address"):
             url = getattr(self, name)
@@ -227,6 +248,7 @@ class WorkerConfig(CommonConfig):
     """A worker group: the model, its KV pool and the step loop."""
 
     model_dir: str = option("", "Hugging Face model directory (required)")
+    tokenizer: str = option("", "the tokenizer's directory when it is not the model's (structured output reads it)")
     group: str = option("0", "this worker group's name; the router places requests by it; auto: the replica's name")
     device: str = option("auto", "auto, cpu or cuda")
     dtype: str = option("auto", "auto (the model's, float32 on the CPU), float32, bfloat16 or float16")

@@ -23,8 +23,9 @@ import msgpack
 from shared.wire_structs import WireError, struct_from_wire, struct_to_wire
 
 # 2: WorkerStatus.running as columns (RunningTable); 3: the prompt cache's counts; 4: hand-over of a
-# dead group's requests (GenerateReq.resumed and .handovers, TokenItem.handovers, Handover)
-SCHEMA_VERSION = 4
+# dead group's requests (GenerateReq.resumed and .handovers, TokenItem.handovers, Handover);
+# 5: SamplingParams.constraint
+SCHEMA_VERSION = 5
 
 # finish reasons shared by every stage; "" means still running
 FINISH_STOP = "stop"  # EOS, a stop token or a stop string
@@ -38,10 +39,41 @@ ERR_FAILED = "failed"  # the pipeline failed it (a worker died, ...): 500
 ERR_OVERLOADED = "overloaded"  # the queue is full: 503 with Retry-After
 ERR_TOO_LARGE = "too_large"  # no worker group could ever hold it: 400
 ERR_DEADLINE = "deadline"  # it outlived its deadline: 504
-ERROR_KINDS = ("", ERR_FAILED, ERR_OVERLOADED, ERR_TOO_LARGE, ERR_DEADLINE)
+ERR_INVALID = "invalid"  # the worker cannot do what it asks (a grammar that does not compile): 400
+ERROR_KINDS = ("", ERR_FAILED, ERR_OVERLOADED, ERR_TOO_LARGE, ERR_DEADLINE, ERR_INVALID)
+
+# what a Constraint's text is (services/worker/grammar.py compiles each)
+CONSTRAINT_JSON_SCHEMA = "json_schema"  # a JSON schema, as JSON text
+CONSTRAINT_JSON_OBJECT = "json_object"  # any JSON object; text unused
+CONSTRAINT_REGEX = "regex"  # a regular expression the whole output matches
+CONSTRAINT_CHOICE = "choice"  # a JSON array of strings: the output is one of them
+CONSTRAINT_GRAMMAR = "grammar"  # an EBNF grammar (xgrammar's dialect of GBNF) with a root rule
+CONSTRAINT_KINDS = (
+    CONSTRAINT_JSON_SCHEMA,
+    CONSTRAINT_JSON_OBJECT,
+    CONSTRAINT_REGEX,
+    CONSTRAINT_CHOICE,
+    CONSTRAINT_GRAMMAR,
+)
 
 
 # ---------------------------------------------------------------- nested structs
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """What the output must be (structured output): the worker masks every token the grammar
+    does not allow, and the request ends when the grammar does."""
+
+    kind: str  # one of CONSTRAINT_KINDS
+    text: str = ""
+    # the constraint applies from the token after this one's first appearance in the output (a
+    # reasoning model's end of thinking: the format is the answer's); -1: from the first token
+    after_token: int = -1
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise WireError(f"Constraint: unknown kind {self.kind!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +94,7 @@ class SamplingParams:
     seed: int = 0  # the front always assigns one, so sampling is reproducible per request
     logprobs: bool = False  # report the chosen token's logprob
     top_logprobs: int = 0  # also report this many most likely alternatives
+    constraint: Constraint | None = None  # structured output; None: free text
 
     @property
     def greedy(self) -> bool:
@@ -310,7 +343,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     TextBatch,
     Heartbeat,
 )
-NESTED_TYPES: tuple[type, ...] = (SamplingParams, RunningTable, TokenItem, TextItem)
+NESTED_TYPES: tuple[type, ...] = (Constraint, SamplingParams, RunningTable, TokenItem, TextItem)
 
 
 # ---------------------------------------------------------------- codec

@@ -5,7 +5,9 @@
         [--max-concurrency N] [--vocab 128256] [--plot FILE.png --rates 4,16,32] [--tokenizer DIR]
 
 A fixed workload of tools/workload.py as token-id prompts, max_tokens = its output lengths,
-ignore_eos, greedy, streamed through POST /v1/completions:
+ignore_eos, greedy, streamed through POST /v1/completions (with --json-schemas N, each under a
+JSON schema of tools/structured_schemas.py, ignore_eos off; --output-lens takes another run's
+output lengths as max_tokens, so an unconstrained run writes as many tokens):
   sharegpt       the ShareGPT-shaped one: the first --requests, random ids at its input lengths
   shared_prefix  groups of requests sharing a system prompt (sizes: --shared-prefix-groups, ...)
   multi_turn     conversations, closed loop: each sends its next turn, the history holding the
@@ -47,6 +49,7 @@ from tools import bench_workloads
 from tools.bench_workloads import arrival_times, hit_rate, latency_ms, shared_prefix_requests
 from tools.http_stream import HTTPStreamError, StreamClient
 from tools.serving_turns import LabelIndex, run_conversations
+from tools.structured_schemas import SCHEMAS
 from tools.workload import random_prompts, sharegpt_shaped
 
 JSON = {"content-type": "application/json"}
@@ -65,18 +68,22 @@ class Outcome:
     labels: list[str] = field(default_factory=list)  # the output tokens' logprob labels, when asked for
 
 
-def request_body(model: str, prompt: list[int], max_tokens: int, logprobs: bool = False) -> bytes:
+def request_body(
+    model: str, prompt: list[int], max_tokens: int, logprobs: bool = False, schema: dict | None = None
+) -> bytes:
     body: dict = {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0.0,
-        "ignore_eos": True,
+        "ignore_eos": schema is None,  # a grammar ends its output itself
         "stream": True,
         "stream_options": {"include_usage": True},
     }
     if logprobs:  # the chosen tokens' labels, to read the output ids back (multi_turn)
         body["logprobs"] = 0
+    if schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}
     return json.dumps(body).encode()
 
 
@@ -147,10 +154,23 @@ async def aiohttp_request(session: aiohttp.ClientSession, url: str, body: bytes,
 def open_loop_requests(args: argparse.Namespace) -> list[tuple[list[int], int]]:
     """(prompt ids, output length) of --workload sharegpt or shared_prefix, in sending order."""
     if args.workload == "shared_prefix":
-        return shared_prefix_requests(args, args.vocab)
-    pairs = sharegpt_shaped(args.requests)
-    prompts = random_prompts([i for i, _ in pairs], args.vocab, seed=1)
-    return [(ids, out_len) for ids, (_, out_len) in zip(prompts, pairs, strict=True)]
+        reqs = shared_prefix_requests(args, args.vocab)
+    else:
+        pairs = sharegpt_shaped(args.requests)
+        prompts = random_prompts([i for i, _ in pairs], args.vocab, seed=1)
+        reqs = [(ids, out_len) for ids, (_, out_len) in zip(prompts, pairs, strict=True)]
+    if args.max_output:
+        reqs = [(ids, min(n, args.max_output)) for ids, n in reqs]
+    if args.output_lens:  # another run's output lengths, request for request
+        with open(args.output_lens) as f:
+            lens = json.load(f)["per_request_output_tokens"]
+        reqs = [(ids, n or out_len) for (ids, out_len), n in zip(reqs, lens, strict=True)]
+    return reqs
+
+
+def schema_of(args: argparse.Namespace, k: int) -> dict | None:
+    """--json-schemas: request k's output format, the fixed set's in turn."""
+    return SCHEMAS[k % args.json_schemas] if args.json_schemas else None
 
 
 async def run(args: argparse.Namespace, rate: float) -> dict:
@@ -160,7 +180,7 @@ async def run(args: argparse.Namespace, rate: float) -> dict:
     bar = tqdm(total=len(reqs), desc=f"rate {rate}", disable=args.quiet)
     async with _client(args) as send:
         model = args.model or await send.model_name()
-        bodies = [request_body(model, prompt, out_len) for prompt, out_len in reqs]
+        bodies = [request_body(model, p, n, schema=schema_of(args, k)) for k, (p, n) in enumerate(reqs)]
         begin = time.perf_counter()
 
         async def scheduled(k: int) -> Outcome:
@@ -188,6 +208,7 @@ async def run(args: argparse.Namespace, rate: float) -> dict:
         res["connections_opened"] = send.client.connections_opened
     if args.per_request:  # in the workload's order; None for a request that failed
         res["per_request_ttft_ms"] = [1000 * o.ttft if o.ok else None for o in outcomes]
+        res["per_request_output_tokens"] = [o.output_tokens if o.ok else None for o in outcomes]
     return res
 
 
@@ -324,11 +345,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="lean: tools/http_stream.py on uvloop; aiohttp: aiohttp on asyncio's loop, as vLLM's client",
     )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
-    ap.add_argument("--per-request", action="store_true", help="each request's TTFT too, in the workload's order")
+    ap.add_argument(
+        "--per-request", action="store_true", help="each request's TTFT and output tokens too, in the workload's order"
+    )
+    ap.add_argument(
+        "--json-schemas",
+        type=int,
+        default=0,
+        help="request k asks for JSON under tools/structured_schemas.py's schema k mod N (1..10), ignore_eos off",
+    )
+    ap.add_argument("--max-output", type=int, default=0, help="cap on each request's output length; 0: none")
+    ap.add_argument(
+        "--output-lens", default="", help="a --per-request JSON of this workload: its output lengths as max_tokens"
+    )
     ap.add_argument("--workload", choices=("sharegpt", "shared_prefix", "multi_turn"), default="sharegpt")
     ap.add_argument("--tokenizer", default="", help="multi_turn: the served model's directory, to read output ids back")
     bench_workloads.add_args(ap)
     args = ap.parse_args(argv)
+    if not 0 <= args.json_schemas <= len(SCHEMAS):
+        ap.error(f"--json-schemas {args.json_schemas}: 0 to {len(SCHEMAS)}")
+    if args.workload == "multi_turn" and (args.json_schemas or args.output_lens):
+        ap.error("--json-schemas and --output-lens are for the open-loop workloads")
     if args.workload == "multi_turn" and not args.tokenizer:
         ap.error("--workload multi_turn needs --tokenizer DIR (the served model's directory)")
     if args.workload == "multi_turn" and (args.rates or args.request_rate != float("inf")):

@@ -7,6 +7,7 @@
 #         quant | quant-tests   (issue 47's FP8: bf16, FP8 KV and FP8 weights in one job; the FP8 GPU tests)
 #         cache-prefix | cache-turns | cache-offline | cache-routing   (the prompt cache, issue 44: each on and
 #         off, or under both router policies, in one run; cache-routing runs two groups on the one GPU)
+#         structured   (issue 48: the fixed workload under JSON schemas against unconstrained, one stack)
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 set -u
 out=${1:?OUTDIR}; shift
@@ -64,6 +65,9 @@ for part in "$@"; do
                      --workload shared_prefix --policies cache_aware,round_robin --groups 2 --gpus-per-group 0 \
                      --kv-tokens 300000 2>&1 | grep -v "it/s\]" | tail -6
                    tar czf "$out/cache_logs.tgz" -C /tmp/lightstream-bench-cache logs 2>/dev/null ;;
+    structured) timeout 580 python3 tools/bench_structured.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" 2>&1 \
+                  | grep -v "it/s\]" | tail -12
+                tar czf "$out/structured_logs.tgz" -C /tmp/lightstream-bench-structured logs 2>/dev/null ;;
     dp) timeout 240 python3 tools/bench_data_parallel.py --groups 2 --out "$out/dp2.json" -- --running-max-req-size 2048 2>&1 | tail -3 ;;
     *) echo "unknown part $part" ;;
   esac

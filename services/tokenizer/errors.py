@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from shared.messages import ERR_DEADLINE, ERR_FAILED, ERR_OVERLOADED, ERR_TOO_LARGE
+from shared.messages import ERR_DEADLINE, ERR_FAILED, ERR_INVALID, ERR_OVERLOADED, ERR_TOO_LARGE
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads this answer
 
@@ -35,7 +35,7 @@ class APIError(Exception):
 
 
 # the HTTP status for each way the pipeline can fail a request (shared.messages.ERROR_KINDS)
-_STATUS = {ERR_OVERLOADED: 503, ERR_TOO_LARGE: 400, ERR_DEADLINE: 504, ERR_FAILED: 500}
+_STATUS = {ERR_OVERLOADED: 503, ERR_TOO_LARGE: 400, ERR_DEADLINE: 504, ERR_FAILED: 500, ERR_INVALID: 400}
 
 
 def pipeline_status(kind: str) -> int:
@@ -46,6 +46,8 @@ def pipeline_error(error: str, kind: str) -> APIError:
     """The error to answer with for a request the pipeline ended with finish_reason "error"."""
     status = pipeline_status(kind)
     headers = {"Retry-After": "1"} if status == 503 else None
+    if kind == ERR_INVALID:  # the worker could not compile the output format asked for
+        return APIError(status, f"the output format cannot be used: {error}", kind)
     return APIError(status, f"generation failed: {error}", kind or ERR_FAILED, headers)
 
 

@@ -65,12 +65,15 @@ class Tokenization:
         return self._fast.encode(text, add_special_tokens=add_special_tokens).ids
 
     async def encode_chat(
-        self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> tuple[str, list[int]]:
         """The rendered chat and its tokens. The template writes any BOS itself, so the
         tokenizer adds no special tokens again."""
         loop = asyncio.get_running_loop()
-        render = functools.partial(self.render_chat, messages, True, template_kwargs)
+        render = functools.partial(self.render_chat, messages, True, template_kwargs, tools)
         text = await loop.run_in_executor(self._pool, render)
         return text, await self.encode(text, add_special_tokens=False)
 
@@ -83,17 +86,24 @@ class Tokenization:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The model's chat template applied to OpenAI-style messages; template_kwargs: extra
-        variables the template reads (vLLM's chat_template_kwargs, e.g. enable_thinking)."""
+        variables the template reads (vLLM's chat_template_kwargs, e.g. enable_thinking);
+        tools: OpenAI's tool definitions, for a template that renders them."""
         if not getattr(self.hf, "chat_template", None):
             raise ValueError(
                 "the model has no chat template (tokenizer_config.json chat_template); give one with --chat-template"
             )
         extra = template_kwargs or {}
         return self.hf.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
         )
+
+    def single_token(self, text: str) -> int | None:
+        """The id of the one token text is (an added token such as </think>), else None."""
+        ids = self._fast.encode(text, add_special_tokens=False).ids
+        return ids[0] if len(ids) == 1 else None
 
     def token_text(self, token_id: int) -> str:
         return self._fast.decode([token_id], skip_special_tokens=False)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.tokenizer.errors import APIError, validation_response
 from services.tokenizer.generation import FrontContext, check_token_ids
-from services.tokenizer.openai.params import ChatMessage
+from services.tokenizer.openai.chat_params import ChatMessage
 from services.tokenizer.openai.routes import check_model
 
 
@@ -44,7 +44,7 @@ class TokenizeChat(_Body):
     chat_template_kwargs: dict[str, Any] | None = None
 
     def chat(self) -> list[dict[str, Any]]:
-        return [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {}) for m in self.messages]
+        return [m.for_template() for m in self.messages]
 
 
 class Detokenize(_Body):

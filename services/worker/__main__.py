@@ -37,6 +37,7 @@ def main() -> None:
     stop_on_signals(link)
     group = start_group(cfg) if cfg.tp > 1 else None  # with --nnodes, waits for the other hosts' ranks
     engine = build_engine(cfg) if group is None else build_engine(cfg, group.tp, channel=group.channel)
+    engine.grammars.start()  # the vocabulary for structured output, read in its thread meanwhile
     if cfg.warmup and engine.device.type == "cuda":
         warm_up(engine, engine.runner.model.cfg.vocab_size)
     names = StreamNames(cfg.namespace)

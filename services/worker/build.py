@@ -1,5 +1,5 @@
 """Build an Engine from the worker's config: device, dtype, the model of its family (models/), its KV
-pool (memory/), the runtime around it (runtime/), the scheduler and the sampler."""
+pool (memory/), the runtime around it (runtime/), the scheduler, the sampler and the grammars."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from functools import partial
 import torch
 
 from services.worker.engine import Engine
+from services.worker.grammar import Grammars
 from services.worker.memory.kv_cache import KV_QUANT_DTYPES, KVCache, KVLayout
 from services.worker.memory.kv_manager import KVManager
 from services.worker.memory.prompt_cache import PromptCache
@@ -181,7 +182,9 @@ def build_engine(
         max_total_len=s.max_total_len,
     )
     state = SamplingState(s.table.max_rows + 1, s.model_cfg.vocab_size, s.device)
-    return Engine(s.runner, kv, Scheduler(kv, limits, eos), Sampler(state, eos, _argmax(s.device)), s.device)
+    grammars = Grammars(cfg.tokenizer or cfg.model_dir, s.model_cfg.vocab_size, eos)
+    sampler = Sampler(state, eos, _argmax(s.device))
+    return Engine(s.runner, kv, Scheduler(kv, limits, eos), sampler, s.device, grammars)
 
 
 def _argmax(device: torch.device):

@@ -6,6 +6,13 @@ the only wait is for a step whose successor is already queued. Sampled tokens co
 back in one copy per step, into pinned buffers, when the device gets there. On the
 CPU the same code runs with every launch finishing at once.
 
+Structured output keeps the overlap: a constrained request decodes in every step. Its
+token mask for step N+1 needs its token of step N, so a step with constrained requests
+launches its forward, then waits for step N's tokens (the device runs N before N+1 anyway),
+advances the requests' grammars with them and fills the mask on the host while the device
+runs N+1's forward; the mask is applied to the logits on the device before sampling
+(grammar.py, token_mask.py). A step without constrained requests does none of this.
+
 The engine knows nothing of Redis: the worker service feeds it admitted requests and
 aborts, and publishes what each step returns.
 """
@@ -19,12 +26,23 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.batch_builder import PreviousTokens, build_batch
+from services.worker.grammar import Grammars, GrammarState
 from services.worker.memory.kv_manager import KVManager
 from services.worker.request import Req
 from services.worker.runtime.model_runner import ModelRunner
 from services.worker.sampler import Sampler, SampleResult
 from services.worker.scheduler import Scheduler
-from shared.messages import ERR_FAILED, FINISH_ABORT, FINISH_ERROR, GenerateReq, RunningTable, TokenItem
+from services.worker.token_mask import StepMask, TokenMasks
+from shared.messages import (
+    ERR_FAILED,
+    ERR_INVALID,
+    FINISH_ABORT,
+    FINISH_ERROR,
+    FINISH_STOP,
+    GenerateReq,
+    RunningTable,
+    TokenItem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +64,37 @@ class InFlight:
     result: SampleResult  # on the device
     host: SampleResult  # the copy being made to the host
     event: torch.cuda.Event | None
+    tokens: list[int] | None = None  # the sampled tokens on the host, once read
 
     def previous_tokens(self) -> PreviousTokens:
         return PreviousTokens(self.result.tokens, {id(r): i for i, r in enumerate(self.sampled)})
 
+    def host_tokens(self) -> list[int]:
+        """The sampled tokens, read once the copy to the host is done (waiting for it)."""
+        if self.tokens is None:
+            if self.event is not None:
+                self.event.synchronize()
+            self.tokens = self.host.tokens.tolist()
+        return self.tokens
+
 
 class Engine:
     def __init__(
-        self, runner: ModelRunner, kv: KVManager, scheduler: Scheduler, sampler: Sampler, device: torch.device
+        self,
+        runner: ModelRunner,
+        kv: KVManager,
+        scheduler: Scheduler,
+        sampler: Sampler,
+        device: torch.device,
+        grammars: Grammars,
     ) -> None:
         self.runner = runner
         self.kv = kv
         self.scheduler = scheduler
         self.sampler = sampler
         self.device = device
+        self.grammars = grammars
+        self.masks: TokenMasks | None = None  # made at the first constrained step
         self.inflight: InFlight | None = None
         self._admitted = 0
         self.steps = 0
@@ -68,13 +103,20 @@ class Engine:
 
     def add(self, msg: GenerateReq) -> None:
         self._admitted += 1
-        self.scheduler.add(Req(msg, self._admitted))
+        req = Req(msg, self._admitted)
+        if msg.params.constraint is not None:
+            req.grammar = self.grammars.state(msg.params.constraint, req.prompt_len)
+        self.scheduler.add(req)
 
     def abort(self, rid: str, reason: str = FINISH_ABORT) -> bool:
         return self.scheduler.abort(rid, reason) is not None
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self.inflight is not None or bool(self.scheduler.finished)
+
+    def compiling(self) -> bool:
+        """Requests wait for their grammars to compile (and nothing else may be to do)."""
+        return bool(self.scheduler.compiling)
 
     # ---------------------------------------------------------------- one step
 
@@ -102,11 +144,30 @@ class Engine:
         batch = build_batch(plan, self.kv.table.table, self.device, prev, self.runner.staging)
         sample_batch = self.sampler.batch(sampled, self.device, batch.sample_rows)
         logits = self.runner.forward(batch)  # [S, V]
+        if self.scheduler.constrained:
+            constrained = [(i, r.grammar) for i, r in enumerate(sampled) if r.grammar is not None]
+            if constrained and (mask := self._mask(constrained)) is not None:
+                mask.apply(logits)
         result = self.sampler.sample(logits, sample_batch)
         host, event = self._copy_to_host(result)
         positions = self.scheduler.launched(plan, sampled)
         self.steps += 1
         return InFlight(sampled, positions, result, host, event)
+
+    def _mask(self, constrained: list[tuple[int, GrammarState]]) -> StepMask | None:
+        """The bitmask rows of this step's constrained requests, filled while the device runs
+        its forward. Their last tokens may be in the step in flight: wait for it (it is queued
+        ahead of this one's forward, so the device loses nothing) and advance their grammars."""
+        if self.inflight is not None:
+            self._advance_grammars(self.inflight)
+        if self.masks is None:
+            self.masks = TokenMasks(self.scheduler.limits.max_running, self.sampler.state.vocab, self.device)
+        return self.masks.fill(constrained)
+
+    def _advance_grammars(self, f: InFlight) -> None:
+        for req, pos, tok in zip(f.sampled, f.positions, f.host_tokens(), strict=True):
+            if req.grammar is not None:
+                req.grammar.advance(pos, tok)
 
     def _copy_to_host(self, r: SampleResult) -> tuple[SampleResult, torch.cuda.Event | None]:
         if self.device.type != "cuda":
@@ -125,16 +186,15 @@ class Engine:
         return copied, event
 
     def _collect(self, f: InFlight) -> tuple[list[tuple[str, TokenItem]], bool]:
-        if f.event is not None:
-            f.event.synchronize()
-        tokens = f.host.tokens.tolist()
+        tokens = f.host_tokens()
         logprobs = f.host.logprobs.tolist() if f.host.logprobs is not None else None
         top_ids = f.host.top_ids.tolist() if f.host.top_ids is not None else None
         top_values = f.host.top_values.tolist() if f.host.top_values is not None else None
         items = []
         first = False
         for i, (req, pos, tok) in enumerate(zip(f.sampled, f.positions, tokens, strict=True)):
-            if not self.scheduler.resolve(req, pos, tok):
+            end = _grammar_end(req, pos, tok) if req.grammar is not None and not req.finish_reason else ""
+            if not self.scheduler.resolve(req, pos, tok, end):
                 continue  # it ended while this step was in flight
             p = req.params
             lp = [logprobs[i]] if logprobs is not None and (p.logprobs or p.top_logprobs) else []
@@ -180,6 +240,24 @@ class Engine:
                 req.finish_reason = FINISH_ERROR
                 self.scheduler.finished.append(req)
         return [(r.detok, _item(r, None, None, None)) for r in self.scheduler.take_finished()]
+
+
+def _grammar_end(req: Req, pos: int, tok: int) -> str:
+    """How the request's grammar ends it with this token: "stop" (the grammar accepted an end
+    token), "error" (the token broke it) or "" (it goes on)."""
+    g = req.grammar
+    assert g is not None
+    g.advance(pos, tok)
+    if g.rejected >= 0:
+        # the mask allows the grammar's tokens only: the sampler drew another when it allowed none
+        # the sampler could take (end tokens banned by min_new_tokens, say)
+        req.error = (
+            f"the output format allowed no token the request's parameters let be chosen (token {g.rejected} "
+            "was drawn): an end token before min_tokens?"
+        )
+        req.error_kind = ERR_INVALID
+        return FINISH_ERROR
+    return FINISH_STOP if g.ended else ""
 
 
 def _item(

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from shared.messages import GenerateReq, SamplingParams
+
+if TYPE_CHECKING:
+    from services.worker.grammar import GrammarState
 
 PLACEHOLDER = -1  # a token sampled by a step still in flight
 
@@ -21,6 +26,7 @@ class Req:
         "error_kind",
         "finish_reason",
         "front",
+        "grammar",
         "handovers",
         "kv_len",
         "params",
@@ -56,6 +62,7 @@ class Req:
         self.error_kind = ""
         self.unresolved = 0  # placeholder tokens of steps still in flight
         self.closing = False  # its last token is in flight; it is scheduled no more
+        self.grammar: GrammarState | None = None  # structured output: what its tokens must spell
 
     @property
     def output_len(self) -> int:

@@ -14,6 +14,11 @@ at once (the device runs steps in order, so no later step can touch those slots 
 this one is done). When the tokens arrive (``resolve``) the placeholders are filled; a
 request that produced an end token is finished then, and whatever a later step in flight
 computes for it is discarded.
+
+A request with a grammar (structured output, grammar.py) waits in ``compiling`` until its
+grammar is compiled (in the compile thread), then joins the waiting queue; one whose grammar
+does not compile fails there. Its tokens' checks are the engine's: ``resolve`` takes the end
+the grammar says (``end``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,15 @@ import torch
 
 from services.worker.memory.kv_manager import KVManager
 from services.worker.request import PLACEHOLDER, Req
-from shared.messages import ERR_DEADLINE, ERR_TOO_LARGE, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+from shared.messages import (
+    ERR_DEADLINE,
+    ERR_INVALID,
+    ERR_TOO_LARGE,
+    FINISH_ABORT,
+    FINISH_ERROR,
+    FINISH_LENGTH,
+    FINISH_STOP,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,27 +75,31 @@ class Scheduler:
         self.limits = limits
         self.eos_ids = eos_ids
         self.waiting: deque[Req] = deque()  # admitted (or paused) and holding no KV
+        self.compiling: list[Req] = []  # admitted, waiting for their grammar to be compiled
         self.running: list[Req] = []  # holding KV, in admission order
         self.finished: list[Req] = []  # ended since the last take_finished()
+        self.constrained = 0  # requests held with a grammar: without any, a step makes no mask
         self.num_paused_total = 0
 
     # ---------------------------------------------------------------- membership
 
     def add(self, req: Req) -> None:
-        self.waiting.append(req)
+        (self.waiting if req.grammar is None else self.compiling).append(req)
+        self.constrained += req.grammar is not None
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Requests to run; a request whose grammar is still compiling is not one yet."""
+        return bool(self.waiting or self.running) or any(r.grammar.ready for r in self.compiling if r.grammar)
 
     def num_held(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self.running) + len(self.waiting) + len(self.compiling)
 
     def all_requests(self) -> list[Req]:
-        return [*self.running, *self.waiting]
+        return [*self.running, *self.waiting, *self.compiling]
 
     def abort(self, rid: str, reason: str = FINISH_ABORT) -> Req | None:
         """End a running or waiting request now; its tokens still in flight are discarded."""
-        for queue in (self.running, self.waiting):
+        for queue in (self.running, self.waiting, self.compiling):
             for req in queue:
                 if req.rid == rid:
                     queue.remove(req)
@@ -107,6 +124,8 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        if self.compiling:
+            self._take_compiled()
         decodes = [r for r in self.running if r.decoding]
         decodes = self._make_room_for(decodes)
         budget = self.limits.prefill_budget - len(decodes)
@@ -145,6 +164,22 @@ class Scheduler:
         if decodes:
             plan.decode_slots = self.kv.allocate_one_each(decodes)
         return plan
+
+    def _take_compiled(self) -> None:
+        """Requests whose grammar is compiled join the waiting queue (in arrival order); those
+        whose grammar could not be compiled fail."""
+        still = []
+        for req in self.compiling:
+            g = req.grammar
+            assert g is not None
+            if not g.ready:
+                still.append(req)
+            elif why := g.error():
+                self._fail(req, why, ERR_INVALID)
+            else:
+                g.start()
+                self.waiting.append(req)
+        self.compiling = still
 
     def _plan_extend(self, plan: StepPlan, req: Req, n: int) -> None:
         plan.extends.append((req, n))
@@ -190,8 +225,9 @@ class Scheduler:
                 req.closing = True
         return positions
 
-    def resolve(self, req: Req, pos: int, tok: int) -> bool:
-        """A token from a finished step; -> False when it is discarded (the request ended already)."""
+    def resolve(self, req: Req, pos: int, tok: int, end: str = "") -> bool:
+        """A token from a finished step; -> False when it is discarded (the request ended already).
+        end: a finish reason decided by the caller (the request's grammar ended it)."""
         if req.finish_reason:
             return False
         req.tokens[pos] = tok
@@ -199,7 +235,9 @@ class Scheduler:
         reason = ""
         p = req.params
         produced = pos - req.prompt_len + 1
-        if produced >= p.min_new_tokens and ((not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids):
+        if end:
+            reason = end
+        elif produced >= p.min_new_tokens and ((not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids):
             reason = FINISH_STOP
         elif req.closing and req.unresolved == 0:
             reason = FINISH_LENGTH
@@ -210,18 +248,21 @@ class Scheduler:
                 for queue in (self.running, self.waiting):
                     if req in queue:
                         queue.remove(req)
-            req.finish_reason = reason
-            self.kv.release(req)
+            self._ended(req, reason)
         return True
 
     def _finish(self, req: Req, reason: str) -> None:
         """End a request that has no token in flight to report its end with."""
-        req.finish_reason = reason
-        self.kv.release(req)
+        self._ended(req, reason)
         self.finished.append(req)
 
-    def _fail(self, req: Req, why: str) -> None:
+    def _ended(self, req: Req, reason: str) -> None:
+        req.finish_reason = reason
+        self.kv.release(req)
+        self.constrained -= req.grammar is not None
+
+    def _fail(self, req: Req, why: str, kind: str = ERR_TOO_LARGE) -> None:
         log.error("failing request: %s", why, extra={"rid": req.rid})
         req.error = why
-        req.error_kind = ERR_TOO_LARGE
+        req.error_kind = kind
         self._finish(req, FINISH_ERROR)

@@ -32,6 +32,7 @@ from shared.streams import GROUP_WORKER, StreamNames
 log = logging.getLogger(__name__)
 
 CHANGE_STATUS_MIN_GAP_S = 0.02  # statuses caused by a change, at most this often
+COMPILE_POLL_MS = 1  # while only grammars compile, the loop reads for this long between looks at them
 
 
 class WorkerService:
@@ -147,6 +148,8 @@ class WorkerService:
         the moment a pending change's status is due."""
         if self.engine.has_work():
             return 0
+        if self.engine.compiling():  # a grammar is compiling in its thread: look again soon
+            return COMPILE_POLL_MS
         if self._changed:
             return max(0, round(1000 * (CHANGE_STATUS_MIN_GAP_S - (time.monotonic() - self._last_status))))
         return round(500 * self.status_interval_s)

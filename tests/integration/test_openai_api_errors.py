@@ -68,8 +68,12 @@ CHAT_BAD = [
     ("top_logprobs", 21, "top_logprobs"),
     ("top_logprobs", -1, "top_logprobs"),
     ("top_logprobs", 2, "top_logprobs"),  # without logprobs
-    ("tools", [{"type": "function", "function": {"name": "f"}}], "tools"),
-    ("response_format", {"type": "json_object"}, "response_format"),
+    ("tools", [{"type": "function"}], "tools.0.function"),
+    ("tool_choice", "required", "tool_choice"),  # without tools
+    ("response_format", {"type": "xml"}, "response_format.type"),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema.schema"),
+    ("guided_choice", [], "guided_choice"),
+    ("guided_json", "{not json", "guided_json"),
 ]
 
 

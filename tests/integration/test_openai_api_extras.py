@@ -60,18 +60,24 @@ def test_fields_that_change_nothing_are_accepted(stack: Stack) -> None:
     assert chat.choices[0].message.content is not None
 
 
-def test_tools_are_still_refused_by_name(stack: Stack) -> None:
+def test_tool_choice_auto_without_a_parser_is_refused_by_name(stack: Stack) -> None:
+    """This stack has no --tool-call-parser: it cannot read calls out of free text (tool_choice
+    "required" and named ones, written by the grammar, work: test_tool_calls.py)."""
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    with pytest.raises(openai.BadRequestError, match="tool"):
+    with pytest.raises(openai.BadRequestError, match="--tool-call-parser"):
         sync_client(stack).chat.completions.create(
             model=stack.model_name, messages=[{"role": "user", "content": "hi"}], tools=[tool]
         )
-    with pytest.raises(openai.BadRequestError, match="response_format"):
-        sync_client(stack).chat.completions.create(
-            model=stack.model_name,
-            messages=[{"role": "user", "content": "hi"}],
-            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
-        )
+    no_arguments = {"type": "function", "function": {"name": "g"}}
+    forced = sync_client(stack).chat.completions.create(
+        model=stack.model_name,
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[no_arguments],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=100,
+    )
+    assert [(c.function.name, c.function.arguments) for c in forced.choices[0].message.tool_calls] == [("g", "{}")]
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -91,7 +91,7 @@ def test_info_and_generate_routes_by_dialect(stack: Stack) -> None:
     [
         ({"watermark": True}, "watermark"),
         ({"typical_p": 0.5}, "typical_p"),
-        ({"grammar": {"type": "json", "value": {}}}, "grammar"),
+        ({"grammar": {"type": "json", "value": 5}}, "grammar"),
         ({"best_of": 2}, "best_of"),
         ({"top_n_tokens": 21}, "parameters.top_n_tokens"),
         ({"stop_sequences": ["x"], "details": None}, "parameters.stop_sequences: unknown parameter"),

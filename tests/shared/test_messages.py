@@ -24,6 +24,16 @@ SP = m.SamplingParams(
     top_logprobs=3,
 )
 GEN = m.GenerateReq("r1", "front-0", "detok-0", [1, 2, 3], SP, 1700000000.5, 1700000600.0)
+SCHEMA = '{"type": "object", "properties": {"név": {"type": "string"}}, "required": ["név"]}'
+CONSTRAINED = m.GenerateReq(
+    "r2",
+    "front-0",
+    "detok-0",
+    [4],
+    m.SamplingParams(constraint=m.Constraint(m.CONSTRAINT_JSON_SCHEMA, SCHEMA)),
+    1.0,
+    2.0,
+)
 RESUMED = m.GenerateReq("r2", "front-0", "detok-0", [1, 2, 3, 9, 8], SP, 1700000000.5, 1700000600.0, 2, 1)
 
 EXAMPLES = [
@@ -44,7 +54,7 @@ EXAMPLES = [
         cache_locked_tokens=3,
         prompt_cache=True,
     ),
-    m.AdmitReqs("abc", 13, [GEN, RESUMED]),
+    m.AdmitReqs("abc", 13, [GEN, RESUMED, CONSTRAINED]),
     m.Handover(RESUMED, "worker group 0 died"),
     m.AbortReqs(["r1", "r2"], "aborted"),
     m.DetokRegister("r1", "front-0", 3, ["\n\n", "Ünïcode ✓"], False, 1700000600.0),
@@ -152,3 +162,20 @@ def test_the_wire_layout_is_fields_in_declaration_order_nested_as_arrays() -> No
     raw = msgpack.unpackb(m.encode(gen))
     assert raw[:6] == [m.SCHEMA_VERSION, "gen", "r", "f", "d", [1, 2]] and raw[6][0] == 4
     assert m.decode(m.encode(status)) == status and m.decode(m.encode(gen)) == gen
+
+
+@pytest.mark.parametrize("kind", m.CONSTRAINT_KINDS)
+def test_a_constraint_of_each_kind_round_trips(kind: str) -> None:
+    gen = m.GenerateReq("r", "f", "d", [1], m.SamplingParams(constraint=m.Constraint(kind, '["a", "b"]', 7)), 1.0, 2.0)
+    assert m.decode(m.encode(gen)) == gen
+    assert msgpack.unpackb(m.encode(gen))[6][-1] == [kind, '["a", "b"]', 7]  # a nested array at the end
+    assert m.decode(m.encode(CONSTRAINED)).params.constraint.text == SCHEMA
+
+
+def test_an_unknown_constraint_kind_is_refused() -> None:
+    raw = msgpack.unpackb(m.encode(CONSTRAINED))
+    raw[6][-1][0] = "lark"
+    with pytest.raises(m.WireError, match="unknown kind 'lark'"):
+        m.decode(msgpack.packb(raw))
+    with pytest.raises(m.WireError, match="unknown kind"):
+        m.Constraint("yaml", "")

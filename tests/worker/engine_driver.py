@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from services.worker.engine import Engine
@@ -32,10 +33,12 @@ def run(
     for step in range(max_steps):
         for r in later.pop(step, []):
             engine.add(r)
+        while not engine.has_work() and engine.compiling():  # grammars compile in their thread
+            time.sleep(0.001)
         if not engine.has_work() and not later:
             return out
         for _shard, item in engine.step().items:
-            o = out[item.rid]
+            o = out.setdefault(item.rid, Outcome())  # a request added before the call, too
             o.tokens += item.token_ids
             o.logprobs += item.logprobs
             o.cached_tokens = max(o.cached_tokens, item.cached_tokens)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from services.tokenizer import constraints
 from services.tokenizer.limits import GREEDY_TEMPERATURE, MAX_N, TokenId, check_stops, check_top_k
-from shared.messages import SamplingParams
+from shared.messages import Constraint, SamplingParams
 
 
 class GenerateParameters(BaseModel):
@@ -34,6 +35,14 @@ class GenerateParameters(BaseModel):
     seed: int | None = Field(None, ge=0, lt=2**63)
     best_of: int | None = Field(None, ge=1, le=MAX_N)  # sequences generated; default n
     n: int = Field(1, ge=1, le=MAX_N)  # sequences returned: the best_of with the highest cumulative logprob
+    # the output's format (services/tokenizer/constraints.py), one at most: a JSON schema, a regex
+    # (vLLM's guided_regex, or LightLLM's regular_constraint), one of a list, an EBNF grammar
+    guided_json: dict[str, Any] | bool | str | None = None
+    guided_regex: str | None = None
+    regular_constraint: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    _constraint: Constraint | None = PrivateAttr(None)
 
     @field_validator("top_k")
     @classmethod
@@ -44,6 +53,32 @@ class GenerateParameters(BaseModel):
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
         return check_stops(v)
+
+    @field_validator("guided_json")
+    @classmethod
+    def _schema(cls, v: dict[str, Any] | bool | str | None) -> dict[str, Any] | bool | str | None:
+        return constraints.check_schema(v)
+
+    @field_validator("guided_regex", "regular_constraint", "guided_grammar")
+    @classmethod
+    def _text(cls, v: str | None) -> str | None:
+        return constraints.check_text(v)
+
+    @field_validator("guided_choice")
+    @classmethod
+    def _choice(cls, v: list[str] | None) -> list[str] | None:
+        return constraints.check_choice(v)
+
+    @model_validator(mode="after")
+    def _format(self) -> GenerateParameters:
+        self._constraint = constraints.one_constraint(
+            guided_json=constraints.json_schema(self.guided_json),
+            guided_regex=constraints.regex(self.guided_regex),
+            regular_constraint=constraints.regex(self.regular_constraint),
+            guided_choice=constraints.choice(self.guided_choice),
+            guided_grammar=constraints.grammar(self.guided_grammar),
+        )
+        return self
 
     @model_validator(mode="after")
     def _min_le_max(self) -> GenerateParameters:
@@ -82,6 +117,7 @@ class GenerateParameters(BaseModel):
             stop_token_ids=list(self.stop_token_ids or []),
             seed=seed,
             logprobs=self.return_details or self.sequences > self.n,
+            constraint=self._constraint,
         )
 
 

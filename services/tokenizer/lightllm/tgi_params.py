@@ -3,18 +3,20 @@ its clients send it: every parameter may be null, and null means TGI's default.
 
 The `text-generation` client and huggingface_hub's InferenceClient send the whole parameter
 set on every call (details, decoder_input_details, stop, truncate, watermark, ...). What
-changes the output and this server cannot do (watermark, typical_p below 1, grammar,
-adapter_id) is a 400 that names the parameter; the rest is honoured.
+changes the output and this server cannot do (watermark, typical_p below 1, adapter_id)
+is a 400 that names the parameter; the rest is honoured. grammar is TGI's structured output:
+``{"type": "json", "value": schema}`` or ``{"type": "regex", "value": str}``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.tokenizer import constraints
 from services.tokenizer.limits import GREEDY_TEMPERATURE, MAX_N, MAX_TOP_LOGPROBS, check_stops
-from shared.messages import SamplingParams
+from shared.messages import Constraint, SamplingParams
 
 # parameters only TGI spells (LightLLM's are return_details, stop_sequences, ...): a body on
 # /generate or /generate_stream that has one (TGI's clients send them all, null or not) is
@@ -48,6 +50,26 @@ def _unsupported(name: str) -> ValueError:
     return ValueError(f"not supported by this server ({name})")
 
 
+class TGIGrammar(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["json", "regex"]
+    value: dict[str, Any] | bool | str
+
+    @model_validator(mode="after")
+    def _value(self) -> TGIGrammar:
+        if self.type == "json":
+            constraints.check_schema(self.value)
+        elif not isinstance(self.value, str) or not self.value:
+            raise ValueError("a regex grammar's value is a non-empty string")
+        return self
+
+    def constraint(self) -> Constraint | None:
+        if self.type == "json":
+            return constraints.json_schema(self.value)
+        return constraints.regex(self.value)  # type: ignore[arg-type]
+
+
 class TGIParameters(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -68,7 +90,7 @@ class TGIParameters(BaseModel):
     decoder_input_details: bool | None = None
     top_n_tokens: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = Field(None, ge=1, le=MAX_N)
-    grammar: Any = None
+    grammar: TGIGrammar | None = None
     adapter_id: str | None = None
     # LightLLM's own extension, kept on TGI's routes (POST / took LightLLM's body before): decode
     # to max_new_tokens past the end-of-sequence token, as benchmarks ask
@@ -93,11 +115,11 @@ class TGIParameters(BaseModel):
             raise _unsupported("watermark")
         return v
 
-    @field_validator("grammar", "adapter_id")
+    @field_validator("adapter_id")
     @classmethod
     def _nothing(cls, v: Any) -> Any:
         if v is not None:
-            raise _unsupported("grammar or adapter_id")
+            raise _unsupported("adapter_id")
         return v
 
     @model_validator(mode="after")
@@ -135,6 +157,7 @@ class TGIParameters(BaseModel):
             logprobs=bool(self.details) or self.sequences > 1,
             top_logprobs=self.top_n_tokens or 0,
             ignore_eos=bool(self.ignore_eos),
+            constraint=self.grammar.constraint() if self.grammar is not None else None,
         )
 
 

@@ -1,11 +1,14 @@
-"""POST /v1/chat/completions: messages rendered with the model's chat template, n
-generations, whole or streamed."""
+"""POST /v1/chat/completions: messages (and tools) rendered with the model's chat template, n
+generations, whole or streamed; each answer read into thinking, content and tool calls
+(chat_reader.py) as it streams."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import jinja2
 from fastapi import Request
@@ -23,10 +26,13 @@ from services.tokenizer.generation import (
     submit_all,
 )
 from services.tokenizer.openai import responses as shape
-from services.tokenizer.openai.params import ChatCompletionRequest
+from services.tokenizer.openai.chat_params import ChatCompletionRequest
+from services.tokenizer.openai.chat_reader import ChatReader, message
+from services.tokenizer.openai.reasoning import END, START, ReasoningReader
 from services.tokenizer.openai.stop_strings import StopEcho, stop_string_hit
+from services.tokenizer.openai.tools import ToolPlan, tool_plan
 from services.tokenizer.streaming import EventStream, sse
-from shared.messages import FINISH_ERROR, FINISH_STOP
+from shared.messages import FINISH_ERROR, FINISH_STOP, Constraint
 
 
 async def chat_completions(
@@ -34,10 +40,12 @@ async def chat_completions(
 ) -> JSONResponse | EventStream:
     body.check()
     check_token_ids(body.stop_token_ids or [], ctx.vocab_size, "stop_token_ids")
+    plan = tool_plan(body.tools, body.tool_choice, ctx.cfg.tool_call_parser, body.parallel_tool_calls)
     try:
-        _, ids = await ctx.tok.encode_chat(body.chat(), body.chat_template_kwargs)
+        _, ids = await ctx.tok.encode_chat(body.chat(), body.chat_template_kwargs, plan.tools)
     except (ValueError, jinja2.TemplateError) as e:
         raise APIError(400, f"messages: the chat template refused them: {e}", param="messages") from e
+    constraint = _answer_constraint(ctx, body, plan, ids)
     asked, name = body.max_tokens_asked()
     max_new = asked if asked is not None else ctx.max_total_len - len(ids)  # as OpenAI: up to the context
     if max_new < 1:
@@ -49,14 +57,16 @@ async def chat_completions(
         )
     body.check_max_tokens(max_new, name)
     k = body.top_logprobs or 0
+    skip = bool(body.skip_special_tokens)
     jobs = [
-        Job(ids, body.sampling(seed, max_new, bool(body.logprobs), k), body.stops(), bool(body.skip_special_tokens))
+        Job(ids, body.sampling(seed, max_new, bool(body.logprobs), k, constraint), body.stops(), skip)
         for seed in seeds(body.seed, body.sequences)
     ]
     gens = await submit_all(ctx, jobs, arrival, name, "messages")
     rid, created = gens[0].pending.rid.partition("-")[0], int(time.time())
+    reader = functools.partial(_reader, ctx, plan, body)
     if body.stream:
-        return await _stream(ctx, body, request, gens, rid, created)
+        return await _stream(ctx, body, request, gens, rid, created, reader)
 
     outs = await collect_all(ctx, gens, request)
     choices = []
@@ -64,18 +74,71 @@ async def chat_completions(
         lp = shape.chat_logprobs(ctx.tok, c.token_ids, c.logprobs, c.top_logprobs, k) if body.logprobs else None
         text = c.text
         if body.include_stop_str_in_output and c.finish_reason == FINISH_STOP:
-            text += await stop_string_hit(ctx.tok, c.token_ids, c.text, body.stops(), bool(body.skip_special_tokens))
-        choices.append(shape.chat_choice(i, text, lp, c.finish_reason))
+            text += await stop_string_hit(ctx.tok, c.token_ids, c.text, body.stops(), skip)
+        r = reader()
+        msg = message(r.feed(text) + r.finish(), with_reasoning=r.reasoning is not None)
+        choices.append(shape.chat_choice(i, msg, lp, _finish(c.finish_reason, r)))
     use = shape.usage(len(ids), sum(c.output_tokens for c in outs), outs[0].cached_tokens)  # one prompt for n
     return JSONResponse(shape.chat(rid, created, ctx.model_name, choices, use, chunk=False, usage_key=True))
 
 
+def _answer_constraint(
+    ctx: FrontContext, body: ChatCompletionRequest, plan: ToolPlan, ids: list[int]
+) -> Constraint | None:
+    """What the answer is held to: a required or named tool call's grammar, or the format asked
+    for; with a reasoning parser, from the end of the thinking on (unless the prompt ended it)."""
+    asked = body.format_constraint()
+    if plan.constraint is not None and asked is not None:
+        raise APIError(
+            400,
+            "tool_choice: a required or named tool call fixes the answer's format; response_format and guided_* "
+            "cannot be used with it",
+            param="tool_choice",
+        )
+    c = plan.constraint or asked
+    if c is None or not ctx.cfg.reasoning_parser:
+        return c
+    end, start = ctx.tok.single_token(END), ctx.tok.single_token(START)
+    if end is None:
+        raise APIError(
+            400,
+            f"an output format with --reasoning-parser needs {END} to be one token of the tokenizer, and it is not",
+            param="response_format",
+        )
+    closed = end in ids and (start not in ids or _last(ids, end) > _last(ids, start))
+    return c if closed else dataclasses.replace(c, after_token=end)
+
+
+def _last(ids: list[int], token: int) -> int:
+    return len(ids) - 1 - ids[::-1].index(token)
+
+
+def _reader(ctx: FrontContext, plan: ToolPlan, body: ChatCompletionRequest) -> ChatReader:
+    """A reader of one choice's answer."""
+    parser = ctx.cfg.reasoning_parser
+    reasoning = ReasoningReader(parser) if parser else None
+    return ChatReader(reasoning, plan.reader() if plan.reader else None, body.parallel_tool_calls is not False)
+
+
+def _finish(reason: str, reader: ChatReader) -> str:
+    """An answer that ended on its own with tool calls ends with "tool_calls"."""
+    return shape.TOOL_CALLS if reader.called and reason == FINISH_STOP else reason
+
+
 async def _stream(
-    ctx: FrontContext, body: ChatCompletionRequest, request: Request, gens: list[Generation], rid: str, created: int
+    ctx: FrontContext,
+    body: ChatCompletionRequest,
+    request: Request,
+    gens: list[Generation],
+    rid: str,
+    created: int,
+    reader: Callable[[], ChatReader],
 ) -> EventStream:
     k, route, with_usage = body.top_logprobs or 0, request.url.path, body.include_usage()
     output_tokens = [0] * len(gens)
     stop_echo = StopEcho(ctx.tok, body.stops(), bool(body.skip_special_tokens), len(gens))
+    readers = [reader() for _ in gens]
+    plain = readers[0].reasoning is None and readers[0].tools is None  # every step's tokens are content
 
     def usage() -> dict:
         """So far: the prompt counts once for the n generations, its first one's cached tokens with it."""
@@ -103,10 +166,13 @@ async def _stream(
                 if body.logprobs and item.token_ids:
                     lp = shape.chat_logprobs(ctx.tok, item.token_ids, item.logprobs, item.top_logprobs, k)
                 text = await stop_echo.text(i, item) if body.include_stop_str_in_output else item.text
-                if text or item.token_ids:  # every step with tokens, as in completions
-                    yield chunk([shape.chat_delta(i, {"content": text}, lp, "")])
+                parts = readers[i].feed(text) + (readers[i].finish() if item.finish_reason else [])
+                if not parts and item.token_ids and (plain or lp):  # every step with tokens, as in completions
+                    parts = [{"content": ""} if plain else {}]
+                for j, part in enumerate(parts):
+                    yield chunk([shape.chat_delta(i, part, lp if j == 0 else None, "")])
                 if item.finish_reason:
-                    yield chunk([shape.chat_delta(i, {}, None, item.finish_reason)])
+                    yield chunk([shape.chat_delta(i, {}, None, _finish(item.finish_reason, readers[i]))])
                 nxt = await anext(stream, None)
             else:
                 if with_usage:

@@ -1,8 +1,9 @@
 """OpenAI's request bodies (/v1/completions, /v1/chat/completions), validated.
 
 Bounds follow OpenAI's API reference; an unknown key is an error, and so is an OpenAI
-parameter this server does not implement (tools, logit_bias, ...), with a message that
-says so. Checks across fields are in ``check()`` so the error can name its parameter.
+parameter this server does not implement (logit_bias, suffix, ...), with a message that
+says so. The output's format (response_format, vLLM's guided_*) is formats.py's. Checks
+across fields are in ``check()`` so the error can name its parameter.
 top_k, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens and
 include_stop_str_in_output are accepted as extensions, spelled as vLLM spells them. Fields
 SDKs send that change no output (NO_OPS) are accepted and ignored, with a debug line.
@@ -11,13 +12,14 @@ SDKs send that change no output (NO_OPS) are accepted and ignored, with a debug 
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from services.tokenizer.errors import APIError
 from services.tokenizer.limits import GREEDY_TEMPERATURE, MAX_N, MAX_TOP_LOGPROBS, TokenId, check_stops, check_top_k
-from shared.messages import SamplingParams
+from services.tokenizer.openai.formats import OutputFormat
+from shared.messages import Constraint, SamplingParams
 
 MAX_GENERATIONS = 64  # prompts x best_of of one completions request
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -25,13 +27,12 @@ DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completion
 log = logging.getLogger(__name__)
 
 # fields that change nothing this server returns: storage, billing, tracing and scheduling
-# hints of OpenAI's API and vLLM's; parallel_tool_calls matters only with tools, refused apart
+# hints of OpenAI's API and vLLM's
 NO_OPS = (
     "user",
     "store",
     "metadata",
     "service_tier",
-    "parallel_tool_calls",
     "prompt_cache_key",
     "safety_identifier",
     "priority",
@@ -53,10 +54,12 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False  # vLLM's: with include_usage, usage so far in every chunk
 
 
-class OpenAISampling(BaseModel):
-    """What completions and chat completions share."""
+class OpenAISampling(OutputFormat):
+    """What completions and chat completions share: sampling, stops, the output's format
+    (formats.py)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+    _constraint: Constraint | None = PrivateAttr(None)  # the format asked for, once validated
 
     model: str
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -74,7 +77,7 @@ class OpenAISampling(BaseModel):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = None  # with tools (chat): false allows one call at most
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     priority: int | None = None
@@ -115,6 +118,15 @@ class OpenAISampling(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _format(self) -> OpenAISampling:
+        self._constraint = self.output_constraint()
+        return self
+
+    def format_constraint(self) -> Constraint | None:
+        """The output format the request asked for (response_format, guided_*), if any."""
+        return self._constraint
+
+    @model_validator(mode="after")
     def _log_no_ops(self) -> OpenAISampling:
         ignored = [name for name in NO_OPS if getattr(self, name) is not None]
         if ignored:
@@ -147,7 +159,11 @@ class OpenAISampling(BaseModel):
                 400, f"min_tokens ({self.min_tokens}) must not exceed {name} ({max_tokens})", param="min_tokens"
             )
 
-    def sampling(self, seed: int, max_new_tokens: int, logprobs: bool, top_logprobs: int) -> SamplingParams:
+    def sampling(
+        self, seed: int, max_new_tokens: int, logprobs: bool, top_logprobs: int, constraint: Constraint | None = None
+    ) -> SamplingParams:
+        """constraint: what the chat route decided the answer is held to (tools, a format after
+        the thinking); by default the format the request asked for."""
         temperature = 1.0 if self.temperature is None else self.temperature  # OpenAI samples by default
         greedy = temperature < GREEDY_TEMPERATURE
         return SamplingParams(
@@ -165,6 +181,7 @@ class OpenAISampling(BaseModel):
             seed=seed,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            constraint=constraint if constraint is not None else self._constraint,
         )
 
 
@@ -218,86 +235,3 @@ class CompletionRequest(OpenAISampling):
             raise APIError(
                 400, f"prompt: at most {MAX_GENERATIONS} generations per request (prompts x best_of)", param="prompt"
             )
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
-
-    @field_validator("content")
-    @classmethod
-    def _text_only(cls, v: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
-        for part in v if isinstance(v, list) else []:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(
-                    f"content parts must be {{'type': 'text', 'text': str}}; {part.get('type')!r} is not supported "
-                    "(the model is text-only)"
-                )
-        return v
-
-    def text(self) -> str:
-        c = self.content
-        if isinstance(c, list):
-            return "".join(part["text"] for part in c)
-        return c or ""
-
-
-class ChatCompletionRequest(OpenAISampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
-    response_format: dict[str, Any] | None = None
-    # vLLM's: extra variables for the chat template (e.g. {"enable_thinking": false} for Qwen3)
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _template_kwargs(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        reserved = {"messages", "tokenize", "add_generation_prompt", "conversation", "chat_template", "tools"}
-        clash = sorted(reserved & set(v or {}))
-        if clash:
-            raise ValueError(f"chat_template_kwargs may not set {', '.join(clash)}")
-        return v
-
-    @field_validator("tools", "tool_choice", "functions", "function_call")
-    @classmethod
-    def _no_tools(cls, v: Any) -> Any:
-        return not_supported("tool calls", v)
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type") != "text":
-            raise ValueError(f"only {{'type': 'text'}} is supported, got type {v.get('type')!r}")
-        return v
-
-    def check(self) -> None:
-        super().check()
-        if self.top_logprobs and not self.logprobs:
-            raise APIError(400, "top_logprobs: requires logprobs to be true", param="top_logprobs")
-
-    def max_tokens_asked(self) -> tuple[int | None, str]:
-        """(the client's output limit, the parameter it came from); max_completion_tokens is
-        OpenAI's newer name and wins."""
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens, "max_completion_tokens"
-        return self.max_tokens, "max_tokens"
-
-    def chat(self) -> list[dict[str, Any]]:
-        """The messages as the chat template reads them."""
-        out = []
-        for m in self.messages:
-            msg: dict[str, Any] = {"role": m.role, "content": m.text()}
-            if m.name is not None:
-                msg["name"] = m.name
-            out.append(msg)
-        return out

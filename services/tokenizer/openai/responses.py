@@ -7,12 +7,14 @@ from typing import Any
 from services.tokenizer.tokenization import Tokenization
 from shared.messages import FINISH_LENGTH
 
+TOOL_CALLS = "tool_calls"  # a chat answer that ended with tool calls (not a pipeline reason)
+
 
 def finish_reason(reason: str) -> str | None:
-    """OpenAI knows "stop" and "length" only: an end token, a stop token or string are all "stop"."""
+    """OpenAI's "stop" for an end token, a stop token or string; "length"; "tool_calls"."""
     if not reason:
         return None
-    return "length" if reason == FINISH_LENGTH else "stop"
+    return reason if reason in (FINISH_LENGTH, TOOL_CALLS) else "stop"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
@@ -99,13 +101,9 @@ def chat_logprobs(
     return {"content": content, "refusal": None}
 
 
-def chat_choice(index: int, text: str, logprobs: dict | None, reason: str) -> dict[str, Any]:
-    return {
-        "index": index,
-        "message": {"role": "assistant", "content": text},
-        "logprobs": logprobs,
-        "finish_reason": finish_reason(reason),
-    }
+def chat_choice(index: int, message: dict[str, Any], logprobs: dict | None, reason: str) -> dict[str, Any]:
+    """message: chat_reader.message's (role, content, and reasoning_content, tool_calls where read)."""
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason(reason)}
 
 
 def chat_delta(index: int, delta: dict[str, Any], logprobs: dict | None, reason: str) -> dict[str, Any]:

@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse, Response
 from services.tokenizer.errors import APIError
 from services.tokenizer.generation import FrontContext
 from services.tokenizer.openai.chat import chat_completions
+from services.tokenizer.openai.chat_params import ChatCompletionRequest
 from services.tokenizer.openai.completions import completions
-from services.tokenizer.openai.params import ChatCompletionRequest, CompletionRequest
+from services.tokenizer.openai.params import CompletionRequest
 from services.tokenizer.openai.responses_api import responses
 from services.tokenizer.openai.responses_params import ResponsesRequest
 from services.tokenizer.post_routes import PostRoute

@@ -14,6 +14,9 @@ over a cached prefix is compiled too.
 Steps of up to a few thousand tokens replay CUDA graphs captured over padded token counts
 (piecewise_graphs.py), so with those the warm-up adds two prompts just past the largest
 bucket, 16 and 17 tokens past it: the steps that still run eagerly.
+Last, prompts under a grammar (structured output), one alone and two together: the token
+mask's kernel is compiled for one row and for more (the grammar itself is compiled in its
+thread, with the tokenizer's vocabulary, and waited for).
 Kernels that still compile while serving are logged by services/worker/kernels/launch.py.
 """
 
@@ -24,14 +27,17 @@ import time
 from dataclasses import dataclass
 
 from services.worker.engine import Engine
-from shared.messages import GenerateReq, SamplingParams
+from shared.messages import CONSTRAINT_CHOICE, Constraint, GenerateReq, SamplingParams
 
 log = logging.getLogger(__name__)
 
 ALONE = (1, 16, 17, 129)  # prompt lengths run one at a time
 TOGETHER = (16, 17, 33, 129)  # then these in one batch ...
 LATE = 16  # ... and this one while they decode
+CONSTRAINED = (1, 2)  # prompts under a grammar: one alone, then two together
+CHOICE = Constraint(CONSTRAINT_CHOICE, '["yes", "no"]')
 NEW_TOKENS = 4
+GRAMMAR_WAIT_S = 600.0  # the vocabulary of a large tokenizer takes seconds to read
 
 
 def _ids(k: int, length: int, vocab_size: int) -> list[int]:
@@ -39,8 +45,8 @@ def _ids(k: int, length: int, vocab_size: int) -> list[int]:
     return [(7 + 31 * (k + i)) % vocab_size for i in range(length)]
 
 
-def _request(k: int, ids: list[int]) -> GenerateReq:
-    params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+def _request(k: int, ids: list[int], constraint: Constraint | None = None) -> GenerateReq:
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True, constraint=constraint)
     return GenerateReq(f"warmup-{k}", "warmup", "warmup", ids, params, time.time(), 0.0)
 
 
@@ -59,6 +65,9 @@ def _step(engine: Engine, report: WarmupReport) -> None:
 
 
 def _drain(engine: Engine, report: WarmupReport, max_steps: int = 1000) -> None:
+    until = time.monotonic() + GRAMMAR_WAIT_S
+    while not engine.has_work() and engine.compiling() and time.monotonic() < until:
+        time.sleep(0.001)
     for _ in range(max_steps):
         if not engine.has_work():
             return
@@ -75,9 +84,9 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmupReport:
     # a prompt must leave room in the request's table row (the front end enforces this for users)
     longest = max(1, engine.scheduler.limits.max_total_len - NEW_TOKENS)
 
-    def add(length: int, prefix: list[int] | None = None) -> list[int]:
+    def add(length: int, prefix: list[int] | None = None, constraint: Constraint | None = None) -> list[int]:
         ids = (prefix or []) + _ids(report.prompts, length, vocab_size)
-        engine.add(_request(report.prompts, ids[:longest]))
+        engine.add(_request(report.prompts, ids[:longest], constraint))
         report.prompts += 1
         return ids
 
@@ -95,6 +104,10 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmupReport:
         _step(engine, report)
     add(LATE)
     _drain(engine, report)
+    for count in CONSTRAINED:
+        for _ in range(count):
+            add(ALONE[1], constraint=CHOICE)
+        _drain(engine, report)
     engine.kv.clear_cache()
     if engine.kv.free_tokens != free_before:
         raise RuntimeError(f"warm-up left {free_before - engine.kv.free_tokens} KV slots held")

@@ -59,7 +59,9 @@ def test_tgi_samples_when_a_warper_is_set(given: dict, sampled: bool) -> None:
     [
         ({"watermark": True}, "watermark"),
         ({"typical_p": 0.9}, "typical_p"),
-        ({"grammar": {"type": "regex", "value": "a+"}}, "grammar"),
+        ({"grammar": {"type": "ebnf", "value": "a+"}}, "grammar.type"),
+        ({"grammar": {"type": "regex", "value": ""}}, "grammar"),
+        ({"grammar": {"type": "json", "value": "[1]"}}, "grammar"),
         ({"adapter_id": "x"}, "adapter_id"),
         ({"best_of": 2}, "best_of"),
         ({"stop": [""]}, "stop"),

@@ -7,7 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from services.tokenizer.errors import APIError, describe_validation, validation_param
-from services.tokenizer.openai.params import ChatCompletionRequest, CompletionRequest
+from services.tokenizer.openai.chat_params import ChatCompletionRequest
+from services.tokenizer.openai.params import CompletionRequest
 
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -84,7 +85,8 @@ def test_chat_rules_across_fields() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools.0.function"),
+        ({"functions": [{"name": "f"}]}, "functions"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content"),
         ({"logit_bias": {"1": 2.0}}, "logit_bias"),
@@ -103,11 +105,11 @@ def test_unsupported_and_unknown_are_named(body: dict, param: str) -> None:
 
 
 def test_fields_that_change_nothing_are_accepted_with_a_debug_line(caplog: pytest.LogCaptureFixture) -> None:
-    no_ops = {"parallel_tool_calls": True, "store": False, "service_tier": "auto", "user": "u", "metadata": {"k": "v"}}
+    no_ops = {"store": False, "service_tier": "auto", "user": "u", "metadata": {"k": "v"}}
     with caplog.at_level("DEBUG", logger="services.tokenizer.openai.params"):
         sp = _chat(**no_ops).sampling(seed=1, max_new_tokens=4, logprobs=False, top_logprobs=0)
     assert sp == _chat().sampling(seed=1, max_new_tokens=4, logprobs=False, top_logprobs=0)
-    assert "parallel_tool_calls" in caplog.text and "metadata" in caplog.text
+    assert "service_tier" in caplog.text and "metadata" in caplog.text
     _completion(**no_ops, priority=1, prompt_cache_key="c", safety_identifier="s")
 
 

@@ -9,7 +9,7 @@ import torch
 from services.worker.build import build_engine
 from services.worker.kernels import decode_combine, decode_split
 from services.worker.runtime.piecewise_graphs import PiecewiseGraphs
-from services.worker.runtime.warmup import ALONE, TOGETHER, warm_up
+from services.worker.runtime.warmup import ALONE, CONSTRAINED, TOGETHER, warm_up
 from shared.config import WorkerConfig
 from tests.worker.engine_driver import request, run
 
@@ -23,7 +23,7 @@ def test_warm_up_runs_every_shape_and_leaves_the_engine_as_it_was(tiny_llama: st
     free = engine.kv.free_tokens
     report = warm_up(engine, engine.runner.model.cfg.vocab_size)
     # one more with the prompt cache: a prompt that extends a cached one
-    assert report.prompts == len(ALONE) + len(TOGETHER) + 1 + (engine.kv.cache is not None)
+    assert report.prompts == len(ALONE) + len(TOGETHER) + 1 + sum(CONSTRAINED) + (engine.kv.cache is not None)
     assert report.mixed_steps >= 1  # the late prompt's prefill ran beside the batch's decodes
     assert report.steps >= len(ALONE) * 2
     assert not engine.has_work() and engine.kv.free_tokens == free
@@ -51,7 +51,7 @@ def test_with_piecewise_graphs_it_also_runs_the_eager_steps_past_them(tiny_llama
 
     model.forward = counted  # type: ignore[method-assign]
     report = warm_up(engine, model.cfg.vocab_size)
-    assert report.prompts == len(ALONE) + len(TOGETHER) + 1 + 2 + (engine.kv.cache is not None)
+    assert report.prompts == len(ALONE) + len(TOGETHER) + 1 + sum(CONSTRAINED) + 2 + (engine.kv.cache is not None)
     # (the tiny buckets leave the longer warm-up prompts eager too)
     assert {24 + 16, 24 + 17} <= set(eager) and min(eager) > 24
 
@@ -66,7 +66,7 @@ def test_warm_up_fits_a_small_worker(tiny_llama: str, limits: dict) -> None:
     free = engine.kv.free_tokens
     report = warm_up(engine, engine.runner.model.cfg.vocab_size)
     # one more with the prompt cache: a prompt that extends a cached one
-    assert report.prompts == len(ALONE) + len(TOGETHER) + 1 + (engine.kv.cache is not None)
+    assert report.prompts == len(ALONE) + len(TOGETHER) + 1 + sum(CONSTRAINED) + (engine.kv.cache is not None)
     assert not engine.has_work() and engine.kv.free_tokens == free
 
 

@@ -1,0 +1,99 @@
+"""OpenAI's chat completions body: the messages (with the tool calls and tool results of the
+conversation so far), tools and tool_choice (tools.py), and what params.py's OpenAISampling
+shares with completions. functions and function_call, OpenAI's older spelling of tools, are
+refused with a 400 that says so."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from services.tokenizer.errors import APIError
+from services.tokenizer.limits import MAX_TOP_LOGPROBS
+from services.tokenizer.openai.params import OpenAISampling
+from services.tokenizer.openai.tools import ToolCallIn, ToolChoice, ToolDef
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # the call a tool message answers
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, v: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        for part in v if isinstance(v, list) else []:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(
+                    f"content parts must be {{'type': 'text', 'text': str}}; {part.get('type')!r} is not supported "
+                    "(the model is text-only)"
+                )
+        return v
+
+    def text(self) -> str:
+        c = self.content
+        if isinstance(c, list):
+            return "".join(part["text"] for part in c)
+        return c or ""
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates read it."""
+        msg: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            msg["name"] = self.name
+        if self.tool_calls:
+            msg["tool_calls"] = [c.for_template() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        return msg
+
+
+class ChatCompletionRequest(OpenAISampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    # vLLM's: extra variables for the chat template (e.g. {"enable_thinking": false} for Qwen3)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = {"messages", "tokenize", "add_generation_prompt", "conversation", "chat_template", "tools"}
+        clash = sorted(reserved & set(v or {}))
+        if clash:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(clash)}")
+        return v
+
+    @field_validator("functions", "function_call")
+    @classmethod
+    def _no_functions(cls, v: Any) -> Any:
+        if v:
+            raise ValueError("not supported by this server (OpenAI's deprecated function calling): use tools")
+        return v
+
+    def check(self) -> None:
+        super().check()
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, "top_logprobs: requires logprobs to be true", param="top_logprobs")
+
+    def max_tokens_asked(self) -> tuple[int | None, str]:
+        """(the client's output limit, the parameter it came from); max_completion_tokens is
+        OpenAI's newer name and wins."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def chat(self) -> list[dict[str, Any]]:
+        """The messages as the chat template reads them."""
+        return [m.for_template() for m in self.messages]
