@@ -13,7 +13,7 @@ import zipfile
 
 from lightstream.serve_config import ServeConfig
 from shared.model_config import ModelConfig, ModelConfigError
-from shared.quant_config import QuantConfigError
+from shared.quant_config import QuantConfigError, with_flag
 
 LAYOUT = (
     "a Hugging Face model directory (or a model id in the local Hugging Face cache): config.json, "
@@ -33,6 +33,7 @@ def check_model(model_dir: str, cfg: ServeConfig) -> ModelConfig:
         raise ModelCheckError(f"{model_dir}: no config.json; supported: {LAYOUT}")
     try:
         model = ModelConfig.from_dir(model_dir)
+        with_flag(model.quantization, cfg.quantization)
     except (ModelConfigError, QuantConfigError) as e:
         raise ModelCheckError(f"{model_dir}: {e}") from None
     except (KeyError, TypeError, ValueError) as e:  # config.json that is not JSON, or lacks a field

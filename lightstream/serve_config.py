@@ -20,7 +20,8 @@ DTYPES = {
     "float32": "float32",
     "float": "float32",
 }
-KV_DTYPES = ("auto", "int8")
+KV_DTYPES = ("auto", "int8", "fp8")
+QUANTIZATIONS = ("none", "fp8")
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,15 @@ class ServeConfig:
         1, "worker groups (data parallelism), each with its own KV pool", "--data-parallel-size", "--workers"
     )
     dtype: str = option("auto", f"weights and activations: {', '.join(DTYPES)}; auto: the model's (float32 on the CPU)")
-    kv_dtype: str = option("auto", "KV cache: auto (the model dtype) or int8", "--kv-cache-dtype")
+    kv_dtype: str = option(
+        "auto", "KV cache: auto (the model dtype), int8 or fp8 (e4m3), per-token per-head scales", "--kv-cache-dtype"
+    )
+    quantization: str = option(
+        "none",
+        "weights: none (as stored: bf16, or an FP8, AWQ or GPTQ checkpoint) or fp8 (a bf16 checkpoint's projections "
+        "quantized to e4m3 with per-channel scales at load)",
+        "-q",
+    )
     mem_fraction: float = option(0.9, "share of GPU memory for weights plus KV cache", "--gpu-memory-utilization")
     max_total_token_num: int = option(
         0, "tokens in each group's KV pool; 0: sized from free memory", "--max-total-tokens"
@@ -85,7 +94,12 @@ class ServeConfig:
         _check(self.tp >= 1 and self.dp >= 1, f"--tp and --dp must be >= 1, got {self.tp} and {self.dp}")
         _check(self.dtype in DTYPES, f"--dtype {self.dtype!r} is not supported; supported: {', '.join(DTYPES)}")
         _check(
-            self.kv_dtype in KV_DTYPES, f"--kv-cache-dtype {self.kv_dtype!r} is not supported; supported: auto, int8"
+            self.kv_dtype in KV_DTYPES,
+            f"--kv-cache-dtype {self.kv_dtype!r} is not supported; supported: {', '.join(KV_DTYPES)}",
+        )
+        _check(
+            self.quantization in QUANTIZATIONS,
+            f"--quantization {self.quantization!r} is not supported; supported: {', '.join(QUANTIZATIONS)}",
         )
         _check(0.0 < self.mem_fraction <= 1.0, f"--mem-fraction must be in (0, 1], got {self.mem_fraction}")
         _check(self.max_total_token_num >= 0, "--max-total-token-num must be >= 0")
@@ -119,6 +133,7 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "tp": (("worker",), "--tp"),
     "dtype": (("worker",), "--dtype"),
     "kv_dtype": (("worker",), "--kv-dtype"),
+    "quantization": (("worker",), "--quantization"),
     "mem_fraction": (("worker",), "--mem-fraction"),
     "max_total_token_num": (("worker",), "--max-total-token-num"),
     "max_req_total_len": (("worker", "tokenizer"), "--max-req-total-len"),

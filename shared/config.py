@@ -252,7 +252,14 @@ class WorkerConfig(CommonConfig):
     group: str = option("0", "this worker group's name; the router places requests by it; auto: the replica's name")
     device: str = option("auto", "auto, cpu or cuda")
     dtype: str = option("auto", "auto (the model's, float32 on the CPU), float32, bfloat16 or float16")
-    kv_dtype: str = option("auto", "KV cache: auto (the model dtype) or int8")
+    kv_dtype: str = option(
+        "auto", "KV cache: auto (the model dtype), int8 or fp8 (e4m3; each with per-token, per-head scales)"
+    )
+    quantization: str = option(
+        "none",
+        "weights: none (as the checkpoint stores them) or fp8 (a bf16 checkpoint's projections quantized to e4m3 "
+        "with per-channel scales at load; an FP8 checkpoint is read as FP8 either way)",
+    )
     max_total_token_num: int = option(0, "KV pool tokens; 0: sized from free memory")
     mem_fraction: float = option(0.9, "share of the device memory for weights plus KV pool")
     cpu_kv_tokens: int = option(32_768, "KV pool tokens on the CPU when max_total_token_num is 0")
@@ -305,7 +312,8 @@ class WorkerConfig(CommonConfig):
             self.dtype in ("auto", "float32", "bfloat16", "float16"),
             f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}",
         )
-        _check(self.kv_dtype in ("auto", "int8"), f"kv_dtype must be auto or int8, got {self.kv_dtype}")
+        _check(self.kv_dtype in ("auto", "int8", "fp8"), f"kv_dtype must be auto, int8 or fp8, got {self.kv_dtype}")
+        _check(self.quantization in ("none", "fp8"), f"quantization must be none or fp8, got {self.quantization}")
         _check(self.max_total_token_num >= 0, "max_total_token_num must be >= 0")
         _check(0.0 < self.mem_fraction <= 1.0, "mem_fraction must be in (0, 1]")
         _check(self.batch_max_tokens >= 16, "batch_max_tokens must be >= 16")

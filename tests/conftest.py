@@ -48,12 +48,12 @@ def tiny_moe_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def tiny_int4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A tiny Llama's AWQ and GPTQ checkpoints, their dequantized twins and the unquantized one
-    (tests/int4_models.py), made once per session."""
-    from tests import int4_models
+def tiny_quant(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tiny Llama's AWQ, GPTQ and FP8 checkpoints, their dequantized twins and the unquantized one
+    (tests/quant_models.py), made once per session."""
+    from tests import quant_models
 
-    return int4_models.make(str(tmp_path_factory.mktemp("tiny-int4")))
+    return quant_models.make(str(tmp_path_factory.mktemp("tiny-quant")))
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ byte-level BPE tokenizer trained here on tools/data/corpus.txt.
         [--hidden 64] [--layers 2 (gemma: 4)] [--heads 4] [--kv-heads 2] [--intermediate 128]
         [--experts 4] [--top-k 2] [--moe-intermediate 48] [--shared-intermediate 96]
         [--mlp-only-layers I ...] [--vocab 1000] [--max-positions 1024] [--dtype float32]
-        [--quant awq|gptq] [--group-size 128]
+        [--quant awq|gptq|fp8|fp8-tensor|fp8-block] [--group-size 128] [--block-size 128]
 
 qwen3's heads are twice hidden / heads wide (its config.json gives head_dim, which need not
 be hidden / heads), and each layer has its per-head q and k norms. phi3 stores q, k and v as
@@ -32,7 +32,10 @@ for token with Hugging Face transformers. The end-of-sequence row is scaled furt
 greedy generations end on EOS now and then. Same arguments, same bytes. --quant writes every
 layer's projections as 4-bit AWQ or GPTQ tensors quantized from the same draws
 (models/int4_formats.py), with config.json's quantization_config (hidden and intermediate
-sizes multiples of the group size; dense archs but phi3).
+sizes multiples of the group size; dense archs but phi3), or as FP8 e4m3 (models/fp8_formats.py,
+any arch, the routed experts too): fp8 is compressed-tensors per channel with dynamic per-token
+input scales, fp8-tensor compressed-tensors per tensor with static input scales, fp8-block
+Hugging Face's fine-grained FP8 with --block-size square blocks.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from services.worker.models import int4_formats
+from services.worker.models import fp8_formats, int4_formats
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
 
@@ -342,7 +345,10 @@ def write(out: str, args: argparse.Namespace) -> None:
         "special_tokens_map.json": {"bos_token": arch["bos"], "eos_token": arch["eos"], "pad_token": arch["eos"]},
     }
     weights = random_weights(args, vocab, eos_id)
-    if args.quant:
+    if args.quant in fp8_formats.KINDS:
+        weights = fp8_formats.quantize_checkpoint(weights, args.quant, args.block_size)
+        files["config.json"]["quantization_config"] = fp8_formats.quantization_config(args.quant, args.block_size)
+    elif args.quant:
         weights = int4_formats.quantize_checkpoint(weights, args.quant, args.group_size)
         files["config.json"]["quantization_config"] = int4_formats.quantization_config(args.quant, args.group_size)
     for name, content in files.items():
@@ -371,10 +377,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     ap.add_argument("--logit-scale", type=float, default=4.0, help="standard deviation of the logits")
     ap.add_argument("--eos-boost", type=float, default=1.8, help="extra scale of the EOS row of the output layer")
-    ap.add_argument(
-        "--quant", choices=["awq", "gptq"], default=None, help="4-bit projections, as AWQ or GPTQ store them"
-    )
-    ap.add_argument("--group-size", type=int, default=128, help="--quant's group size")
+    ap.add_argument("--quant", choices=["awq", "gptq", *fp8_formats.KINDS], help="quantized projections (docstring)")
+    ap.add_argument("--group-size", type=int, default=128, help="awq and gptq's group size")
+    ap.add_argument("--block-size", type=int, default=128, help="fp8-block's block: rows and columns")
     return ap
 
 
@@ -384,8 +389,8 @@ def main(argv: list[str] | None = None) -> None:
         args.layers = 4 if args.arch in GEMMA else 2
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise SystemExit("--hidden must divide by --heads, and --heads by --kv-heads")
-    if args.quant and (args.arch in MOE or args.arch == "phi3"):
-        raise SystemExit("--quant: dense archs but phi3 only")
+    if args.quant in ("awq", "gptq") and (args.arch in MOE or args.arch == "phi3"):
+        raise SystemExit("--quant awq, gptq: dense archs but phi3 only")
     write(args.out, args)
     print(args.out)
 

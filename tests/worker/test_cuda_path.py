@@ -3,8 +3,10 @@
 Tolerances (stated, bf16 against an fp32 reference of the same bf16-rounded weights), for a
 1B-shaped model of every family: top-1 agreement on at least 99% of positions under teacher
 forcing, for prefill and for decode, and every position's logits within a relative L2 error of
-3e-2 (dense families; a mixture of experts' routing flips under bf16 rounding). int8 KV against
-bf16 KV: top-1 agreement on at least 97% of positions.
+3e-2 (dense families; a mixture of experts' routing flips under bf16 rounding). int8 and FP8 KV
+against bf16 KV: top-1 agreement on at least 97% of positions, and at least 1.9x the tokens. FP8
+weights (--quantization fp8: e4m3 per channel, activations per token, torch._scaled_mm) against
+bf16 weights: top-1 agreement on at least 98% of positions, prefill and decode.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import pytest
 import torch
 
 from services.worker.build import build_engine
+from services.worker.models.layers.fp8_product import fp8_tensor_cores
 from shared.config import WorkerConfig
 from tests import hf_reference
 from tests.worker import peaked_models
 from tests.worker.engine_driver import request, run
-from tests.worker.teacher_forcing import decode_logits
+from tests.worker.teacher_forcing import decode_logits, prefill_logits
 
 pytestmark = [
     pytest.mark.gpu,
@@ -29,7 +32,8 @@ pytestmark = [
 
 BF16_REL_L2 = 3e-2
 TOP1_BF16 = 0.99
-TOP1_INT8 = 0.97
+TOP1_INT8 = 0.97  # int8 or FP8 KV against bf16 KV
+TOP1_FP8_WEIGHTS = 0.98
 
 
 # ---------------------------------------------------------------- tiny models, fp32: exact
@@ -99,18 +103,19 @@ def _tiny_fp32(model_dir: str, graphs: int, pieces: int, budget: int, fold: bool
 # ---------------------------------------------------------------- 1B-shaped models in bf16
 
 
-def _engine(model_dir: str, kv: str = "auto"):
-    """bf16; the norms folded into the weights, as by default (a float KV pool)."""
+def _engine(model_dir: str, kv: str = "auto", quantization: str = "none"):
+    """bf16; the norms folded into the weights, as by default (a float KV pool, bf16 weights)."""
     cfg = WorkerConfig(
         model_dir=model_dir,
         device="cuda",
         dtype="bfloat16",
         kv_dtype=kv,
+        quantization=quantization,
         max_total_token_num=8192,
         running_max_req_size=16,
     )
     engine = build_engine(cfg)
-    assert engine.runner.step.folded == (kv != "int8")
+    assert engine.runner.step.folded == (kv == "auto" and quantization == "none")
     return engine
 
 
@@ -157,16 +162,36 @@ def test_1b_bf16_prefill_and_decode_match_hf_fp32(peaked_1b: tuple[str, str], se
             assert rel < BF16_REL_L2 or family in peaked_models.MOE, (family, kind, rel)
 
 
-def test_1b_int8_kv_agrees_with_bf16_kv(model_1b: str, sequences) -> None:
+def _top1(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return torch.cat([(x.argmax(-1) == y.argmax(-1)).float() for x, y in zip(a, b, strict=True)]).mean().item()
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_1b_quantized_kv_agrees_with_bf16_kv(model_1b: str, sequences, kv: str) -> None:
     start = 128
     bf16 = decode_logits(_engine(model_1b), sequences, start)
-    int8 = decode_logits(_engine(model_1b, "int8"), sequences, start)
-    agree = torch.cat([(a.argmax(-1) == b.argmax(-1)).float() for a, b in zip(bf16, int8, strict=True)]).mean().item()
-    print(f"int8 KV top-1 agreement with bf16 KV: {agree:.4f}")
+    quant = decode_logits(_engine(model_1b, kv), sequences, start)
+    agree = _top1(bf16, quant)
+    print(f"{kv} KV top-1 agreement with bf16 KV: {agree:.4f}")
     assert agree >= TOP1_INT8
 
 
-def test_int8_kv_holds_at_least_1_9_times_the_tokens(model_1b: str) -> None:
+def test_1b_fp8_weights_agree_with_bf16_weights(model_1b: str, sequences) -> None:
+    """Teacher forcing through the FP8 engine (decode graphs and piecewise graphs replaying
+    torch._scaled_mm) against the bf16 engine, prefill and decode."""
+    assert fp8_tensor_cores(torch.device("cuda")), "no FP8 tensor cores, or a torch _scaled_mm was not tested with"
+    bf16, fp8 = _engine(model_1b), _engine(model_1b, quantization="fp8")
+    start = 256
+    for name, agree in (
+        ("prefill", _top1([prefill_logits(bf16, s) for s in sequences], [prefill_logits(fp8, s) for s in sequences])),
+        ("decode", _top1(decode_logits(bf16, sequences, start), decode_logits(fp8, sequences, start))),
+    ):
+        print(f"FP8 weights {name}: top-1 agreement with bf16 weights {agree:.4f}")
+        assert agree >= TOP1_FP8_WEIGHTS
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_quantized_kv_holds_at_least_1_9_times_the_tokens(model_1b: str, kv: str) -> None:
     def capacity(kv: str) -> int:
         engine = build_engine(
             WorkerConfig(
@@ -184,6 +209,6 @@ def test_int8_kv_holds_at_least_1_9_times_the_tokens(model_1b: str) -> None:
         torch.cuda.empty_cache()
         return n
 
-    bf16, int8 = capacity("auto"), capacity("int8")
-    print(f"KV capacity at mem_fraction 0.5: bf16 {bf16} tokens, int8 {int8} tokens ({int8 / bf16:.2f}x)")
-    assert int8 >= 1.9 * bf16
+    bf16, quant = capacity("auto"), capacity(kv)
+    print(f"KV capacity at mem_fraction 0.5: bf16 {bf16} tokens, {kv} {quant} tokens ({quant / bf16:.2f}x)")
+    assert quant >= 1.9 * bf16
