@@ -49,7 +49,10 @@ def fp8_tensor_cores(device: torch.device) -> bool:
 
 def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, K] -> (e4m3 [T, K], float32 scales [T, 1]): each token's absmax / 448."""
-    scale = (x.abs().amax(1, keepdim=True).float() / FP8_MAX).clamp(min=MIN_SCALE)  # [T, 1]
+    amax = x.abs().amax(1, keepdim=True).float()
+    # divided by a tensor: PyTorch's CUDA division by a Python number multiplies by its reciprocal
+    # (off by an ulp at times), where the kernel divides exactly
+    scale = (amax / torch.full_like(amax, FP8_MAX)).clamp(min=MIN_SCALE)  # [T, 1]
     return to_fp8(x.float() / scale), scale
 
 
