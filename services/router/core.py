@@ -173,6 +173,10 @@ class RouterCore:
                 self.recent_aborts.discard(rid)
                 act.abort(g.name, rid)
                 self.stats.aborted += 1
+        if st.leaving:  # a drain that ended: what it still lists goes on elsewhere
+            log.warning("worker group %s left with %d requests held", g.name, len(st.running))
+            self._lose_group(g, f"worker group {g.name} shut down", act)
+            self.fenced[g.name] = g.instance  # should it send again, what it holds is stopped there
 
     # ---------------------------------------------------------------- the clock
 
