@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 from transformers import AutoTokenizer
 
@@ -11,11 +12,16 @@ from services.detokenizer.service import DetokenizerService
 from shared.busy_poll import BusyPoll
 from shared.cli import parse_config
 from shared.config import DetokenizerConfig
+from shared.drain import Drain
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
 from shared.redis_link import RedisLink, RedisTarget
-from shared.service_main import run_beating, serve_collector, stop_on_signals
+from shared.service_main import drain_on_signals, run_beating, serve_collector
 from shared.streams import SERVICE_DETOK, StreamNames
+
+# a draining shard stays this long however soon it holds nothing: front ends read heartbeats
+# every second (--pipeline-check-s), and register with it until they see it draining
+DRAIN_SETTLE_S = 2.5
 
 
 class _FastDecoder:
@@ -32,7 +38,8 @@ def main() -> None:
     cfg = parse_config(DetokenizerConfig, None, os.environ)
     setup_logging(SERVICE_DETOK, cfg.replica, cfg.log_level, cfg.log_format)
     link = RedisLink(RedisTarget.of(cfg))
-    stop_on_signals(link)
+    drain_requested = threading.Event()
+    drain_on_signals(link, drain_requested)
     names = StreamNames(cfg.namespace)
     metrics = DetokMetrics(cfg.replica)
     service = DetokenizerService(
@@ -43,9 +50,16 @@ def main() -> None:
         cfg.stream_maxlen,
         metrics,
         BusyPoll.for_host(cfg.busy_poll_ms),
+        Drain(drain_requested, cfg.drain_timeout_s, settle_s=DRAIN_SETTLE_S),
     )
     serve_collector(cfg.metrics_port, DetokCollector(metrics, lambda: len(service.sessions)), cfg.served_model_name())
-    beat = HeartbeatPublisher(link, names, SERVICE_DETOK, cfg.replica, info=lambda: {"sessions": len(service.sessions)})
+    beat = HeartbeatPublisher(
+        link,
+        names,
+        SERVICE_DETOK,
+        cfg.replica,
+        info=lambda: {"sessions": len(service.sessions), "draining": float(service.draining)},
+    )
     run_beating("detokenizer", beat, service.run)
 
 

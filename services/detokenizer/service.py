@@ -6,6 +6,10 @@ per step to each front end with requests in it. A stop-string hit also sends an 
 to the router, so the worker frees the request's KV at once. A Handover from the router (the
 request's worker group died) is answered with the request to continue: the shard holds every
 token its client was sent (docs/router.md, Failures).
+
+On SIGTERM the shard drains (shared/drain.py): its heartbeat says so and front ends register
+no new request with it; the requests it holds run to their end. Those still open when the
+drain timeout passes end with an explicit error, and are aborted on their worker groups.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from services.detokenizer.incremental import Decoder
 from services.detokenizer.metrics import DetokMetrics
 from services.detokenizer.session import DetokSession
 from shared.busy_poll import BusyPoll
+from shared.drain import Drain
 from shared.messages import AbortReq, DetokRegister, GenerateReq, Handover, TextBatch, TextItem, TokenBatch
 from shared.redis_link import RedisLink
 from shared.redis_streams import Entry, StreamReader, StreamWriter
@@ -35,8 +40,10 @@ class DetokenizerService:
         maxlen: int,
         metrics: DetokMetrics | None = None,
         poll: BusyPoll | None = None,
+        drain: Drain | None = None,
     ) -> None:
         self.link = link
+        self.drain = drain
         self.poll = poll or BusyPoll(0.0)
         self.metrics = metrics or DetokMetrics(shard)
         self.names = names
@@ -51,10 +58,30 @@ class DetokenizerService:
     def run(self) -> None:
         log.info("detokenizer shard %s reading %s", self.shard, self.names.detok(self.shard))
         while not self.link.stop.is_set():
-            entries = self.poll.read(self.reader, count=512, wait_ms=500)
+            if self.drain is not None and self.drain.over(bool(self.sessions)):
+                self._fail_open("the detokenizer shut down (drain timeout passed)")
+                return
+            entries = self.poll.read(self.reader, count=512, wait_ms=100 if self.draining else 500)
             self.handle(entries)
             self.poll.note(bool(self.sessions))
             self._collect_expired()
+
+    @property
+    def draining(self) -> bool:
+        return self.drain is not None and self.drain.draining
+
+    def _fail_open(self, why: str) -> None:
+        """End every open session with an explicit error, and stop its request on its group."""
+        if self.sessions:
+            log.warning("%d requests still open: %s", len(self.sessions), why)
+        texts: dict[str, list[TextItem]] = {}
+        for session in self.sessions.values():
+            texts.setdefault(session.front, []).append(session.fail(why))
+        out: list[tuple[str, object]] = [(self.names.front(f), TextBatch(items)) for f, items in texts.items()]
+        out += [(self.names.router, AbortReq(rid, why)) for rid in self.sessions]
+        self.writer.send_many(out)
+        self.sessions.clear()
+        self.deadlines.clear()
 
     def handle(self, entries: list[Entry]) -> None:
         started = time.perf_counter()

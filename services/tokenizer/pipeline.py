@@ -212,7 +212,9 @@ class Pipeline:
                 raise Unavailable(f"overloaded: {int(waiting)} requests are waiting")
 
     def _pick_detok(self, rid: str) -> Heartbeat:
-        shards = sorted(self.live.detoks)
+        """A live shard by the request id's hash; one draining (shutting down) only when all are."""
+        serving = [name for name, hb in self.live.detoks.items() if not hb.info.get("draining")]
+        shards = sorted(serving or self.live.detoks)
         if not shards:
             raise Unavailable("no detokenizer is alive")
         return self.live.detoks[shards[zlib.crc32(rid.encode()) % len(shards)]]
