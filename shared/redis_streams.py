@@ -19,6 +19,7 @@ reading: ``read`` through redis-py, ``aread`` through redis.asyncio on an event 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -228,6 +229,13 @@ class StreamReader:
         taken = [e for _stream, entries in answer or [] for e in entries]
         self._unanswered = start != ">" and len(taken) >= count
         return self._decode_entries(taken)
+
+    def release(self) -> None:
+        """On a clean exit: give up the lease now, so another consumer of the group claims what
+        this one leaves pending at its next claim instead of after the lease's expiry. Best
+        effort: Redis away, the lease expires by itself."""
+        with contextlib.suppress(Exception):
+            self.link.call_once(lambda r: r.delete(self.lease))
 
     def ack(self, entries: Iterable[Entry]) -> None:
         ids = [e.entry_id for e in entries]
