@@ -141,6 +141,14 @@ def test_front_end_probes_its_own_routes_and_drains_within_the_grace(rendered: R
     assert _port(c, service["spec"]["ports"][0]["targetPort"]) == int(env["LS_PORT"])
 
 
+def test_worker_groups_and_detokenizers_drain_within_the_grace(rendered: Rendered) -> None:
+    # a worker group also stops its ranks after the drain (up to 10 s); each has a margin
+    for name, after_s in (("worker", 10.0), ("detokenizer", 0.0)):
+        w, c = _container(rendered, name)
+        drain_s = float(container_env(rendered, c)["LS_DRAIN_TIMEOUT_S"])
+        assert pod_spec(w)["terminationGracePeriodSeconds"] >= drain_s + after_s + 5, name
+
+
 def test_other_services_probe_their_metrics_port(rendered: Rendered) -> None:
     for name in ("router", "worker", "detokenizer"):
         _, c = _container(rendered, name)
