@@ -1,6 +1,7 @@
 """Redis stream helpers: the only code in LightStream that touches streams.
 
-Writers append with ``XADD ... MAXLEN ~ N`` so no stream grows without bound. Readers
+Writers append with ``XADD ... MAXLEN ~ N`` so no stream grows without bound, and readers
+trim their stream by what every group has consumed once a second (shared/stream_trim.py). Readers
 consume through a consumer group and acknowledge an entry only after its side effect
 is done; a reader also claims the pending entries of a consumer that died (its lease,
 refreshed by every read, expired), so a restarted service picks up where its predecessor
@@ -31,6 +32,7 @@ import redis.asyncio as aioredis
 
 from shared.messages import WireError, decode, encode
 from shared.redis_link import RedisLink, is_nogroup, maybe
+from shared.stream_trim import trim_consumed
 from shared.streams import consumer_lease
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,7 @@ class StreamReader:
         consumer: str,
         claim_idle_ms: int = 5_000,  # a consumer that has not read for this long is dead (its lease expires)
         claim_every_s: float = 1.0,
+        trim_every_s: float = 1.0,  # how often the stream is trimmed by what has been consumed
     ) -> None:
         self.link = link
         self.stream = stream
@@ -131,6 +134,8 @@ class StreamReader:
         self.claim_every_s = claim_every_s
         self.lease = consumer_lease(stream, group, consumer)
         self._next_claim = 0.0
+        self.trim_every_s = trim_every_s
+        self._next_trim = 0.0
         self._handed_out = (0, 0)  # the highest entry id this reader has returned (or dropped)
         self._unanswered = False  # a read was sent and its answer not read: the next one recovers
         self._async: aioredis.Redis | None = None  # aread's client, made on its first call
@@ -154,6 +159,8 @@ class StreamReader:
         (None: does not wait) when there is nothing. Entries in ``acks`` are acknowledged in
         the same round trip, ahead of the read."""
         acks = list(acks)
+        if self._trim_due():
+            self.link.call(lambda r: trim_consumed(r, self.stream))
         if claimed := self._claim_due():
             self.ack(acks)
             return claimed
@@ -180,6 +187,8 @@ class StreamReader:
         if self._async is None:
             self._async = self.link.target.async_client(socket_timeout=self.link.socket_timeout_s)
         ack_ids = [e.entry_id for e in acks]
+        if self._trim_due():
+            await trim_consumed(self._async, self.stream)
         while True:
             start = self._start()
             pipe = self._async.pipeline(transaction=False)
@@ -201,6 +210,14 @@ class StreamReader:
         if self._async is not None:
             await self._async.aclose()
         self._async = None
+
+    def _trim_due(self) -> bool:
+        """Whether this read trims the stream first (shared/stream_trim.py): once a trim_every_s."""
+        now = time.monotonic()
+        if now < self._next_trim:
+            return False
+        self._next_trim = now + self.trim_every_s
+        return True
 
     def _start(self) -> str:
         """Where the next read starts: ">" (new entries), or after a read that was not answered,

@@ -232,7 +232,18 @@ def test_redis_is_in_the_cluster_or_found_through_sentinels(rendered: Rendered) 
     service = rendered.get("Service", url.hostname)
     assert service["spec"]["ports"][0]["port"] == url.port
     (server,) = redis
-    assert "--appendonly" in server["spec"]["template"]["spec"]["containers"][0]["args"]
+    container = server["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert "--appendonly" in args
+    # bounded below the container's memory limit, writes refused past it rather than streams evicted
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    assert _bytes(args[args.index("--maxmemory") + 1]) < _bytes(container["resources"]["limits"]["memory"])
+
+
+def _bytes(size: str) -> int:
+    """Redis's "2gb" or Kubernetes's "4Gi" in bytes."""
+    units = {"gb": 1 << 30, "gi": 1 << 30, "mb": 1 << 20, "mi": 1 << 20}
+    return int(size[:-2]) * units[size[-2:].lower()]
 
 
 def test_volumes_are_declared_and_the_model_is_read_only(rendered: Rendered) -> None:
