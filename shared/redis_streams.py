@@ -259,6 +259,17 @@ class StreamReader:
         if ids:
             self._call_group(lambda r: r.xack(self.stream, self.group, *ids))
 
+    def has_work(self) -> bool:
+        """Whether the group has entries pending or not handed out yet."""
+        groups = self._call_group(lambda r: r.xinfo_groups(self.stream)) or []
+        group = next((g for g in groups if maybe(g["name"]) == self.group), None)
+        if group is None:
+            return False
+        if int(group.get("pending", 0)):
+            return True
+        last = self.link.call(lambda r: r.xinfo_stream(self.stream))["last-generated-id"]
+        return _id_key(group["last-delivered-id"]) < _id_key(last)
+
     def pending_count(self) -> int:
         info = self._call_group(lambda r: r.xpending(self.stream, self.group))
         return int(info["pending"]) if info else 0
@@ -284,6 +295,28 @@ class StreamReader:
 
     def _alive(self, consumer: str) -> bool:
         return bool(self.link.call(lambda r: r.exists(consumer_lease(self.stream, self.group, consumer))))
+
+    def take_over(self) -> tuple[list[Entry], list[Entry]]:
+        """The stream's previous reader is gone (its owner key lost: shared/stream_owner.py):
+        every entry pending in the group, whoever it was handed to, is made this consumer's.
+        -> (those entries, and the acknowledged ones from the oldest of them to the last the
+        group was handed out: what the previous reader did with its state, to be done again)."""
+        pending = self._call_group(
+            lambda r: r.xpending_range(self.stream, self.group, min="-", max="+", count=1_000_000)
+        )
+        ids = [p["message_id"] for p in pending or []]
+        if not ids:
+            return [], []
+        claim = self._call_group(
+            lambda r: r.xclaim(self.stream, self.group, self.consumer, min_idle_time=0, message_ids=ids)
+        )
+        taken = self._decode_entries(claim or [])
+        groups = self._call_group(lambda r: r.xinfo_groups(self.stream)) or []
+        last = next(maybe(g["last-delivered-id"]) for g in groups if maybe(g["name"]) == self.group)
+        held = {maybe(i) for i in ids}
+        raw = self._call_group(lambda r: r.xrange(self.stream, min=maybe(ids[0]), max=last)) or []
+        done = self._decode_entries([(i, f) for i, f in raw if maybe(i) not in held])
+        return taken, done
 
     def _claim_from(self, consumer: str) -> list[Entry]:
         """The dead consumer's pending entries, made this one's. The ids are read first and the

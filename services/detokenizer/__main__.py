@@ -19,10 +19,6 @@ from shared.redis_link import RedisLink, RedisTarget
 from shared.service_main import drain_on_signals, run_beating, serve_collector
 from shared.streams import SERVICE_DETOK, StreamNames
 
-# a draining shard stays this long however soon it holds nothing: front ends read heartbeats
-# every second (--pipeline-check-s), and register with it until they see it draining
-DRAIN_SETTLE_S = 2.5
-
 
 class _FastDecoder:
     """Decode through the Rust tokenizer directly: the Python wrapper costs more than the decode."""
@@ -50,7 +46,8 @@ def main() -> None:
         cfg.stream_maxlen,
         metrics,
         BusyPoll.for_host(cfg.busy_poll_ms),
-        Drain(drain_requested, cfg.drain_timeout_s, settle_s=DRAIN_SETTLE_S),
+        # a registration that comes after it stopped waits in its stream for a shard to take over
+        Drain(drain_requested, cfg.drain_timeout_s),
     )
     serve_collector(cfg.metrics_port, DetokCollector(metrics, lambda: len(service.sessions)), cfg.served_model_name())
     beat = HeartbeatPublisher(
@@ -60,6 +57,7 @@ def main() -> None:
         cfg.replica,
         info=lambda: {"sessions": len(service.sessions), "draining": float(service.draining)},
     )
+    service.take_own_stream()  # before the heartbeat: front ends send it nothing until it serves its stream
     run_beating("detokenizer", beat, service.run)
 
 

@@ -77,10 +77,6 @@ class DetokSession:
             return self._text(item, text, item.finish_reason, item.error, item.error_kind), True
         return self._text(item, text, ""), False
 
-    def fail(self, why: str) -> TextItem:
-        """The request ends here with an explicit error (this shard is going away)."""
-        return self._end(FINISH_ERROR, why, ERR_FAILED)
-
     def _text(self, item: TokenItem, text: str, finish: str, error: str = "", kind: str = "") -> TextItem:
         return TextItem(
             rid=self.rid,

@@ -57,7 +57,6 @@ class Unavailable(Exception):
 class PendingRequest:
     rid: str
     detok: str
-    detok_started: float  # the shard's start time, to notice a restart
     prompt_tokens: int
     queue: asyncio.Queue[tuple[int, TextItem]]  # shared by the generations of one HTTP request
     index: int  # this generation's index among its request's, the tag of its items in the queue
@@ -135,7 +134,7 @@ class Pipeline:
             raise Unavailable("the router is not alive")
         self._refuse_early(len(input_ids) + params.max_new_tokens)
         shard = self._pick_detok(rid)
-        pending = PendingRequest(rid, shard.replica, shard.started, len(input_ids), queue, index)
+        pending = PendingRequest(rid, shard.replica, len(input_ids), queue, index)
         self.pending[rid] = pending
         register = DetokRegister(rid, self.front_id, len(input_ids), stop, skip_special_tokens, deadline)
         gen = GenerateReq(rid, self.front_id, shard.replica, input_ids, params, time.time(), deadline)
