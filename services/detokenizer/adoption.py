@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 HOLD_EVERY_S = 0.5  # the owner key is refreshed this often (it lasts StreamOwner.ttl_ms)
 LOOK_EVERY_S = 1.0  # shard streams with no owner are looked for this often
+# after Redis was away, every owner key may have lapsed meanwhile: the live shards take their
+# own back before any looks for others'
+AFTER_OUTAGE_S = 5.0
 
 
 @dataclass
@@ -64,16 +67,16 @@ class Adoptions:
                     self._drop(s)
                 elif s.beat is not None:
                     s.beat.beat()
-        if now < self._next_look:
+        if now < self._next_look or now - self.link.recovered_at < AFTER_OUTAGE_S:
             return True, []
         self._next_look = now + LOOK_EVERY_S
         new = []
         for stream in shard_streams(self.link, self.names):
             shard = stream[len(self.names.detok("")) :]
-            if shard == own.shard or shard in self.taken:
+            if shard == own.shard or shard in self.taken or StreamOwner(self.link, stream, self.me).holder():
                 continue
             s = self.stream(shard)
-            if s.owner.holder() or not s.reader.has_work() or not s.owner.hold():
+            if not s.reader.has_work() or not s.owner.hold():
                 continue
             log.warning("shard %s is gone: taking its stream over", shard)
             s.beat = HeartbeatPublisher(
