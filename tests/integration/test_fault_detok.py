@@ -52,9 +52,10 @@ async def _kill_shard(stack: Stack) -> tuple[dict[str, str], Tally]:
     names = StreamNames(stack.opts.namespace)
     async with Load(stack.url, texts, CLIENTS, MAX_NEW, bound_s=40) as load:
         await load.completed_since(time.monotonic(), 4, 60)  # requests flow
+        await asyncio.to_thread(wait_until, lambda: _open_on(link, names) > 0, 30, "requests open on detok-0")
         await asyncio.to_thread(stack.kill_service, "detokenizer-0")
         killed = time.monotonic()
-        await asyncio.to_thread(wait_until, lambda: _taken_over(link, names), 20, "detok-0's stream taken over")
+        await asyncio.to_thread(wait_until, lambda: _taken_over(link, names), 30, "detok-0's stream taken over")
         await load.completed_since(killed, 6, 60)
         stack.start_service("detokenizer-0")
         await asyncio.to_thread(wait_until, lambda: _serving(link, names), 60, "detok-0 serving again")
@@ -66,6 +67,12 @@ async def _kill_shard(stack: Stack) -> tuple[dict[str, str], Tally]:
 def _beat_info(link: RedisLink, names: StreamNames) -> dict[str, float] | None:
     hb = live_replicas(link, names, SERVICE_DETOK).get("detok-0")
     return None if hb is None else hb.info
+
+
+def _open_on(link: RedisLink, names: StreamNames) -> float:
+    """Requests open on detok-0 by its heartbeat (refreshed every second)."""
+    info = _beat_info(link, names)
+    return 0.0 if info is None else info.get("sessions", 0.0)
 
 
 def _taken_over(link: RedisLink, names: StreamNames) -> bool:
