@@ -30,6 +30,10 @@ class StreamNames:
         """TextBatch for one front end (tokenizer replica)."""
         return f"{self.namespace}:front:{front_id}"
 
+    def request_copy(self, rid: str) -> str:
+        """A GenerateReq the router placed, kept while it runs (shared/request_copies.py)."""
+        return f"{self.namespace}:req:{rid}"
+
     def heartbeat(self, service: str, replica: str) -> str:
         return f"{self.namespace}:hb:{service}:{replica}"
 

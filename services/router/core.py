@@ -43,6 +43,7 @@ class Actions:
     released: list[str] = field(default_factory=list)  # rids that left the waiting queue
     # requests of a dead group, each to its detokenizer shard, which sends it back to go on: (req, why)
     handovers: list[tuple[GenerateReq, str]] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)  # rids ended on their groups: their copies can go
 
     def end(self, detok: str, rid: str, prompt_tokens: int, reason: str, error: str = "", kind: str = "") -> None:
         item = TokenItem(
@@ -75,6 +76,8 @@ class RouterCore:
         self.groups: dict[str, GroupState] = {}
         self.where: dict[str, str] = {}  # rid -> the group it runs on
         self.fenced: dict[str, str] = {}  # group -> the instance declared dead (it may only have been silent)
+        # requests learnt from a status (placed by a predecessor) whose copies have not been looked for
+        self.uncopied: set[str] = set()
         self.recent_aborts = RecentAborts()
         self.stats = RouterStats()
         self.routing = Routing(cfg)
@@ -164,6 +167,7 @@ class RouterCore:
             g = self._join(st, now, act)
         else:
             gone, learnt = g.apply(st, now)
+            act.forgotten += gone
             for rid in gone:
                 if self.where.get(rid) == g.name:
                     del self.where[rid]
@@ -281,13 +285,24 @@ class RouterCore:
                 act.released.append(rid)
                 self._dirty = True
             self.where[rid] = g.name
+            if g.placed[rid].req is None:
+                self.uncopied.add(rid)
+
+    def take_copies(self, copies: dict[str, GenerateReq]) -> None:
+        """The copies found of requests learnt from statuses (shared/request_copies.py): with
+        one, a request can be handed over should its group die."""
+        for rid, req in copies.items():
+            g = self.groups.get(self.where.get(rid, ""))
+            p = g.placed.get(rid) if g is not None else None
+            if p is not None and p.req is None:
+                p.req = req
 
     def _lose_group(self, g: GroupState, why: str, act: Actions) -> None:
         """A group died. Its status lists a request until the request's last item has gone out, so
         every request it still held is unfinished: each goes to its detokenizer shard, which
         sends it back with the output its client has had, to go on elsewhere (_go_on). One
-        learnt from a status only (this router restarted since it was placed) has no copy here:
-        it ends with an error."""
+        learnt from a status only (this router restarted since it was placed) whose copy was
+        not found in Redis ends with an error."""
         del self.groups[g.name]
         handed = 0
         for rid, p in g.placed.items():
