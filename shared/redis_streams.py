@@ -63,8 +63,8 @@ class StreamWriter:
         acks: Iterable[Entry] = (),
         once: bool = False,
         give_up: Callable[[], bool] | None = None,
-        put: Iterable[tuple[str, Any, int]] = (),
-        drop: Iterable[str] = (),
+        put: Iterable[tuple[str, str, Any]] = (),
+        drop: Iterable[tuple[str, str]] = (),
     ) -> None:
         """Append several messages in one round trip, each to its own stream, in order.
 
@@ -73,11 +73,11 @@ class StreamWriter:
         neither, and its successor neither loses nor repeats the work. With ``once``, one
         attempt that never blocks long (RedisLink.call_once): it raises where the default
         would wait for Redis with backoff; with ``give_up``, the wait ends (RedisUnreachable)
-        when it says so. ``put`` (key, message, expiry in ms) and ``drop`` (keys) set and
-        delete keyed messages in the same round trip (shared/request_copies.py)."""
+        when it says so. ``put`` (hash, field, message) and ``drop`` (hash, field) set and
+        delete messages kept in hashes in the same round trip (shared/request_copies.py)."""
         encoded = [(stream, encode(msg)) for stream, msg in items]
         ack_list = list(acks)
-        puts = [(key, encode(msg), ttl_ms) for key, msg, ttl_ms in put]
+        puts = [(key, name, encode(msg)) for key, name, msg in put]
         drops = list(drop)
         if not encoded and not ack_list and not puts and not drops:
             return
@@ -88,10 +88,10 @@ class StreamWriter:
                 pipe.xadd(stream, {FIELD: data}, maxlen=self.maxlen, approximate=True)
             for (stream, group), ids in _by_group(ack_list).items():
                 pipe.xack(stream, group, *ids)
-            for key, data, ttl_ms in puts:
-                pipe.set(key, data, px=ttl_ms)
-            if drops:
-                pipe.delete(*drops)
+            for key, name, data in puts:
+                pipe.hset(key, name, data)
+            for key, name in drops:
+                pipe.hdel(key, name)
             for answer in pipe.execute(raise_on_error=False):
                 # an acknowledgement to a group this Redis lacks (a new master after a failover, a
                 # restart without persistence) is moot: the group holds nothing pending; the

@@ -30,9 +30,9 @@ class StreamNames:
         """TextBatch for one front end (tokenizer replica)."""
         return f"{self.namespace}:front:{front_id}"
 
-    def request_copy(self, rid: str) -> str:
-        """A GenerateReq the router placed, kept while it runs (shared/request_copies.py)."""
-        return f"{self.namespace}:req:{rid}"
+    def placed(self, group: str) -> str:
+        """A hash: a copy of each request placed on one worker group (shared/request_copies.py)."""
+        return f"{self.namespace}:placed:{group}"
 
     def heartbeat(self, service: str, replica: str) -> str:
         return f"{self.namespace}:hb:{service}:{replica}"

@@ -22,6 +22,7 @@ from shared.messages import (
     ERR_TOO_LARGE,
     FINISH_ABORT,
     FINISH_ERROR,
+    AdmitReqs,
     GenerateReq,
     TokenItem,
     WorkerStatus,
@@ -43,7 +44,8 @@ class Actions:
     released: list[str] = field(default_factory=list)  # rids that left the waiting queue
     # requests of a dead group, each to its detokenizer shard, which sends it back to go on: (req, why)
     handovers: list[tuple[GenerateReq, str]] = field(default_factory=list)
-    forgotten: list[str] = field(default_factory=list)  # rids ended on their groups: their copies can go
+    # (group, rid): requests that ended on a group or left it: their copies there can go
+    forgotten: list[tuple[str, str]] = field(default_factory=list)
 
     def end(self, detok: str, rid: str, prompt_tokens: int, reason: str, error: str = "", kind: str = "") -> None:
         item = TokenItem(
@@ -76,8 +78,9 @@ class RouterCore:
         self.groups: dict[str, GroupState] = {}
         self.where: dict[str, str] = {}  # rid -> the group it runs on
         self.fenced: dict[str, str] = {}  # group -> the instance declared dead (it may only have been silent)
-        # requests learnt from a status (placed by a predecessor) whose copies have not been looked for
-        self.uncopied: set[str] = set()
+        # (group, rid): requests learnt from a status (placed by a predecessor) whose copies have not
+        # been looked for (shared/request_copies.py)
+        self.uncopied: set[tuple[str, str]] = set()
         self.recent_aborts = RecentAborts()
         self.stats = RouterStats()
         self.routing = Routing(cfg)
@@ -156,7 +159,12 @@ class RouterCore:
         # status after a restart)
         self.recent_aborts.add(rid, now)
 
-    def on_status(self, st: WorkerStatus, now: float, act: Actions) -> None:
+    def first_heard(self, st: WorkerStatus) -> bool:
+        """A status from a group this router has never heard of (it restarted since, or the group
+        is new): the copies of what routers before it placed there are wanted (on_status's placed)."""
+        return st.group not in self.groups and st.group not in self.fenced
+
+    def on_status(self, st: WorkerStatus, now: float, act: Actions, placed: dict[str, AdmitReqs] | None = None) -> None:
         self._dirty = True
         g = self.groups.get(st.group)
         if g is not None and g.instance != st.instance:
@@ -164,10 +172,10 @@ class RouterCore:
             self._lose_group(g, "its worker restarted", act)
             g = None
         if g is None:
-            g = self._join(st, now, act)
+            g = self._join(st, now, act, placed or {})
         else:
             gone, learnt = g.apply(st, now)
-            act.forgotten += gone
+            act.forgotten += [(g.name, rid) for rid in gone]
             for rid in gone:
                 if self.where.get(rid) == g.name:
                     del self.where[rid]
@@ -259,12 +267,13 @@ class RouterCore:
         for name, _instance in act.admits:
             self.groups[name].next_seq += 1
 
-    def _join(self, st: WorkerStatus, now: float, act: Actions) -> GroupState:
+    def _join(self, st: WorkerStatus, now: float, act: Actions, placed: dict[str, AdmitReqs]) -> GroupState:
         g = GroupState.from_status(st, now)
         self.groups[g.name] = g
         fenced = self.fenced.pop(g.name, None) == st.instance
         if fenced:
             log.warning("worker group %s is back after being declared dead", g.name)
+        self._take_placed(g, st, placed, act)
         self._adopt(g, list(g.placed), act, fenced)
         log.info("worker group %s joined: %d KV tokens, %d requests held", g.name, g.capacity, len(g.placed))
         return g
@@ -286,7 +295,30 @@ class RouterCore:
                 self._dirty = True
             self.where[rid] = g.name
             if g.placed[rid].req is None:
-                self.uncopied.add(rid)
+                self.uncopied.add((g.name, rid))
+
+    def _take_placed(self, g: GroupState, st: WorkerStatus, placed: dict[str, AdmitReqs], act: Actions) -> None:
+        """The copies kept of what was placed on a group this router first hears of: a request
+        the group lists gets its copy; one placed on an earlier instance (gone unseen: the group
+        restarted while no router ran) is handed over; one admitted to this instance and not
+        taken in yet is placed there as if by this router; the rest ended."""
+        lost = 0
+        for rid, admit in placed.items():
+            req = admit.reqs[0]
+            p = g.placed.get(rid)
+            if p is not None:
+                p.req = p.req or req
+            elif admit.instance == st.instance and admit.seq > st.admit_seq:
+                g.place(req, 0)
+                g.placed[rid].seq = admit.seq
+            else:
+                act.forgotten.append((g.name, rid))
+                if admit.instance != st.instance and rid not in self.where and rid not in self.waiting:
+                    act.handovers.append((req, f"worker group {g.name} restarted"))
+                    lost += 1
+        self.stats.requeued += lost
+        if lost:
+            log.warning("handing over %d requests of an earlier instance of group %s", lost, g.name)
 
     def take_copies(self, copies: dict[str, GenerateReq]) -> None:
         """The copies found of requests learnt from statuses (shared/request_copies.py): with
@@ -309,6 +341,7 @@ class RouterCore:
             if self.where.get(rid) != g.name:
                 continue  # it runs elsewhere (see _adopt)
             del self.where[rid]
+            act.forgotten.append((g.name, rid))
             if p.aborted:
                 act.end(p.detok, rid, p.prompt_tokens, FINISH_ABORT)
             elif p.req is not None:

@@ -8,7 +8,7 @@ of a lost group (its entry acknowledged long ago) goes to its detokenizer shard 
 Handover, and comes back on the router's stream as a new entry, held until it is admitted
 again: at every moment one stream holds it. A copy of each request placed is kept in Redis
 while it runs (shared/request_copies.py), so a router that restarts can hand over the requests
-its predecessor placed as well.
+its predecessor placed as well, those of a group instance that died unseen included.
 
 While Redis is unreachable the read waits (RedisLink retries), and no status can arrive:
 the time it was away is not counted towards any group's death (RouterCore.excuse_silence).
@@ -80,7 +80,8 @@ class RouterService:
                 self.core.on_abort(msg.rid, now, act)
                 done.append(entry)
             elif isinstance(msg, WorkerStatus):
-                self.core.on_status(msg, now, act)
+                placed = self.copies.of_group(msg.group) if self.core.first_heard(msg) else None
+                self.core.on_status(msg, now, act, placed)
                 done.append(entry)
             else:
                 log.error("unexpected %s on the router stream", type(msg).__name__)
@@ -89,9 +90,10 @@ class RouterService:
             log.warning("redis was unreachable: the worker groups' death clocks start again")
             self._excused = self.link.recovered_at
             self.core.excuse_silence(self._excused)
-        if self.core.uncopied:  # learnt from statuses (placed by a predecessor): their copies, if kept
-            rids, self.core.uncopied = list(self.core.uncopied), set()
-            self.core.take_copies(self.copies.get(rids))
+        if self.core.uncopied:  # learnt from later statuses (placed by a predecessor): their copies
+            wanted, self.core.uncopied = self.core.uncopied, set()
+            for group in {g for g, _ in wanted}:
+                self.core.take_copies(self.copies.get(group, [rid for g, rid in wanted if g == group]))
         self.core.tick(now, now_unix, act)
         self._publish(act, done)
         self.figures = self.core.figures(now_unix)
@@ -107,8 +109,8 @@ class RouterService:
             out.append((self.names.detok(detok), TokenBatch("router", items)))
         out += [(self.names.detok(req.detok), Handover(req, why)) for req, why in act.handovers]
         acks = done + [e for rid in act.released if (e := self.queued.pop(rid, None)) is not None]
-        copies = self.copies.puts([req for reqs in act.admits.values() for req in reqs])
-        self.writer.send_many(out, acks=acks, put=copies, drop=self.copies.keys(act.forgotten))
+        copies = self.copies.puts(act.admits, act.admit_seqs)
+        self.writer.send_many(out, acks=acks, put=copies, drop=self.copies.drops(act.forgotten))
         self.core.seal_admissions(act)
 
     def _log_figures(self, now: float) -> None:
