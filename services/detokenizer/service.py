@@ -76,7 +76,7 @@ class DetokenizerService:
             if not waited:
                 log.warning("shard %s's stream is held by %s: waiting", self.shard, self.own.owner.holder())
                 waited = True
-            if self.link.stop.wait(0.5):
+            if self.link.stop.wait(0.5) or self.draining:  # told to stop before it served
                 return
         self._restore(self.own)
 
