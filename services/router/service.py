@@ -20,7 +20,8 @@ import logging
 import time
 import uuid
 
-from services.router.core import Actions, RouterCore
+from services.router.actions import Actions
+from services.router.core import RouterCore
 from services.router.metrics import RouterFigures
 from shared.busy_poll import BusyPoll
 from shared.config import RouterConfig

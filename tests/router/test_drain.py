@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.router.core import Actions, RouterCore
+from services.router.actions import Actions
+from services.router.core import RouterCore
 from shared.config import RouterConfig
 from shared.messages import RunningReq
 from tests.router.test_handover import _req, _status, _two_groups_with
