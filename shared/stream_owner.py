@@ -32,7 +32,9 @@ return 0
 
 
 class StreamOwner:
-    def __init__(self, link: RedisLink, stream: str, name: str, ttl_ms: int = 3_000) -> None:
+    # as long as a consumer's lease (shared/redis_streams.py): a process starved of the CPU for a
+    # moment on a loaded host keeps its stream
+    def __init__(self, link: RedisLink, stream: str, name: str, ttl_ms: int = 5_000) -> None:
         self.link = link
         self.key = f"{stream}:owner"
         self.name = name

@@ -47,6 +47,7 @@ class Adoptions:
         self.taken: dict[str, ShardStream] = {}  # dead shard -> its stream, read here
         self._next_look = 0.0
         self._next_hold = 0.0
+        self._next_give_back = 0.0
 
     def stream(self, shard: str) -> ShardStream:
         stream = self.names.detok(shard)
@@ -88,7 +89,12 @@ class Adoptions:
         return True, new
 
     def give_back(self, open_by_shard: dict[str, int]) -> None:
-        """Streams taken over whose requests have all ended, with nothing more in them, are let go."""
+        """Streams taken over whose requests have all ended, with nothing more in them, are let go
+        (looked at once a LOOK_EVERY_S)."""
+        now = time.monotonic()
+        if now < self._next_give_back:
+            return
+        self._next_give_back = now + LOOK_EVERY_S
         for s in list(self.taken.values()):
             if not open_by_shard.get(s.shard) and not s.reader.has_work():
                 log.info("shard %s's requests have ended: its stream let go", s.shard)

@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 Beats = dict[str, Heartbeat]  # replica name -> its latest heartbeat
 
 # a shard's death is seen within dead_after_s (3 s) of its last beat; its stream's owner key
-# lapses 3 s after it (shared/stream_owner.py), another shard looks for such streams every second
-# and beats for the one it takes, which front ends read every second: about 2 s after the death
+# lapses 5 s after it (shared/stream_owner.py), another shard looks for such streams every second
+# and beats for the one it takes, which front ends read every second: about 4 s after the death
 # is seen; 8 s (the router's grace too) leaves a loaded machine, or a restart, a margin
 DETOK_TAKEOVER_S = 8.0
 

@@ -25,7 +25,7 @@ def _died_mid_batch(link: RedisLink, names: StreamNames) -> StreamWriter:
     d0.handle(d0.reader.read(count=10, block_ms=100))
     writer.send(stream, TokenBatch("worker:0", [TokenItem("r1", [2, 3], output_tokens=4)]))
     assert len(d0.reader.read(count=10, block_ms=100)) == 1  # read, never handled: the shard dies here
-    d0.own.owner.release()  # as its key's expiry would, 3 s on
+    d0.own.owner.release()  # as its key's expiry would, 5 s on
     return writer
 
 
