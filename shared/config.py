@@ -303,6 +303,11 @@ class WorkerConfig(CommonConfig):
         "the KV pool (services/worker/memory/prompt_cache.py)",
         "--disable_dynamic_prompt_cache",
     )
+    drain_timeout_s: float = option(
+        30.0,
+        "on SIGTERM the group takes no new requests and those it holds get this long to finish; what is left "
+        "then goes on on another group (handed over); a second signal ends the wait",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -325,6 +330,7 @@ class WorkerConfig(CommonConfig):
         _check(self.nnodes >= 1 and self.tp % self.nnodes == 0, f"nnodes must divide tp ({self.tp}), got {self.nnodes}")
         _check(0 <= self.node_rank < self.nnodes, f"node_rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
         _check(self.nnodes == 1 or bool(self.dist_init_addr), "dist_init_addr is required with nnodes > 1")
+        _check(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
         if self.dist_init_addr:
             self.dist_address  # noqa: B018 (parsed here so that a bad address stops the service at start)
 
@@ -349,7 +355,13 @@ class DetokenizerConfig(CommonConfig):
 
     model_dir: str = option("", "Hugging Face model directory (required)")
     tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
+    drain_timeout_s: float = option(
+        30.0,
+        "on SIGTERM front ends stop choosing this shard and the requests it holds get this long to end; what is "
+        "left then is taken over by another shard (or this one restarted); a second signal ends the wait",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(bool(self.model_dir), "model_dir is required")
+        _check(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")

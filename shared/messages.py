@@ -24,8 +24,8 @@ from shared.wire_structs import WireError, struct_from_wire, struct_to_wire
 
 # 2: WorkerStatus.running as columns (RunningTable); 3: the prompt cache's counts; 4: hand-over of a
 # dead group's requests (GenerateReq.resumed and .handovers, TokenItem.handovers, Handover);
-# 5: SamplingParams.constraint
-SCHEMA_VERSION = 5
+# 5: SamplingParams.constraint; 6: a group's drain (WorkerStatus.draining, .leaving)
+SCHEMA_VERSION = 6
 
 # finish reasons shared by every stage; "" means still running
 FINISH_STOP = "stop"  # EOS, a stop token or a stop string
@@ -256,6 +256,9 @@ class WorkerStatus:
     evictable_tokens: int = 0
     cache_locked_tokens: int = 0
     prompt_cache: bool = False  # the group keeps a prompt cache (the router's index for it means something)
+    draining: bool = False  # it is shutting down: it finishes what it holds and takes nothing new
+    # its last status: what it lists will not finish there, and goes on elsewhere (a drain that timed out)
+    leaving: bool = False
 
 
 # ---------------------------------------------------------------- worker inbox

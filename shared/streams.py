@@ -30,6 +30,10 @@ class StreamNames:
         """TextBatch for one front end (tokenizer replica)."""
         return f"{self.namespace}:front:{front_id}"
 
+    def placed(self, group: str) -> str:
+        """A hash: a copy of each request placed on one worker group (shared/request_copies.py)."""
+        return f"{self.namespace}:placed:{group}"
+
     def heartbeat(self, service: str, replica: str) -> str:
         return f"{self.namespace}:hb:{service}:{replica}"
 

@@ -57,7 +57,6 @@ class Unavailable(Exception):
 class PendingRequest:
     rid: str
     detok: str
-    detok_started: float  # the shard's start time, to notice a restart
     prompt_tokens: int
     queue: asyncio.Queue[tuple[int, TextItem]]  # shared by the generations of one HTTP request
     index: int  # this generation's index among its request's, the tag of its items in the queue
@@ -135,7 +134,7 @@ class Pipeline:
             raise Unavailable("the router is not alive")
         self._refuse_early(len(input_ids) + params.max_new_tokens)
         shard = self._pick_detok(rid)
-        pending = PendingRequest(rid, shard.replica, shard.started, len(input_ids), queue, index)
+        pending = PendingRequest(rid, shard.replica, len(input_ids), queue, index)
         self.pending[rid] = pending
         register = DetokRegister(rid, self.front_id, len(input_ids), stop, skip_special_tokens, deadline)
         gen = GenerateReq(rid, self.front_id, shard.replica, input_ids, params, time.time(), deadline)
@@ -212,7 +211,9 @@ class Pipeline:
                 raise Unavailable(f"overloaded: {int(waiting)} requests are waiting")
 
     def _pick_detok(self, rid: str) -> Heartbeat:
-        shards = sorted(self.live.detoks)
+        """A live shard by the request id's hash; one draining (shutting down) only when all are."""
+        serving = [name for name, hb in self.live.detoks.items() if not hb.info.get("draining")]
+        shards = sorted(serving or self.live.detoks)
         if not shards:
             raise Unavailable("no detokenizer is alive")
         return self.live.detoks[shards[zlib.crc32(rid.encode()) % len(shards)]]

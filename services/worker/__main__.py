@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 
 from services.worker.build import build_engine
 from services.worker.metrics import WorkerCollector, WorkerMetrics
@@ -14,10 +15,11 @@ from services.worker.tp.nodes import run_node
 from shared.busy_poll import BusyPoll
 from shared.cli import parse_config
 from shared.config import WorkerConfig
+from shared.drain import Drain
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
 from shared.redis_link import RedisLink, RedisTarget
-from shared.service_main import run_beating, serve_collector, stop_on_signals
+from shared.service_main import drain_on_signals, run_beating, serve_collector, stop_on_signals
 from shared.streams import SERVICE_WORKER, StreamNames
 
 # --group auto names the group after the replica (host name and pid), so the replicas of one
@@ -34,7 +36,7 @@ def main() -> None:
     if cfg.node_rank > 0:  # only this host's ranks of a group that spans hosts: rank 0 talks to Redis
         raise SystemExit(run_node(cfg))
     link = RedisLink(RedisTarget.of(cfg))
-    stop_on_signals(link)
+    stop_on_signals(link)  # while loading: nothing to drain
     group = start_group(cfg) if cfg.tp > 1 else None  # with --nnodes, waits for the other hosts' ranks
     engine = build_engine(cfg) if group is None else build_engine(cfg, group.tp, channel=group.channel)
     engine.grammars.start()  # the vocabulary for structured output, read in its thread meanwhile
@@ -42,6 +44,7 @@ def main() -> None:
         warm_up(engine, engine.runner.model.cfg.vocab_size)
     names = StreamNames(cfg.namespace)
     metrics = WorkerMetrics(cfg.group)
+    drain_requested = threading.Event()
     service = WorkerService(
         engine,
         link,
@@ -51,7 +54,9 @@ def main() -> None:
         cfg.stream_maxlen,
         metrics,
         BusyPoll.for_host(cfg.busy_poll_ms),
+        Drain(drain_requested, cfg.drain_timeout_s),
     )
+    drain_on_signals(link, drain_requested)
     serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine), cfg.served_model_name())  # loaded: ready
     watchdog = None
     if group is not None:

@@ -53,6 +53,7 @@ EXAMPLES = [
         evictable_tokens=500,
         cache_locked_tokens=3,
         prompt_cache=True,
+        draining=True,
     ),
     m.AdmitReqs("abc", 13, [GEN, RESUMED, CONSTRAINED]),
     m.Handover(RESUMED, "worker group 0 died"),
@@ -129,6 +130,8 @@ def test_unknown_type_and_bad_shapes_are_refused() -> None:
         0,
         0,
         False,
+        False,
+        False,
     ]
     with pytest.raises(m.WireError, match="columns of different lengths"):
         m.decode(msgpack.packb(ragged))
@@ -155,7 +158,7 @@ def test_the_wire_layout_is_fields_in_declaration_order_nested_as_arrays() -> No
     status = m.WorkerStatus("0", "x", 100, 40, 8, 3, running, 1.5)
     columns = [["r1", "r2"], ["d0", "d1"], [5, 6], [9, 6], [7, 3], [True, False], [0, 0]]
     assert m.encode(status) == msgpack.packb(
-        [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, columns, 1.5, 0, 0, False], use_bin_type=True
+        [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, columns, 1.5, 0, 0, False, False, False], use_bin_type=True
     )
     assert running.rows()[1] == m.RunningReq("r2", "d1", 6, 6, 3, False)
     gen = m.GenerateReq("r", "f", "d", [1, 2], m.SamplingParams(max_new_tokens=4), 1.0, 2.0)

@@ -58,7 +58,7 @@ class ScriptedPipeline:
         queue.put_nowait((index, TextItem(rid, "a", [TOKEN], output_tokens=1, **known)))
         last = TextItem(rid, "b", [TOKEN], finish_reason=FINISH_LENGTH, output_tokens=2, **known)
         queue.put_nowait((index, last))
-        return PendingRequest(rid, "detok-0", 0.0, len(input_ids), queue, index)
+        return PendingRequest(rid, "detok-0", len(input_ids), queue, index)
 
     def abort(self, rid: str, reason: str) -> None:
         pass
