@@ -28,6 +28,16 @@ from shared.streams import SERVICE_WORKER, StreamNames
 GROUP_AUTO = "auto"
 
 
+def _load(cfg: WorkerConfig):
+    """The group's other ranks (with --tp) and the engine, warmed up."""
+    group = start_group(cfg) if cfg.tp > 1 else None  # with --nnodes, waits for the other hosts' ranks
+    engine = build_engine(cfg) if group is None else build_engine(cfg, group.tp, channel=group.channel)
+    engine.grammars.start()  # the vocabulary for structured output, read in its thread meanwhile
+    if cfg.warmup and engine.device.type == "cuda":
+        warm_up(engine, engine.runner.model.cfg.vocab_size)
+    return group, engine
+
+
 def main() -> None:
     cfg = parse_config(WorkerConfig, None, os.environ)
     if cfg.group == GROUP_AUTO:
@@ -37,11 +47,7 @@ def main() -> None:
         raise SystemExit(run_node(cfg))
     link = RedisLink(RedisTarget.of(cfg))
     stop_on_signals(link)  # while loading: nothing to drain
-    group = start_group(cfg) if cfg.tp > 1 else None  # with --nnodes, waits for the other hosts' ranks
-    engine = build_engine(cfg) if group is None else build_engine(cfg, group.tp, channel=group.channel)
-    engine.grammars.start()  # the vocabulary for structured output, read in its thread meanwhile
-    if cfg.warmup and engine.device.type == "cuda":
-        warm_up(engine, engine.runner.model.cfg.vocab_size)
+    group, engine = _load(cfg)
     names = StreamNames(cfg.namespace)
     metrics = WorkerMetrics(cfg.group)
     drain_requested = threading.Event()
