@@ -52,10 +52,18 @@ def _ephemeral_low() -> int:
 
 class RedisServer:
     def __init__(
-        self, port: int | None = None, binary: str = "redis-server", appendonly: bool = False, replicaof: int = 0
+        self,
+        port: int | None = None,
+        binary: str = "redis-server",
+        appendonly: bool = False,
+        replicaof: int = 0,
+        bind: str = "127.0.0.1",
     ) -> None:
-        """``replicaof``: the port of a local master this server replicates (tools/redis_sentinel.py)."""
+        """``replicaof``: the port of a local master this server replicates (tools/redis_sentinel.py);
+        ``bind``: the address it listens on, and its URL's (another host's services need this
+        host's address: tests/integration/test_hosts.py)."""
         self.port = port or free_port()
+        self.bind = bind
         self.binary = shutil.which(binary) or binary
         self.replicaof = replicaof
         self.dir = tempfile.mkdtemp(prefix="lightstream-redis-")
@@ -65,7 +73,7 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.bind}:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         args = [
@@ -73,7 +81,7 @@ class RedisServer:
             "--port",
             str(self.port),
             "--bind",
-            "127.0.0.1",
+            self.bind,
             "--save",
             "",
             "--appendonly",
@@ -86,7 +94,7 @@ class RedisServer:
         if self.replicaof:
             args += ["--replicaof", "127.0.0.1", str(self.replicaof)]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        probe = client(f"redis://127.0.0.1:{self.port}", socket_connect_timeout=0.5)  # this loop retries
+        probe = client(self.url, socket_connect_timeout=0.5)  # this loop retries
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             try:
