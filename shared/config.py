@@ -146,7 +146,11 @@ class TokenizerConfig(CommonConfig):
     fastchat_controller: str = option(
         "", "a FastChat controller to register with as a model worker (docs/fastchat.md); none: no registration"
     )
-    worker_address: str = option("", "the URL FastChat reaches this front end at; none: http://<host>:<port>")
+    worker_address: str = option(
+        "",
+        "the URL FastChat reaches this front end at; none: http://<host>:<port>, "
+        "for 0.0.0.0 this host's address on its route to the controller",
+    )
     model_names: str = option("", "names to register with FastChat, comma-separated; none: model_name")
     limit_worker_concurrency: int = option(1024, "FastChat requests served at once; the rest wait, counted as queued")
     fastchat_heartbeat_s: float = option(

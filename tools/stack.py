@@ -46,6 +46,9 @@ class StackOptions:
     # > 0: worker group g sees only GPUs g * n .. g * n + n - 1 (CUDA_VISIBLE_DEVICES), so that
     # data-parallel groups each have GPUs of their own; 0: every group sees every GPU
     gpus_per_worker: int = 0
+    # service name (router, worker-0, ...) -> what its command runs under, as another host's
+    # `ip netns exec NS` (tools/netns_hosts.py); the command is exec'd, so the pid is the service's
+    prefixes: dict[str, list[str]] = field(default_factory=dict)
 
 
 class Stack:
@@ -121,7 +124,7 @@ class Stack:
             os.makedirs(self.opts.log_dir, exist_ok=True)
             out = open(os.path.join(self.opts.log_dir, f"{name}.log"), "ab")  # noqa: SIM115 (lives with the process)
         svc.proc = subprocess.Popen(
-            [sys.executable, "-m", svc.module, *svc.args],
+            [*self.opts.prefixes.get(name, []), sys.executable, "-m", svc.module, *svc.args],
             cwd=ROOT,
             env=env,
             stdout=out,
