@@ -6,11 +6,13 @@ fields in declaration order; a nested struct is the array of its own fields
 in and out, and ``decode`` rejects a message from another schema version or of an unknown type.
 
 Streams (names in shared/streams.py):
+    visual inbox       VisualReq (a request with images, before the router)
     router inbox       GenerateReq, AbortReq, WorkerStatus
     worker[g] inbox    AdmitReqs, AbortReqs
     detokenizer[k]     DetokRegister, TokenBatch, Handover
     front[f]           TextBatch
     heartbeat keys     Heartbeat
+    image keys         ImageEmbedding (an image's embeddings, under its content hash)
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from shared.wire_structs import WireError, struct_from_wire, struct_to_wire
 
 # 2: WorkerStatus.running as columns (RunningTable); 3: the prompt cache's counts; 4: hand-over of a
 # dead group's requests (GenerateReq.resumed and .handovers, TokenItem.handovers, Handover);
-# 5: SamplingParams.constraint
-SCHEMA_VERSION = 5
+# 5: SamplingParams.constraint; 6: images (GenerateReq.images, VisualReq, ImageEmbedding)
+SCHEMA_VERSION = 6
 
 # finish reasons shared by every stage; "" means still running
 FINISH_STOP = "stop"  # EOS, a stop token or a stop string
@@ -203,6 +205,41 @@ class TextItem:
     cached_tokens: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ImageRef:
+    """One image of a prompt: its content hash (the key of its embeddings) and the prompt
+    positions its embeddings fill, [offset, offset + length)."""
+
+    hash: str
+    offset: int
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.offset < 0 or self.length < 1 or not self.hash:
+            raise WireError(f"ImageRef: {self.length} tokens at {self.offset}, hash {self.hash!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ImageData:
+    """An image as the front end checked it, for the visual service to encode."""
+
+    hash: str
+    data: bytes  # the image file (PNG, JPEG, ...) as the client sent it
+
+
+# ---------------------------------------------------------------- visual inbox
+
+
+@dataclass(frozen=True, slots=True)
+class VisualReq:
+    """A request with images: the visual service makes sure each image's embeddings are in
+    Redis, then sends ``req`` on to the router."""
+
+    TAG: ClassVar[str] = "visual"
+    req: GenerateReq
+    images: list[ImageData]  # one per distinct hash among req.images
+
+
 # ---------------------------------------------------------------- router inbox
 
 
@@ -221,10 +258,18 @@ class GenerateReq:
     # from there by recomputation, as after a pause; handovers counts how often that happened
     resumed: int = 0
     handovers: int = 0
+    # the prompt's images, in order: each fills its positions with its embeddings (the ids there
+    # are pseudo-ids derived from the image's hash, below 0: see image_pseudo_id)
+    images: list[ImageRef] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0 <= self.resumed < max(len(self.input_ids), 1) or self.handovers < 0:
             raise WireError(f"GenerateReq: resumed {self.resumed} of {len(self.input_ids)} input ids")
+        end = 0
+        for image in self.images:
+            if image.offset < end or image.offset + image.length > len(self.input_ids) - self.resumed:
+                raise WireError(f"GenerateReq: image at {image.offset}+{image.length} overlaps or leaves the prompt")
+            end = image.offset + image.length
 
     @property
     def prompt_len(self) -> int:
@@ -331,7 +376,35 @@ class Heartbeat:
     info: dict[str, float] = field(default_factory=dict)
 
 
+# ---------------------------------------------------------------- image keys
+
+
+@dataclass(frozen=True, slots=True)
+class ImageEmbedding:
+    """An image's embeddings as stored in Redis under its hash: the projector's output rows."""
+
+    TAG: ClassVar[str] = "emb"
+    dtype: str  # float32, bfloat16 or float16
+    shape: list[int]  # [tokens, hidden]
+    data: bytes  # the tensor's bytes, row-major
+
+    def __post_init__(self) -> None:
+        sizes = {"float32": 4, "bfloat16": 2, "float16": 2}
+        if self.dtype not in sizes or len(self.shape) != 2:
+            raise WireError(f"ImageEmbedding: dtype {self.dtype!r}, shape {self.shape}")
+        if len(self.data) != self.shape[0] * self.shape[1] * sizes[self.dtype]:
+            raise WireError(f"ImageEmbedding: {len(self.data)} bytes for {self.shape} {self.dtype}")
+
+
+def image_pseudo_id(image_hash: str) -> int:
+    """The id an image's prompt positions carry: below -1 (PLACEHOLDER's -1 and real ids stay
+    apart), the same for the same image and different for different ones, so the prompt cache and
+    the router's prefix index, which key on ids, never match one image's KV to another's."""
+    return -2 - int(image_hash[:15], 16)
+
+
 MESSAGE_TYPES: tuple[type, ...] = (
+    VisualReq,
     GenerateReq,
     AbortReq,
     WorkerStatus,
@@ -342,8 +415,17 @@ MESSAGE_TYPES: tuple[type, ...] = (
     TokenBatch,
     TextBatch,
     Heartbeat,
+    ImageEmbedding,
 )
-NESTED_TYPES: tuple[type, ...] = (Constraint, SamplingParams, RunningTable, TokenItem, TextItem)
+NESTED_TYPES: tuple[type, ...] = (
+    Constraint,
+    SamplingParams,
+    RunningTable,
+    TokenItem,
+    TextItem,
+    ImageRef,
+    ImageData,
+)
 
 
 # ---------------------------------------------------------------- codec

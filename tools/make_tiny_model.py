@@ -7,6 +7,7 @@ byte-level BPE tokenizer trained here on tools/data/corpus.txt.
         [--experts 4] [--top-k 2] [--moe-intermediate 48] [--shared-intermediate 96]
         [--mlp-only-layers I ...] [--vocab 1000] [--max-positions 1024] [--dtype float32]
         [--quant awq|gptq] [--group-size 128]
+        [--arch llava|llava_next [--image-size 32] [--patch-size 8] [--vision-hidden 32] [--vision-layers 3]]
 
 qwen3's heads are twice hidden / heads wide (its config.json gives head_dim, which need not
 be hidden / heads), and each layer has its per-head q and k norms. phi3 stores q, k and v as
@@ -25,6 +26,10 @@ calls intermediate_size); qwen2_moe's and qwen3_moe's mlp.experts.{e}.gate_proj/
 down_proj, qwen2_moe with a shared expert and its gate and Qwen2's QKV bias, qwen3_moe with
 Qwen3's wide heads and head norms and renormalised top-k weights (norm_topk_prob, as
 Qwen3-30B-A3B's config says). --mlp-only-layers makes those layers of a Qwen MoE dense.
+
+llava and llava_next are LLaVA-1.5 and LLaVA-NeXT over the llama arch: a CLIP vision tower and
+a two-layer projector (tools/tiny_vision.py), the image processor's files, and a chat template
+that writes an image content part as <image>, in llava-hf's checkpoint layout.
 
 The output layer is scaled up so the next-token distribution is peaked: greedy choices
 then do not hinge on the order of floating-point sums, which lets tests compare token
@@ -50,6 +55,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from services.worker.models import int4_formats
+from tools import tiny_vision
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
 
@@ -71,7 +77,11 @@ ARCHS = {
     "qwen3_moe": QWEN_TOKENS,
     "gemma2": LLAMA_TOKENS,
     "gemma3": LLAMA_TOKENS,
+    # LLaVA over a Llama language model: the image placeholder is a special token of the vocabulary
+    "llava": {**LLAMA_TOKENS, "specials": [*LLAMA_TOKENS["specials"], tiny_vision.IMAGE_TOKEN]},
+    "llava_next": {**LLAMA_TOKENS, "specials": [*LLAMA_TOKENS["specials"], tiny_vision.IMAGE_TOKEN]},
 }
+VISION = ("llava", "llava_next")
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -93,6 +103,11 @@ ROPE_THETA = {"llama": 500000.0, "qwen2": 10000.0, "qwen3": 1000000.0, "phi3": 1
 ROPE_THETA |= {"mixtral": 1000000.0, "qwen2_moe": 1000000.0, "qwen3_moe": 1000000.0}
 ROPE_THETA |= {"gemma2": 10000.0, "gemma3": 1000000.0}
 GEMMA_WINDOW = 8
+
+
+def text_arch(args: argparse.Namespace) -> str:
+    """The language model's architecture: a vision model's is Llama."""
+    return "llama" if args.arch in VISION else args.arch
 
 
 def head_dim(args: argparse.Namespace) -> int:
@@ -224,9 +239,10 @@ def moe_fields(args: argparse.Namespace) -> dict:
 
 
 def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_id: int) -> dict:
+    arch = text_arch(args)
     cfg = {
-        "architectures": [ARCHITECTURES[args.arch]],
-        "model_type": "gemma3_text" if args.arch == "gemma3" else args.arch,  # gemma3: the multimodal one
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": "gemma3_text" if arch == "gemma3" else arch,  # gemma3: the multimodal one
         "vocab_size": vocab,
         "hidden_size": args.hidden,
         "intermediate_size": args.intermediate,
@@ -237,7 +253,7 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
         "hidden_act": "silu",
         "max_position_embeddings": args.max_positions,
         "rms_norm_eps": 1e-5 if args.arch in ("llama", "phi3", "mixtral") else 1e-6,
-        "rope_theta": ROPE_THETA[args.arch],
+        "rope_theta": ROPE_THETA[arch],
         "tie_word_embeddings": args.arch in TIED,
         "attention_bias": False,
         "bos_token_id": bos_id,
@@ -245,7 +261,7 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
         "torch_dtype": args.dtype,
         "use_cache": True,
     }
-    if args.arch == "llama":
+    if arch == "llama":
         # Llama 3.1's scaling, shrunk to the tiny context, so that path is exercised too
         cfg["rope_scaling"] = {
             "rope_type": "llama3",
@@ -313,7 +329,7 @@ def gemma_fields(args: argparse.Namespace) -> dict:
     }
 
 
-def tokenizer_config(arch: dict, max_positions: int) -> dict:
+def tokenizer_config(arch: dict, max_positions: int, vision: bool = False) -> dict:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": arch["bos"],
@@ -322,7 +338,7 @@ def tokenizer_config(arch: dict, max_positions: int) -> dict:
         "unk_token": None,
         "model_max_length": max_positions,
         "clean_up_tokenization_spaces": False,
-        "chat_template": ("{{ bos_token }}" if arch["bos"] else "") + CHATML,
+        "chat_template": ("{{ bos_token }}" if arch["bos"] else "") + (tiny_vision.CHAT_TEMPLATE if vision else CHATML),
     }
 
 
@@ -338,10 +354,17 @@ def write(out: str, args: argparse.Namespace) -> None:
     files = {
         "config.json": model_config(args, vocab, bos_id, eos_id),
         "generation_config.json": {"bos_token_id": bos_id, "eos_token_id": [eos_id, end_of_turn]},
-        "tokenizer_config.json": tokenizer_config(arch, args.max_positions),
+        "tokenizer_config.json": tokenizer_config(arch, args.max_positions, args.arch in VISION),
         "special_tokens_map.json": {"bos_token": arch["bos"], "eos_token": arch["eos"], "pad_token": arch["eos"]},
     }
     weights = random_weights(args, vocab, eos_id)
+    if args.arch in VISION:
+        image_id = tok.token_to_id(tiny_vision.IMAGE_TOKEN)
+        files["config.json"] = tiny_vision.llava_config(args, files["config.json"], image_id)
+        files |= tiny_vision.processor_files(args)
+        dtype = weights["model.norm.weight"].dtype
+        vision = {k: v.to(dtype) for k, v in tiny_vision.vision_weights(args, args.hidden).items()}
+        weights = tiny_vision.llava_layout(weights) | vision
     if args.quant:
         weights = int4_formats.quantize_checkpoint(weights, args.quant, args.group_size)
         files["config.json"]["quantization_config"] = int4_formats.quantization_config(args.quant, args.group_size)
@@ -375,6 +398,7 @@ def parser() -> argparse.ArgumentParser:
         "--quant", choices=["awq", "gptq"], default=None, help="4-bit projections, as AWQ or GPTQ store them"
     )
     ap.add_argument("--group-size", type=int, default=128, help="--quant's group size")
+    tiny_vision.add_args(ap)
     return ap
 
 
@@ -384,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
         args.layers = 4 if args.arch in GEMMA else 2
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise SystemExit("--hidden must divide by --heads, and --heads by --kv-heads")
-    if args.quant and (args.arch in MOE or args.arch == "phi3"):
+    if args.quant and (args.arch in MOE or args.arch in VISION or args.arch == "phi3"):
         raise SystemExit("--quant: dense archs but phi3 only")
     write(args.out, args)
     print(args.out)

@@ -6,6 +6,7 @@ import dataclasses
 import os
 
 from services.worker.build import build_engine
+from services.worker.image_intake import ImageIntake
 from services.worker.metrics import WorkerCollector, WorkerMetrics
 from services.worker.runtime.warmup import warm_up
 from services.worker.service import WorkerService
@@ -15,6 +16,7 @@ from shared.busy_poll import BusyPoll
 from shared.cli import parse_config
 from shared.config import WorkerConfig
 from shared.heartbeat import HeartbeatPublisher
+from shared.image_store import ImageStore
 from shared.log import setup_logging
 from shared.redis_link import RedisLink, RedisTarget
 from shared.service_main import run_beating, serve_collector, stop_on_signals
@@ -24,6 +26,14 @@ from shared.streams import SERVICE_WORKER, StreamNames
 # scaled service (docker compose up --scale worker=2) each form a data-parallel group of their
 # own; in a container the pid is 1, so a restarted container comes back as the same group
 GROUP_AUTO = "auto"
+
+
+def _image_intake(engine, link: RedisLink, names: StreamNames) -> ImageIntake | None:
+    """A vision-language model's worker reads its requests' images' embeddings from Redis."""
+    model = engine.runner.model
+    if model.cfg.vision is None:
+        return None
+    return ImageIntake(ImageStore(link, names), model.cfg.hidden_size, model.dtype, engine.device)
 
 
 def main() -> None:
@@ -51,6 +61,7 @@ def main() -> None:
         cfg.stream_maxlen,
         metrics,
         BusyPoll.for_host(cfg.busy_poll_ms),
+        _image_intake(engine, link, names),
     )
     serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine), cfg.served_model_name())  # loaded: ready
     watchdog = None

@@ -22,9 +22,19 @@ import time
 import uuid
 
 from services.worker.engine import Engine
+from services.worker.image_intake import ImageIntake
 from services.worker.metrics import WorkerMetrics
 from shared.busy_poll import BusyPoll
-from shared.messages import AbortReqs, AdmitReqs, TokenBatch, TokenItem, WorkerStatus
+from shared.messages import (
+    ERR_FAILED,
+    ERR_INVALID,
+    FINISH_ERROR,
+    AbortReqs,
+    AdmitReqs,
+    TokenBatch,
+    TokenItem,
+    WorkerStatus,
+)
 from shared.redis_link import RedisLink, Stopping
 from shared.redis_streams import Entry, StreamReader, StreamWriter
 from shared.streams import GROUP_WORKER, StreamNames
@@ -46,8 +56,10 @@ class WorkerService:
         maxlen: int,
         metrics: WorkerMetrics | None = None,
         poll: BusyPoll | None = None,
+        images: ImageIntake | None = None,
     ) -> None:
         self.engine = engine
+        self.images = images  # a vision-language model's: requests' images' embeddings from Redis
         self.metrics = metrics or WorkerMetrics(group)
         self.link = link
         self.names = names
@@ -116,8 +128,22 @@ class WorkerService:
                 if msg.instance != self.instance:
                     log.warning("ignoring %d admissions addressed to instance %s", len(msg.reqs), msg.instance)
                     continue
+                spans = self.images.spans(msg.reqs) if self.images is not None else {}
+                failed = []
                 for req in msg.reqs:
-                    self.engine.add(req)
+                    got = spans.get(req.rid)
+                    if isinstance(got, str):
+                        log.error("failing: %s", got, extra={"rid": req.rid})
+                        item = TokenItem(req.rid, [], finish_reason=FINISH_ERROR, error=got, error_kind=ERR_FAILED)
+                        failed.append((req.detok, item))
+                    elif req.images and got is None:
+                        why = "the request has images, but this worker serves a text-only model"
+                        item = TokenItem(req.rid, [], finish_reason=FINISH_ERROR, error=why, error_kind=ERR_INVALID)
+                        failed.append((req.detok, item))
+                    else:
+                        self.engine.add(req, got)
+                if failed:
+                    self._publish_tokens(failed)
                 self.admit_seq = max(self.admit_seq, msg.seq)
             elif isinstance(msg, AbortReqs):
                 for rid in msg.rids:
