@@ -152,6 +152,19 @@ class TokenizerConfig(CommonConfig):
     fastchat_heartbeat_s: float = option(
         45.0, "FastChat's heartbeat interval (its controller forgets a worker after 90 s)"
     )
+    max_images_per_request: int = option(8, "a vision model's request may carry at most this many images")
+    max_image_bytes: int = option(
+        10 * 1024 * 1024, "largest image file (decoded from base64, or fetched): past it, 413"
+    )
+    max_image_pixels: int = option(
+        4096 * 4096, "largest image, in pixels (width x height), checked before it is decoded: past it, 413"
+    )
+    allowed_image_domains: tuple[str, ...] = option(
+        (),
+        "hosts an image_url may be fetched from over http(s) (repeatable; a name allows its subdomains too); "
+        "none: only data: URLs and base64 are taken",
+    )
+    image_fetch_timeout_s: float = option(5.0, "an image fetched over http(s) must arrive within this")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -188,6 +201,15 @@ class TokenizerConfig(CommonConfig):
         )
         _check(self.limit_worker_concurrency >= 1, "limit_worker_concurrency must be >= 1")
         _check(self.fastchat_heartbeat_s > 0, "fastchat_heartbeat_s must be > 0")
+        _check(self.max_images_per_request >= 1, "max_images_per_request must be >= 1")
+        _check(
+            self.max_image_bytes > 0 and self.max_image_pixels > 0, "max_image_bytes and max_image_pixels must be > 0"
+        )
+        _check(self.image_fetch_timeout_s > 0, "image_fetch_timeout_s must be > 0")
+        _check(
+            all(d and "/" not in d and d == d.strip().lower() for d in self.allowed_image_domains),
+            f"allowed_image_domains must be lower-case host names, got {self.allowed_image_domains}",
+        )
 
 
 @dataclass(frozen=True)
