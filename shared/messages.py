@@ -20,44 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import msgpack
-
-from shared.wire_structs import WireError, struct_from_wire, struct_to_wire
+from shared.wire_structs import WireError, pack_envelope, unpack_envelope
+from shared.wire_values import *  # noqa: F403 (finish reasons, error kinds, constraint kinds: read from here)
+from shared.wire_values import CONSTRAINT_KINDS
 
 # 2: WorkerStatus.running as columns (RunningTable); 3: the prompt cache's counts; 4: hand-over of a
 # dead group's requests (GenerateReq.resumed and .handovers, TokenItem.handovers, Handover);
 # 5: SamplingParams.constraint; 6: images (GenerateReq.images, VisualReq, ImageEmbedding)
 SCHEMA_VERSION = 6
-
-# finish reasons shared by every stage; "" means still running
-FINISH_STOP = "stop"  # EOS, a stop token or a stop string
-FINISH_LENGTH = "length"  # max_new_tokens or the context limit
-FINISH_ABORT = "abort"  # the client went away or asked to stop
-FINISH_ERROR = "error"  # the pipeline failed the request; TokenItem.error says why
-FINISH_REASONS = ("", FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR)
-
-# what kind of error ended a request (finish_reason "error"), so a front end can pick the status
-ERR_FAILED = "failed"  # the pipeline failed it (a worker died, ...): 500
-ERR_OVERLOADED = "overloaded"  # the queue is full: 503 with Retry-After
-ERR_TOO_LARGE = "too_large"  # no worker group could ever hold it: 400
-ERR_DEADLINE = "deadline"  # it outlived its deadline: 504
-ERR_INVALID = "invalid"  # the worker cannot do what it asks (a grammar that does not compile): 400
-ERROR_KINDS = ("", ERR_FAILED, ERR_OVERLOADED, ERR_TOO_LARGE, ERR_DEADLINE, ERR_INVALID)
-
-# what a Constraint's text is (services/worker/grammar.py compiles each)
-CONSTRAINT_JSON_SCHEMA = "json_schema"  # a JSON schema, as JSON text
-CONSTRAINT_JSON_OBJECT = "json_object"  # any JSON object; text unused
-CONSTRAINT_REGEX = "regex"  # a regular expression the whole output matches
-CONSTRAINT_CHOICE = "choice"  # a JSON array of strings: the output is one of them
-CONSTRAINT_GRAMMAR = "grammar"  # an EBNF grammar (xgrammar's dialect of GBNF) with a root rule
-CONSTRAINT_KINDS = (
-    CONSTRAINT_JSON_SCHEMA,
-    CONSTRAINT_JSON_OBJECT,
-    CONSTRAINT_REGEX,
-    CONSTRAINT_CHOICE,
-    CONSTRAINT_GRAMMAR,
-)
-
 
 # ---------------------------------------------------------------- nested structs
 
@@ -259,7 +229,7 @@ class GenerateReq:
     resumed: int = 0
     handovers: int = 0
     # the prompt's images, in order: each fills its positions with its embeddings (the ids there
-    # are pseudo-ids derived from the image's hash, below 0: see image_pseudo_id)
+    # are pseudo-ids derived from the image's hash, below 0: vision_config.image_pseudo_id)
     images: list[ImageRef] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -396,36 +366,11 @@ class ImageEmbedding:
             raise WireError(f"ImageEmbedding: {len(self.data)} bytes for {self.shape} {self.dtype}")
 
 
-def image_pseudo_id(image_hash: str) -> int:
-    """The id an image's prompt positions carry: below -1 (PLACEHOLDER's -1 and real ids stay
-    apart), the same for the same image and different for different ones, so the prompt cache and
-    the router's prefix index, which key on ids, never match one image's KV to another's."""
-    return -2 - int(image_hash[:15], 16)
-
-
 MESSAGE_TYPES: tuple[type, ...] = (
-    VisualReq,
-    GenerateReq,
-    AbortReq,
-    WorkerStatus,
-    AdmitReqs,
-    AbortReqs,
-    DetokRegister,
-    Handover,
-    TokenBatch,
-    TextBatch,
-    Heartbeat,
-    ImageEmbedding,
+    *(VisualReq, GenerateReq, AbortReq, WorkerStatus, AdmitReqs, AbortReqs, DetokRegister, Handover),
+    *(TokenBatch, TextBatch, Heartbeat, ImageEmbedding),
 )
-NESTED_TYPES: tuple[type, ...] = (
-    Constraint,
-    SamplingParams,
-    RunningTable,
-    TokenItem,
-    TextItem,
-    ImageRef,
-    ImageData,
-)
+NESTED_TYPES: tuple[type, ...] = (Constraint, SamplingParams, RunningTable, TokenItem, TextItem, ImageRef, ImageData)
 
 
 # ---------------------------------------------------------------- codec
@@ -436,27 +381,9 @@ assert len(_BY_TAG) == len(MESSAGE_TYPES), "message tags must be unique"
 
 def encode(msg: Any) -> bytes:
     """Serialise one top-level message."""
-    cls = type(msg)
-    if _BY_TAG.get(getattr(cls, "TAG", None)) is not cls:
-        raise WireError(f"{cls.__name__} is not a wire message type")
-    return msgpack.packb([SCHEMA_VERSION, cls.TAG, *struct_to_wire(msg)], use_bin_type=True)
+    return pack_envelope(SCHEMA_VERSION, _BY_TAG, msg)
 
 
 def decode(data: bytes) -> Any:
     """Parse one top-level message, checking version, type and shape."""
-    try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as e:  # msgpack raises several unrelated types
-        raise WireError(f"not msgpack: {e}") from e
-    if not isinstance(raw, list) or len(raw) < 2:
-        raise WireError(f"not a message envelope: {raw!r:.200}")
-    version, tag = raw[0], raw[1]
-    if version != SCHEMA_VERSION:
-        raise WireError(f"schema version {version!r}, this build speaks {SCHEMA_VERSION}")
-    cls = _BY_TAG.get(tag)
-    if cls is None:
-        raise WireError(f"unknown message type {tag!r}")
-    try:
-        return struct_from_wire(cls, raw[2:])
-    except (TypeError, ValueError) as e:
-        raise WireError(f"{cls.__name__}: {e}") from e
+    return unpack_envelope(SCHEMA_VERSION, _BY_TAG, data)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.quant_config import WeightQuant, parse_quantization
-from shared.vision_config import VISION_ARCHITECTURES, VisionConfig
+from shared.vision_config import VisionConfig, text_config
 
 log = logging.getLogger(__name__)
 
@@ -196,34 +196,6 @@ class ModelConfig:
             **moe,
             **gemma,
         )
-
-
-# Hugging Face's defaults for what a vision model's text_config may leave out (llava-hf's configs give
-# only what differs from LlamaConfig's or MistralConfig's defaults)
-_TEXT_DEFAULTS = {
-    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-              "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6},
-    "mistral": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-                "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32,
-                "rms_norm_eps": 1e-6, "sliding_window": 4096},
-}  # fmt: skip
-
-
-def text_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """A vision-language config.json's language model (text_config) as a text model's config.json:
-    its architecture named, Hugging Face's defaults filled in, the top level's ids carried down."""
-    archs = [a for a in raw.get("architectures") or [] if a in VISION_ARCHITECTURES]
-    text = dict(raw.get("text_config") or {})
-    kind = text.get("model_type", "llama")
-    if kind not in _TEXT_DEFAULTS:
-        raise ModelConfigError(f"{archs[0]} over a {kind!r} language model is not supported (llama, mistral)")
-    for name, value in _TEXT_DEFAULTS[kind].items():
-        text.setdefault(name, value)
-    text["architectures"] = [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}[kind]]
-    for name in ("tie_word_embeddings", "eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
-        if name in raw and name not in text:
-            text[name] = raw[name]
-    return text
 
 
 def _qkv_bias(family: str, raw: dict[str, Any]) -> bool:

@@ -97,9 +97,45 @@ class VisionConfig:
         )
 
 
+# Hugging Face's defaults for what a vision model's text_config may leave out (llava-hf's configs give
+# only what differs from LlamaConfig's or MistralConfig's defaults)
+_TEXT_DEFAULTS = {
+    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6},
+    "mistral": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32,
+                "rms_norm_eps": 1e-6, "sliding_window": 4096},
+}  # fmt: skip
+
+
+def text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """A vision-language config.json's language model (text_config) as a text model's config.json:
+    its architecture named, Hugging Face's defaults filled in, the top level's ids carried down."""
+    archs = [a for a in raw.get("architectures") or [] if a in VISION_ARCHITECTURES]
+    text = dict(raw.get("text_config") or {})
+    kind = text.get("model_type", "llama")
+    if kind not in _TEXT_DEFAULTS:
+        raise VisionConfigError(f"{archs[0]} over a {kind!r} language model is not supported (llama, mistral)")
+    for name, value in _TEXT_DEFAULTS[kind].items():
+        text.setdefault(name, value)
+    text["architectures"] = [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}[kind]]
+    for name in ("tie_word_embeddings", "eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
+        if name in raw and name not in text:
+            text[name] = raw[name]
+    return text
+
+
 def _read(model_dir: str, name: str) -> dict[str, Any]:
     path = os.path.join(model_dir, name)
     if not os.path.exists(path):
         raise VisionConfigError(f"{path} not found: a vision model needs its image processor's config")
     with open(path) as f:
         return json.load(f)
+
+
+def image_pseudo_id(image_hash: str) -> int:
+    """The id an image's prompt positions carry (GenerateReq.images): below -1, so real ids and the
+    worker's PLACEHOLDER (-1) stay apart; the same for the same image and different for different
+    ones, so the prompt cache and the router's prefix index, which key on ids, never match one
+    image's KV to another's."""
+    return -2 - int(image_hash[:15], 16)

@@ -52,17 +52,10 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from services.worker.models import int4_formats
 from tools import tiny_vision
-
-CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
-
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from tools.tiny_tokenizer import tokenizer_config, train_tokenizer
 
 LLAMA_TOKENS = {"specials": ["<s>", "</s>", "<|im_start|>", "<|im_end|>"], "bos": "<s>", "eos": "</s>"}
 QWEN_TOKENS = {"specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "bos": None, "eos": "<|endoftext|>"}
@@ -112,28 +105,6 @@ def text_arch(args: argparse.Namespace) -> str:
 
 def head_dim(args: argparse.Namespace) -> int:
     return args.hidden // args.heads * (2 if args.arch in WIDE_HEADS else 1)
-
-
-def train_tokenizer(vocab_size: int, specials: list[str], bos: str | None) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    with open(CORPUS, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    tok.train_from_iterator(lines, trainer)
-    if bos is not None:
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
-        )
-    else:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    return tok
 
 
 def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[str, torch.Tensor]:
@@ -326,19 +297,6 @@ def gemma_fields(args: argparse.Namespace) -> dict:
         "rope_scaling": {"rope_type": "linear", "factor": 4.0},
         "attn_logit_softcapping": None,
         "final_logit_softcapping": None,
-    }
-
-
-def tokenizer_config(arch: dict, max_positions: int, vision: bool = False) -> dict:
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": arch["bos"],
-        "eos_token": arch["eos"],
-        "pad_token": arch["eos"],
-        "unk_token": None,
-        "model_max_length": max_positions,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": ("{{ bos_token }}" if arch["bos"] else "") + (tiny_vision.CHAT_TEMPLATE if vision else CHATML),
     }
 
 

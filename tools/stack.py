@@ -1,5 +1,6 @@
 """Run LightStream's services as local processes: redis-server (optional), detokenizer,
-router, worker group(s), visual replicas (a vision-language model's) and front end. Used by ``lightstream serve`` and the tests."""
+router, worker group(s), visual replicas (a vision-language model's) and front end. Used by
+``lightstream serve`` and the tests."""
 
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ class Req:
         self.unresolved = 0  # placeholder tokens of steps still in flight
         self.closing = False  # its last token is in flight; it is scheduled no more
         self.grammar: GrammarState | None = None  # structured output: what its tokens must spell
-        # its prompt's images in order; their positions hold pseudo-ids (messages.image_pseudo_id),
+        # its prompt's images in order; their positions hold pseudo-ids (vision_config.image_pseudo_id),
         # so the prompt cache keys them by image, and each step's chunk takes their rows
         self.images: list[ImageSpan] = images or []
 

@@ -6,6 +6,7 @@ import msgpack
 import pytest
 
 from shared import messages as m
+from shared.vision_config import image_pseudo_id
 
 SP = m.SamplingParams(
     max_new_tokens=7,
@@ -199,5 +200,5 @@ def test_images_must_lie_in_the_prompt_in_order() -> None:
 
 
 def test_image_pseudo_ids_are_below_placeholder_and_differ_per_image() -> None:
-    a, b = m.image_pseudo_id(H1), m.image_pseudo_id(H2)
-    assert a < -1 and b < -1 and a != b and a == m.image_pseudo_id(H1)
+    a, b = image_pseudo_id(H1), image_pseudo_id(H2)
+    assert a < -1 and b < -1 and a != b and a == image_pseudo_id(H1)

@@ -12,8 +12,9 @@ from services.visual.families import load_tower
 from services.worker.build import build_engine
 from services.worker.request import ImageSpan
 from shared.config import WorkerConfig
-from shared.messages import GenerateReq, ImageRef, SamplingParams, image_pseudo_id
+from shared.messages import GenerateReq, ImageRef, SamplingParams
 from shared.model_config import ModelConfig
+from shared.vision_config import image_pseudo_id
 from tests import vision_cases as vc
 
 TEXT = "<s><|im_start|>user\n<image>Describe<image> both.<|im_end|>\n<|im_start|>assistant\n"

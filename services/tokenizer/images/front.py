@@ -2,7 +2,7 @@
 
 The chat template (or the client, on /generate) writes one placeholder token per image; each
 becomes as many positions as the family's processor gives the image, holding the image's
-pseudo-id (shared.messages.image_pseudo_id), and an ImageRef says where they are. The visual
+pseudo-id (shared.vision_config.image_pseudo_id), and an ImageRef says where they are. The visual
 service turns the image's bytes into the rows that fill them."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from services.tokenizer.images.check import CheckedImage, check_image
 from services.tokenizer.images.families import image_tokens
 from services.tokenizer.images.sources import ImageSource, ImageSources
 from shared.config import TokenizerConfig
-from shared.messages import ImageData, ImageRef, image_pseudo_id
-from shared.vision_config import VisionConfig
+from shared.messages import ImageData, ImageRef
+from shared.vision_config import VisionConfig, image_pseudo_id
 
 
 @dataclass(frozen=True)

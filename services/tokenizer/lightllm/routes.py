@@ -39,8 +39,7 @@ def lightllm_post_routes(ctx: FrontContext) -> dict[str, PostRoute]:
         images = await ctx.images.load(body.image_sources())
         ids, prompt_images = ctx.images.expand(await ctx.tok.encode(body.inputs), images, "inputs")
         jobs = [
-            Job(ids, p.sampling(seed), p.stops(), p.skip_special_tokens, prompt_images)
-            for seed in seeds(p.seed, p.sequences)
+            Job(ids, p.sampling(s), p.stops(), p.skip_special_tokens, prompt_images) for s in seeds(p.seed, p.sequences)
         ]
         return await submit_all(ctx, jobs, arrival)
 

@@ -13,8 +13,8 @@ from services.tokenizer.images.check import check_image
 from services.tokenizer.images.front import ImageFront
 from services.tokenizer.images.sources import ImageSource
 from shared.config import TokenizerConfig
-from shared.messages import image_pseudo_id
 from shared.model_config import ModelConfig
+from shared.vision_config import image_pseudo_id
 from tests import vision_cases as vc
 
 
