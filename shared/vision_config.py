@@ -85,6 +85,8 @@ class VisionConfig:
         pinpoints = tuple((int(h), int(w)) for h, w in raw.get("image_grid_pinpoints") or [])
         if family == "llava_next" and not pinpoints:
             raise VisionConfigError("LLaVA-NeXT's config.json gives no image_grid_pinpoints")
+        if family == "llava_next" and raw.get("vision_feature_select_strategy", "default") != "default":
+            raise VisionConfigError("LLaVA-NeXT with vision_feature_select_strategy full is not supported")
         return cls(
             family=family,
             image_token_id=int(token_id),

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from shared.anyres import best_resolution, fitted_size
+
 _RESAMPLE = {0: Image.Resampling.NEAREST, 2: Image.Resampling.BILINEAR, 3: Image.Resampling.BICUBIC}
 
 
@@ -64,6 +66,24 @@ class ClipPrep:
         """uint8 [h, w, 3] -> float32 [3, h, w]."""
         x = (hwc.astype(np.float64) * self.rescale).astype(np.float32)
         return ((x - self.mean) / self.std).transpose(2, 0, 1).copy()
+
+
+def anyres_tiles(image: Image.Image, prep: ClipPrep, pinpoints: tuple[tuple[int, int], ...], side: int) -> np.ndarray:
+    """LLaVA-NeXT's input: the whole image squeezed into one square, then the image resized into
+    the best of pinpoints (aspect kept, zero padding around it) cut into squares row by row ->
+    [1 + tiles, 3, side, side] float32, as Hugging Face's LlavaNext image processor makes it."""
+    best = best_resolution(image.height, image.width, pinpoints)
+    h, w = fitted_size(image.height, image.width, best)
+    fitted = np.asarray(image.resize((w, h), prep.resample))
+    (top, extra_y), (left, extra_x) = divmod(best[0] - h, 2), divmod(best[1] - w, 2)
+    padded = np.pad(fitted, ((top, top + extra_y), (left, left + extra_x), (0, 0)))
+    squares = [image.resize((side, side), prep.resample)]
+    squares += [
+        Image.fromarray(padded[y : y + side, x : x + side])
+        for y in range(0, best[0], side)
+        for x in range(0, best[1], side)
+    ]
+    return np.stack([prep.square(s) for s in squares])
 
 
 def centre_crop(hwc: np.ndarray, crop: tuple[int, int]) -> np.ndarray:

@@ -57,11 +57,13 @@ def _run(engine, reqs: list[tuple[GenerateReq, list[ImageSpan]]]) -> dict[str, t
 
 
 @pytest.mark.parametrize("chunk", [8192, 16], ids=["whole", "chunked"])
-def test_two_images_of_different_sizes_match_hf(tiny_llava: str, chunk: int) -> None:
+@pytest.mark.parametrize("family", ["tiny_llava", "tiny_llava_next"])
+def test_two_images_of_different_sizes_match_hf(request: pytest.FixtureRequest, family: str, chunk: int) -> None:
+    model_dir = request.getfixturevalue(family)
     images = [vc.image(1, 60, 40), vc.image(2, 23, 70)]
-    want = vc.hf_greedy(tiny_llava, TEXT, images, MAX_NEW, add_special_tokens=False)
-    engine = build_engine(WorkerConfig(model_dir=tiny_llava, device="cpu", batch_max_tokens=chunk))
-    got = _run(engine, [_request(tiny_llava, "a", TEXT, images)])["a"][0]
+    want = vc.hf_greedy(model_dir, TEXT, images, MAX_NEW, add_special_tokens=False)
+    engine = build_engine(WorkerConfig(model_dir=model_dir, device="cpu", batch_max_tokens=chunk))
+    got = _run(engine, [_request(model_dir, "a", TEXT, images)])["a"][0]
     assert got == want
 
 

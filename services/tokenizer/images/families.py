@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from shared.anyres import grid, unpadded
 from shared.vision_config import VisionConfig
 
 
@@ -14,8 +15,19 @@ def llava_tokens(cfg: VisionConfig, width: int, height: int) -> int:
     return cfg.tokens_per_tile
 
 
+def llava_next_tokens(cfg: VisionConfig, width: int, height: int) -> int:
+    """LLaVA-NeXT: the whole image as one square, then the tiles' feature grid with the padding cut
+    away and an image_newline ending each of its rows."""
+    side = cfg.patches_per_side
+    down, across = grid(height, width, cfg.grid_pinpoints, cfg.image_size)
+    top, bottom, left, right = unpadded(height, width, down * side, across * side)
+    rows, cols = bottom - top, right - left
+    return cfg.tokens_per_tile + rows * cols + rows
+
+
 TOKEN_COUNTS: dict[str, Callable[[VisionConfig, int, int], int]] = {
     "llava": llava_tokens,
+    "llava_next": llava_next_tokens,
 }
 
 

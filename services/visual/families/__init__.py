@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from services.visual.families import llava
+from services.visual.families import llava, llava_next
 from services.visual.families.interface import VisionTower
 from shared.vision_config import VisionConfig
 
@@ -16,6 +16,7 @@ Loader = Callable[[str, VisionConfig, torch.dtype, torch.device], VisionTower]
 
 FAMILIES: dict[str, Loader] = {
     "llava": llava.load,
+    "llava_next": llava_next.load,
 }
 
 

@@ -73,9 +73,11 @@ def test_the_pixel_limit_is_checked_before_decoding() -> None:
     assert check_image(data, "p", max_bytes=10**6, max_pixels=500 * 400).width == 500
 
 
-def test_expansion_gives_hf_processors_ids(tiny_llava: str) -> None:
-    images = [vc.image(1, 60, 40), vc.image(2, 23, 70)]
-    text = "<s>A<image>B<image>C"
+@pytest.mark.parametrize("family", ["tiny_llava", "tiny_llava_next"])
+def test_expansion_gives_hf_processors_ids(request: pytest.FixtureRequest, family: str) -> None:
+    tiny_llava = request.getfixturevalue(family)
+    images = [vc.image(1, 60, 40), vc.image(2, 23, 70), vc.image(3, 100, 30)]
+    text = "<s>A<image>B<image>C<image>"
     hf_ids = vc.hf_inputs(tiny_llava, text, images, add_special_tokens=False)["input_ids"][0].tolist()
     processor, _ = vc.hf_model(tiny_llava)
     ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
