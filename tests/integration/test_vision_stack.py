@@ -20,6 +20,7 @@ from tests import vision_cases as vc
 from tests.integration.conftest import start_stack
 from tests.integration.vision_helpers import b64, cache_counts, chat_content, data_url, hf_chat_text, hf_generate_text
 from tests.polling import until
+from tools import benchmark_serving
 from tools.redis_server import free_port
 from tools.stack import Stack
 
@@ -148,6 +149,16 @@ def test_images_over_the_limits_are_refused(stack: Stack) -> None:
     r = generate([small], "<image>hi", max_new=1024)
     assert r.status_code == 400 and "of them its images'" in r.json()["error"]
     assert generate([small]).status_code == 200  # and it still serves
+
+
+def test_benchmark_serving_sends_image_requests(stack: Stack, tmp_path) -> None:
+    hits, misses = cache_counts(stack.visual_metrics)
+    argv = ["--url", stack.url, "--out", str(tmp_path / "bench.json"), "--requests", "2", "--vocab", "1000"]
+    argv += ["--images-per-request", "1", "--image-size", "64", "--tokenizer", stack.model_dir, "--quiet"]
+    (r,) = benchmark_serving.main(argv)
+    assert r["completed"] == 2 and r["failed"] == 0 and r["images_per_request"] == 1, r["errors"]
+    assert r["output_tok_per_s"] > 0 and 0 < r["ttft_ms"]["median"] <= r["e2e_ms"]["median"]
+    assert cache_counts(stack.visual_metrics) == (hits, misses + 2)  # an image of its own per request
 
 
 def test_visual_killed_with_requests_waiting_then_restarted(stack: Stack) -> None:
