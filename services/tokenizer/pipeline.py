@@ -143,8 +143,7 @@ class Pipeline:
             raise Unavailable("no visual replica is alive (the model's images are encoded there)")
         self._refuse_early(len(input_ids) + params.max_new_tokens)
         shard = self._pick_detok(rid)
-        pending = PendingRequest(rid, shard.replica, shard.started, len(input_ids), queue, index)
-        pending.images = images is not None
+        pending = PendingRequest(rid, shard.replica, shard.started, len(input_ids), queue, index, images=bool(images))
         self.pending[rid] = pending
         register = DetokRegister(rid, self.front_id, len(input_ids), stop, skip_special_tokens, deadline)
         refs = images.refs if images is not None else []

@@ -20,7 +20,7 @@ from services.visual.image_prep import open_rgb
 from services.visual.metrics import VisualMetrics
 from shared.busy_poll import BusyPoll
 from shared.image_store import ImageStore
-from shared.messages import ERR_INVALID, FINISH_ERROR, ImageData, TokenBatch, TokenItem, VisualReq
+from shared.messages import ERR_INVALID, FINISH_ERROR, GenerateReq, ImageData, TokenBatch, TokenItem, VisualReq
 from shared.redis_link import RedisLink
 from shared.redis_streams import Entry, StreamReader, StreamWriter
 from shared.streams import GROUP_VISUAL, StreamNames
@@ -79,11 +79,7 @@ class VisualService:
             else:
                 self.metrics.failed += 1
                 log.warning("failing: %s", why, extra={"rid": r.req.rid})
-                item = TokenItem(
-                    r.req.rid, [], finish_reason=FINISH_ERROR, error=why, error_kind=ERR_INVALID,
-                    prompt_tokens=r.req.prompt_len,
-                )  # fmt: skip
-                out.append((self.names.detok(r.req.detok), TokenBatch("visual", [item])))
+                out.append((self.names.detok(r.req.detok), TokenBatch("visual", [_failed(r.req, why)])))
         self.writer.send_many(out, acks=entries)
 
     def _ensure_encoded(self, reqs: list[VisualReq]) -> dict[str, str]:
@@ -120,3 +116,16 @@ class VisualService:
             self.store.put({h: to_message(r) for (h, _), r in zip(prepared, rows, strict=True)})
         self.metrics.on_encode(time.perf_counter() - started)
         return failed
+
+
+def _failed(req: GenerateReq, why: str) -> TokenItem:
+    """The item that ends a request whose images could not be encoded."""
+    return TokenItem(
+        req.rid,
+        [],
+        finish_reason=FINISH_ERROR,
+        error=why,
+        error_kind=ERR_INVALID,
+        prompt_tokens=req.prompt_len,
+        handovers=req.handovers,
+    )
