@@ -27,9 +27,9 @@ def vision_config(args: argparse.Namespace) -> dict:
     return {
         "model_type": "clip_vision_model",
         "hidden_size": args.vision_hidden,
-        "intermediate_size": 2 * args.vision_hidden,
+        "intermediate_size": _vision_intermediate(args),
         "num_hidden_layers": args.vision_layers,
-        "num_attention_heads": 2,
+        "num_attention_heads": args.vision_heads,
         "image_size": args.image_size,
         "patch_size": args.patch_size,
         "num_channels": 3,
@@ -95,7 +95,7 @@ def processor_files(args: argparse.Namespace) -> dict[str, dict]:
 def vision_weights(args: argparse.Namespace, text_hidden: int) -> dict[str, torch.Tensor]:
     """The tower's and the projector's tensors by llava-hf's names, drawn from a seed of their own."""
     g = torch.Generator().manual_seed(args.seed + 1)
-    h, inter = args.vision_hidden, 2 * args.vision_hidden
+    h, inter = args.vision_hidden, _vision_intermediate(args)
     patches = (args.image_size // args.patch_size) ** 2
 
     def normal(*shape: int, std: float) -> torch.Tensor:
@@ -134,8 +134,16 @@ def llava_layout(text: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {("language_model." + k): t for k, t in text.items()}
 
 
+def _vision_intermediate(args: argparse.Namespace) -> int:
+    return args.vision_intermediate or 2 * args.vision_hidden
+
+
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--image-size", type=int, default=32, help="llava: the tower's square input side")
     ap.add_argument("--patch-size", type=int, default=8, help="llava: the tower's patch side")
     ap.add_argument("--vision-hidden", type=int, default=32, help="llava: the tower's width")
     ap.add_argument("--vision-layers", type=int, default=3, help="llava: the tower's layers")
+    ap.add_argument("--vision-heads", type=int, default=2, help="llava: the tower's attention heads")
+    ap.add_argument(
+        "--vision-intermediate", type=int, default=0, help="llava: the tower's MLP width; 0: twice its width"
+    )
