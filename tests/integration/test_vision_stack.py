@@ -126,7 +126,7 @@ def test_a_bad_image_is_a_4xx_naming_it(stack: Stack, url: str, status: int, wor
     r = httpx.post(stack.url + "/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == status, r.text
     error = r.json()["error"]
-    assert words in error["message"] and error["param"] == "messages[0].content[0].image_url"
+    assert words in error["message"] and error["param"] == "messages.0.content.0.image_url"
 
 
 def test_images_over_the_limits_are_refused(stack: Stack) -> None:

@@ -70,7 +70,7 @@ class WorkerParams(BaseModel):
         return v
 
     def image_sources(self) -> list[ImageSource]:
-        return [ImageSource(x, f"images[{i}]") for i, x in enumerate(self.images or [])]
+        return [ImageSource(x, f"images.{i}") for i, x in enumerate(self.images or [])]
 
     @property
     def sequences(self) -> int:

@@ -157,6 +157,6 @@ class GenerateBody(BaseModel):
         """Each image in the prompt's order: base64 data, or a URL."""
         images = self.multimodal_params.images if self.multimodal_params is not None else []
         return [
-            ImageSource(im.data, f"multimodal_params.images[{i}].data", im.type == "base64")
+            ImageSource(im.data, f"multimodal_params.images.{i}.data", im.type == "base64")
             for i, im in enumerate(images)
         ]

@@ -126,5 +126,5 @@ class ChatCompletionRequest(OpenAISampling):
             parts = m.content if isinstance(m.content, list) else []
             for j, part in enumerate(parts):
                 if part["type"] == "image_url":
-                    out.append(ImageSource(_image_url(part), f"messages[{i}].content[{j}].image_url"))
+                    out.append(ImageSource(_image_url(part), f"messages.{i}.content.{j}.image_url"))
         return out

@@ -61,8 +61,8 @@ def test_sources_that_are_not_read(tiny_llava: str, source: str, words: str) -> 
 
 def test_a_text_only_model_refuses_images() -> None:
     with pytest.raises(APIError) as e:
-        _load(_front(None), ImageSource(base64.b64encode(vc.png(vc.image(1, 8, 8))).decode(), "images[0]"))
-    assert e.value.status == 400 and "text-only" in e.value.message and e.value.param == "images[0]"
+        _load(_front(None), ImageSource(base64.b64encode(vc.png(vc.image(1, 8, 8))).decode(), "images.0"))
+    assert e.value.status == 400 and "text-only" in e.value.message and e.value.param == "images.0"
 
 
 def test_the_pixel_limit_is_checked_before_decoding() -> None:
