@@ -43,8 +43,11 @@ class VisionConfig:
             raise VisionConfigError(
                 f"vision_feature_select_strategy {self.select_strategy!r} is not supported ({SELECT_STRATEGIES})"
             )
-        if self.tower.get("model_type", "clip_vision_model") != "clip_vision_model":
-            raise VisionConfigError(f"vision tower {self.tower.get('model_type')!r} is not supported (CLIP only)")
+        llava = self.family in ("llava", "llava_next")
+        if llava and self.tower.get("model_type", "clip_vision_model") != "clip_vision_model":
+            raise VisionConfigError(
+                f"LLaVA's vision tower {self.tower.get('model_type')!r} is not supported (CLIP only)"
+            )
 
     @property
     def image_size(self) -> int:
