@@ -152,12 +152,14 @@ def _stack(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url:
             port=cfg.port,
             workers=cfg.dp,
             detokenizers=cfg.detokenizers,
+            visuals=cfg.visuals,
             fronts=cfg.fronts,
             log_dir=cfg.log_dir,
             worker_args=[*worker_first, *args["worker"]],
             router_args=args["router"],
             tokenizer_args=args["tokenizer"],
             detokenizer_args=args["detokenizer"],
+            visual_args=args["visual"],
             gpus_per_worker=_gpus_per_group(cfg),
         )
     )

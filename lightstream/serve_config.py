@@ -83,11 +83,13 @@ class ServeConfig:
     log_format: str = option("text", "every service's log: text (one line per event) or json (one object per line)")
     log_dir: str = option("", "write each service's log to DIR/<service>.log; none: this terminal")
     detokenizers: int = option(1, "detokenizer processes")
+    visuals: int = option(1, "visual processes (a vision-language model's image encoders; none for a text model)")
     fronts: int = option(1, "HTTP front-end processes sharing --port (SO_REUSEPORT)")
     worker_args: tuple[str, ...] = option((), "extra flag for each worker, e.g. --worker-arg=--cuda-graph-max-bs=64")
     router_args: tuple[str, ...] = option((), "extra flag for the router (repeatable)")
     tokenizer_args: tuple[str, ...] = option((), "extra flag for each HTTP front end (repeatable)")
     detokenizer_args: tuple[str, ...] = option((), "extra flag for each detokenizer (repeatable)")
+    visual_args: tuple[str, ...] = option((), "extra flag for each visual process (repeatable)")
 
     def __post_init__(self) -> None:
         _check(0 < self.port < 65536, f"--port must be in 1..65535, got {self.port}")
@@ -107,6 +109,7 @@ class ServeConfig:
         _check(self.running_max_req_size >= 1, "--max-num-seqs must be >= 1")
         _check(self.chunked_prefill_size >= 16, "--chunked-prefill-size must be >= 16")
         _check(self.detokenizers >= 1 and self.fronts >= 1, "--detokenizers and --fronts must be >= 1")
+        _check(self.visuals >= 1, "--visuals must be >= 1")
         _check(self.log_format in ("text", "json"), f"--log-format must be text or json, got {self.log_format!r}")
         _check(
             self.tool_call_parser in ("", *TOOL_CALL_PARSERS),
@@ -131,7 +134,7 @@ def _check(ok: bool, message: str) -> None:
 # passed, so a service keeps its own default or its own LS_* variable
 SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "tp": (("worker",), "--tp"),
-    "dtype": (("worker",), "--dtype"),
+    "dtype": (("worker", "visual"), "--dtype"),
     "kv_dtype": (("worker",), "--kv-dtype"),
     "quantization": (("worker",), "--quantization"),
     "mem_fraction": (("worker",), "--mem-fraction"),
@@ -141,8 +144,8 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "chunked_prefill_size": (("worker",), "--batch-max-tokens"),
     "disable_prompt_cache": (("worker",), "--disable-prompt-cache"),
     "routing_policy": (("router",), "--routing-policy"),
-    "log_format": (("worker", "router", "tokenizer", "detokenizer"), "--log-format"),
-    "model_name": (("tokenizer", "worker", "router", "detokenizer"), "--model-name"),
+    "log_format": (("worker", "router", "tokenizer", "detokenizer", "visual"), "--log-format"),
+    "model_name": (("tokenizer", "worker", "router", "detokenizer", "visual"), "--model-name"),
     "tokenizer": (("tokenizer", "detokenizer", "worker"), "--tokenizer"),
     "chat_template": (("tokenizer",), "--chat-template"),
     "tool_call_parser": (("tokenizer",), "--tool-call-parser"),
@@ -152,7 +155,7 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
 
 def service_args(cfg: ServeConfig) -> dict[str, list[str]]:
     """Each service's own flags for these settings (the pass-through flags last, so they win)."""
-    args: dict[str, list[str]] = {"worker": [], "router": [], "tokenizer": [], "detokenizer": []}
+    args: dict[str, list[str]] = {"worker": [], "router": [], "tokenizer": [], "detokenizer": [], "visual": []}
     defaults = ServeConfig()
     for name, (services, flag) in SERVICE_FLAGS.items():
         value = getattr(cfg, name)
@@ -165,4 +168,5 @@ def service_args(cfg: ServeConfig) -> dict[str, list[str]]:
     args["router"] += cfg.router_args
     args["tokenizer"] += cfg.tokenizer_args
     args["detokenizer"] += cfg.detokenizer_args
+    args["visual"] += cfg.visual_args
     return args

@@ -156,6 +156,19 @@ class TokenizerConfig(CommonConfig):
     fastchat_heartbeat_s: float = option(
         45.0, "FastChat's heartbeat interval (its controller forgets a worker after 90 s)"
     )
+    max_images_per_request: int = option(8, "a vision model's request may carry at most this many images")
+    max_image_bytes: int = option(
+        10 * 1024 * 1024, "largest image file (decoded from base64, or fetched): past it, 413"
+    )
+    max_image_pixels: int = option(
+        4096 * 4096, "largest image, in pixels (width x height), checked before it is decoded: past it, 413"
+    )
+    allowed_image_domains: tuple[str, ...] = option(
+        (),
+        "hosts an image_url may be fetched from over http(s) (repeatable; a name allows its subdomains too); "
+        "none: only data: URLs and base64 are taken",
+    )
+    image_fetch_timeout_s: float = option(5.0, "an image fetched over http(s) must arrive within this")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -192,6 +205,15 @@ class TokenizerConfig(CommonConfig):
         )
         _check(self.limit_worker_concurrency >= 1, "limit_worker_concurrency must be >= 1")
         _check(self.fastchat_heartbeat_s > 0, "fastchat_heartbeat_s must be > 0")
+        _check(self.max_images_per_request >= 1, "max_images_per_request must be >= 1")
+        _check(
+            self.max_image_bytes > 0 and self.max_image_pixels > 0, "max_image_bytes and max_image_pixels must be > 0"
+        )
+        _check(self.image_fetch_timeout_s > 0, "image_fetch_timeout_s must be > 0")
+        _check(
+            all(d and "/" not in d and d == d.strip().lower() for d in self.allowed_image_domains),
+            f"allowed_image_domains must be lower-case host names, got {self.allowed_image_domains}",
+        )
 
 
 @dataclass(frozen=True)
@@ -351,6 +373,30 @@ class WorkerConfig(CommonConfig):
         """The tensor-parallel ranks this host runs."""
         per = self.tp // self.nnodes
         return range(self.node_rank * per, (self.node_rank + 1) * per)
+
+
+@dataclass(frozen=True)
+class VisualConfig(CommonConfig):
+    """A visual replica: images -> embeddings with the model's vision tower and projector."""
+
+    model_dir: str = option("", "Hugging Face model directory of a vision-language model (required)")
+    device: str = option("auto", "auto, cpu or cuda")
+    dtype: str = option("auto", "auto (the model's, float32 on the CPU), float32, bfloat16 or float16")
+    max_batch_images: int = option(32, "most images through the tower in one batch (across requests)")
+    image_ttl_s: float = option(
+        600.0, "an image's embeddings stay in Redis this long after their last use: sent again within it, not encoded"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(bool(self.model_dir), "model_dir is required")
+        _check(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device}")
+        _check(
+            self.dtype in ("auto", "float32", "bfloat16", "float16"),
+            f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}",
+        )
+        _check(self.max_batch_images >= 1, "max_batch_images must be >= 1")
+        _check(self.image_ttl_s > 0, "image_ttl_s must be > 0")
 
 
 @dataclass(frozen=True)

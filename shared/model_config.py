@@ -7,6 +7,7 @@ the end-of-sequence ids. Both spellings of rotary scaling are read: the classic
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.quant_config import WeightQuant, parse_quantization
+from shared.vision_config import VisionConfig, text_config
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ class ModelConfig:
     query_pre_attn_scalar: float = 0.0  # the attention scale is its -1/2 power; 0: head_dim's
     local_rope_theta: float = 0.0  # the sliding-window layers' own rotary base (Gemma 3); 0: rope_theta's
     quantization: WeightQuant | None = None  # the checkpoint's int4 weights (shared/quant_config.py); None: none
+    vision: VisionConfig | None = None  # a vision-language model's images (shared/vision_config.py); None: text only
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -127,7 +130,10 @@ class ModelConfig:
         if os.path.exists(gen_path):
             with open(gen_path) as f:
                 gen = json.load(f)
-        return cls.from_dict(raw, gen)
+        vision = VisionConfig.from_dir(model_dir, raw)
+        if vision is None:
+            return cls.from_dict(raw, gen)
+        return dataclasses.replace(cls.from_dict(text_config(raw), gen), vision=vision)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:

@@ -79,3 +79,19 @@ def redis_url(redis_server: RedisServer) -> str:
 
     redis.Redis.from_url(redis_server.url).flushall()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny LLaVA-1.5 (CLIP tower, MLP projector, Llama language model), made once per session."""
+    path = str(tmp_path_factory.mktemp("tiny-llava"))
+    make_tiny_model.main(["--out", path, "--arch", "llava", "--seed", "0"])
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_next(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny LLaVA-NeXT (any-resolution tiles over tiny_llava's shapes), made once per session."""
+    path = str(tmp_path_factory.mktemp("tiny-llava-next"))
+    make_tiny_model.main(["--out", path, "--arch", "llava_next", "--seed", "0"])
+    return path

@@ -3,6 +3,7 @@
     python tools/benchmark_serving.py --url http://127.0.0.1:8000 --out FILE.json
         [--workload sharegpt|shared_prefix|multi_turn] [--requests 2000] [--request-rate inf|R]
         [--max-concurrency N] [--vocab 128256] [--plot FILE.png --rates 4,16,32] [--tokenizer DIR]
+        [--images-per-request 1 --image-size 448 --tokenizer DIR]
 
 A fixed workload of tools/workload.py as token-id prompts, max_tokens = its output lengths,
 ignore_eos, greedy, streamed through POST /v1/completions (with --json-schemas N, each under a
@@ -19,7 +20,8 @@ requests/s, input, output and total tokens/s, and TTFT, TPOT ((E2E - TTFT) / (ou
 1)), ITL (every gap between streamed chunks, pooled) and end-to-end latency, each as mean,
 median and p99, in milliseconds, and the prompt cache's hit rate when the usage carries
 prompt_tokens_details.cached_tokens. With --plot and --rates it runs each rate in turn and
-draws latency against request rate.
+draws latency against request rate. --images-per-request sends sharegpt's requests as streamed
+chats through POST /v1/chat/completions, each with its own synthetic images (tools/bench_images.py).
 
 The client (--client) is tools/http_stream.py on uvloop by default: each request's clock
 starts as its bytes go out, and the client's own Python between the wire and the clock is
@@ -45,7 +47,7 @@ if __package__ in (None, ""):
 import aiohttp
 from tqdm import tqdm
 
-from tools import bench_workloads
+from tools import bench_images, bench_workloads
 from tools.bench_workloads import arrival_times, hit_rate, latency_ms, shared_prefix_requests
 from tools.http_stream import HTTPStreamError, StreamClient
 from tools.serving_turns import LabelIndex, run_conversations
@@ -121,13 +123,15 @@ async def consume(lines: AsyncIterator[bytes], out: Outcome, start: float) -> No
         out.error = "no usage in the stream"
 
 
-async def lean_request(client: StreamClient, body: bytes, out: Outcome, timeout_s: float) -> Outcome:
+async def lean_request(
+    client: StreamClient, body: bytes, out: Outcome, timeout_s: float, path: str = "/v1/completions"
+) -> Outcome:
     """One streamed completion through tools/http_stream.py. The clock starts just before the
     request is written (a new connection's set-up counts, as it does with aiohttp)."""
     try:
         async with asyncio.timeout(timeout_s):
             start = time.perf_counter()
-            async with client.request("POST", "/v1/completions", body) as resp:
+            async with client.request("POST", path, body) as resp:
                 if resp.status != 200:
                     out.error = f"HTTP {resp.status}: {(await resp.read())[:200].decode(errors='replace')}"
                     return out
@@ -137,11 +141,13 @@ async def lean_request(client: StreamClient, body: bytes, out: Outcome, timeout_
     return out
 
 
-async def aiohttp_request(session: aiohttp.ClientSession, url: str, body: bytes, out: Outcome) -> Outcome:
+async def aiohttp_request(
+    session: aiohttp.ClientSession, url: str, body: bytes, out: Outcome, path: str = "/v1/completions"
+) -> Outcome:
     """The same through aiohttp, as vLLM's benchmark client makes it."""
     start = time.perf_counter()
     try:
-        async with session.post(url + "/v1/completions", data=body, headers=JSON) as resp:
+        async with session.post(url + path, data=body, headers=JSON) as resp:
             if resp.status != 200:
                 out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return out
@@ -180,7 +186,10 @@ async def run(args: argparse.Namespace, rate: float) -> dict:
     bar = tqdm(total=len(reqs), desc=f"rate {rate}", disable=args.quiet)
     async with _client(args) as send:
         model = args.model or await send.model_name()
-        bodies = [request_body(model, p, n, schema=schema_of(args, k)) for k, (p, n) in enumerate(reqs)]
+        if args.images_per_request:
+            bodies, send.path = bench_images.chat_bodies(args, model, reqs), "/v1/chat/completions"
+        else:
+            bodies = [request_body(model, p, n, schema=schema_of(args, k)) for k, (p, n) in enumerate(reqs)]
         begin = time.perf_counter()
 
         async def scheduled(k: int) -> Outcome:
@@ -202,6 +211,7 @@ async def run(args: argparse.Namespace, rate: float) -> dict:
     res = {
         "client": args.client,
         "workload": args.workload,
+        "images_per_request": args.images_per_request,
         **summarize(outcomes, duration, rate, args.max_concurrency),
     }
     if isinstance(send, _Lean):
@@ -216,9 +226,10 @@ class _Lean:
     def __init__(self, args: argparse.Namespace) -> None:
         self.client = StreamClient(args.url)
         self.timeout_s = args.timeout_s
+        self.path = "/v1/completions"
 
     async def __call__(self, body: bytes, out: Outcome) -> Outcome:
-        return await lean_request(self.client, body, out, self.timeout_s)
+        return await lean_request(self.client, body, out, self.timeout_s, self.path)
 
     async def model_name(self) -> str:
         async with self.client.request("GET", "/v1/models") as resp:
@@ -229,9 +240,10 @@ class _Aiohttp:
     def __init__(self, args: argparse.Namespace, session: aiohttp.ClientSession) -> None:
         self.session = session
         self.url = args.url
+        self.path = "/v1/completions"
 
     async def __call__(self, body: bytes, out: Outcome) -> Outcome:
-        return await aiohttp_request(self.session, self.url, body, out)
+        return await aiohttp_request(self.session, self.url, body, out, self.path)
 
     async def model_name(self) -> str:
         async with self.session.get(self.url + "/v1/models") as resp:
@@ -357,11 +369,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workload", choices=("sharegpt", "shared_prefix", "multi_turn"), default="sharegpt")
     ap.add_argument("--tokenizer", default="", help="multi_turn: the served model's directory, to read output ids back")
     bench_workloads.add_args(ap)
+    bench_images.add_args(ap)
     args = ap.parse_args(argv)
     if not 0 <= args.json_schemas <= len(SCHEMAS):
         ap.error(f"--json-schemas {args.json_schemas}: 0 to {len(SCHEMAS)}")
     if args.workload == "multi_turn" and (args.json_schemas or args.output_lens):
         ap.error("--json-schemas and --output-lens are for the open-loop workloads")
+    if args.images_per_request and (args.workload != "sharegpt" or not args.tokenizer):
+        ap.error("--images-per-request: the sharegpt workload, with --tokenizer DIR (the served model's directory)")
     if args.workload == "multi_turn" and not args.tokenizer:
         ap.error("--workload multi_turn needs --tokenizer DIR (the served model's directory)")
     if args.workload == "multi_turn" and (args.rates or args.request_rate != float("inf")):

@@ -7,6 +7,7 @@ byte-level BPE tokenizer trained here on tools/data/corpus.txt.
         [--experts 4] [--top-k 2] [--moe-intermediate 48] [--shared-intermediate 96]
         [--mlp-only-layers I ...] [--vocab 1000] [--max-positions 1024] [--dtype float32]
         [--quant awq|gptq|fp8|fp8-tensor|fp8-block] [--group-size 128] [--block-size 128]
+        [--arch llava|llava_next [--image-size 32] [--patch-size 8] [--vision-hidden 32] [--vision-layers 3]]
 
 qwen3's heads are twice hidden / heads wide (its config.json gives head_dim, which need not
 be hidden / heads), and each layer has its per-head q and k norms. phi3 stores q, k and v as
@@ -25,6 +26,10 @@ calls intermediate_size); qwen2_moe's and qwen3_moe's mlp.experts.{e}.gate_proj/
 down_proj, qwen2_moe with a shared expert and its gate and Qwen2's QKV bias, qwen3_moe with
 Qwen3's wide heads and head norms and renormalised top-k weights (norm_topk_prob, as
 Qwen3-30B-A3B's config says). --mlp-only-layers makes those layers of a Qwen MoE dense.
+
+llava and llava_next are LLaVA-1.5 and LLaVA-NeXT over the llama arch: a CLIP vision tower and
+a two-layer projector (tools/tiny_vision.py), the image processor's files, and a chat template
+that writes an image content part as <image>, in llava-hf's checkpoint layout.
 
 The output layer is scaled up so the next-token distribution is peaked: greedy choices
 then do not hinge on the order of floating-point sums, which lets tests compare token
@@ -50,16 +55,10 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from services.worker.models import fp8_formats, int4_formats
-
-CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
-
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from tools import tiny_vision
+from tools.tiny_tokenizer import tokenizer_config, train_tokenizer
 
 LLAMA_TOKENS = {"specials": ["<s>", "</s>", "<|im_start|>", "<|im_end|>"], "bos": "<s>", "eos": "</s>"}
 QWEN_TOKENS = {"specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "bos": None, "eos": "<|endoftext|>"}
@@ -74,7 +73,11 @@ ARCHS = {
     "qwen3_moe": QWEN_TOKENS,
     "gemma2": LLAMA_TOKENS,
     "gemma3": LLAMA_TOKENS,
+    # LLaVA over a Llama language model: the image placeholder is a special token of the vocabulary
+    "llava": {**LLAMA_TOKENS, "specials": [*LLAMA_TOKENS["specials"], tiny_vision.IMAGE_TOKEN]},
+    "llava_next": {**LLAMA_TOKENS, "specials": [*LLAMA_TOKENS["specials"], tiny_vision.IMAGE_TOKEN]},
 }
+VISION = ("llava", "llava_next")
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -98,30 +101,13 @@ ROPE_THETA |= {"gemma2": 10000.0, "gemma3": 1000000.0}
 GEMMA_WINDOW = 8
 
 
+def text_arch(args: argparse.Namespace) -> str:
+    """The language model's architecture: a vision model's is Llama."""
+    return "llama" if args.arch in VISION else args.arch
+
+
 def head_dim(args: argparse.Namespace) -> int:
     return args.hidden // args.heads * (2 if args.arch in WIDE_HEADS else 1)
-
-
-def train_tokenizer(vocab_size: int, specials: list[str], bos: str | None) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    with open(CORPUS, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    tok.train_from_iterator(lines, trainer)
-    if bos is not None:
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
-        )
-    else:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    return tok
 
 
 def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[str, torch.Tensor]:
@@ -227,9 +213,10 @@ def moe_fields(args: argparse.Namespace) -> dict:
 
 
 def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_id: int) -> dict:
+    arch = text_arch(args)
     cfg = {
-        "architectures": [ARCHITECTURES[args.arch]],
-        "model_type": "gemma3_text" if args.arch == "gemma3" else args.arch,  # gemma3: the multimodal one
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": "gemma3_text" if arch == "gemma3" else arch,  # gemma3: the multimodal one
         "vocab_size": vocab,
         "hidden_size": args.hidden,
         "intermediate_size": args.intermediate,
@@ -240,7 +227,7 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
         "hidden_act": "silu",
         "max_position_embeddings": args.max_positions,
         "rms_norm_eps": 1e-5 if args.arch in ("llama", "phi3", "mixtral") else 1e-6,
-        "rope_theta": ROPE_THETA[args.arch],
+        "rope_theta": ROPE_THETA[arch],
         "tie_word_embeddings": args.arch in TIED,
         "attention_bias": False,
         "bos_token_id": bos_id,
@@ -248,7 +235,7 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
         "torch_dtype": args.dtype,
         "use_cache": True,
     }
-    if args.arch == "llama":
+    if arch == "llama":
         # Llama 3.1's scaling, shrunk to the tiny context, so that path is exercised too
         cfg["rope_scaling"] = {
             "rope_type": "llama3",
@@ -316,19 +303,6 @@ def gemma_fields(args: argparse.Namespace) -> dict:
     }
 
 
-def tokenizer_config(arch: dict, max_positions: int) -> dict:
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": arch["bos"],
-        "eos_token": arch["eos"],
-        "pad_token": arch["eos"],
-        "unk_token": None,
-        "model_max_length": max_positions,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": ("{{ bos_token }}" if arch["bos"] else "") + CHATML,
-    }
-
-
 def write(out: str, args: argparse.Namespace) -> None:
     arch = ARCHS[args.arch]
     tok = train_tokenizer(args.vocab, arch["specials"], arch["bos"])
@@ -341,10 +315,17 @@ def write(out: str, args: argparse.Namespace) -> None:
     files = {
         "config.json": model_config(args, vocab, bos_id, eos_id),
         "generation_config.json": {"bos_token_id": bos_id, "eos_token_id": [eos_id, end_of_turn]},
-        "tokenizer_config.json": tokenizer_config(arch, args.max_positions),
+        "tokenizer_config.json": tokenizer_config(arch, args.max_positions, args.arch in VISION),
         "special_tokens_map.json": {"bos_token": arch["bos"], "eos_token": arch["eos"], "pad_token": arch["eos"]},
     }
     weights = random_weights(args, vocab, eos_id)
+    if args.arch in VISION:
+        image_id = tok.token_to_id(tiny_vision.IMAGE_TOKEN)
+        files["config.json"] = tiny_vision.llava_config(args, files["config.json"], image_id)
+        files |= tiny_vision.processor_files(args)
+        dtype = weights["model.norm.weight"].dtype
+        vision = {k: v.to(dtype) for k, v in tiny_vision.vision_weights(args, args.hidden).items()}
+        weights = tiny_vision.llava_layout(weights) | vision
     if args.quant in fp8_formats.KINDS:
         weights = fp8_formats.quantize_checkpoint(weights, args.quant, args.block_size)
         files["config.json"]["quantization_config"] = fp8_formats.quantization_config(args.quant, args.block_size)
@@ -380,6 +361,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--quant", choices=["awq", "gptq", *fp8_formats.KINDS], help="quantized projections (docstring)")
     ap.add_argument("--group-size", type=int, default=128, help="awq and gptq's group size")
     ap.add_argument("--block-size", type=int, default=128, help="fp8-block's block: rows and columns")
+    tiny_vision.add_args(ap)
     return ap
 
 
@@ -391,6 +373,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--hidden must divide by --heads, and --heads by --kv-heads")
     if args.quant in ("awq", "gptq") and (args.arch in MOE or args.arch == "phi3"):
         raise SystemExit("--quant awq, gptq: dense archs but phi3 only")
+    if args.quant and args.arch in VISION:
+        raise SystemExit("--quant: not for the vision-language archs")
     write(args.out, args)
     print(args.out)
 

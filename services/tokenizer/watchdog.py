@@ -7,6 +7,8 @@ so the read also says whether Redis itself answers:
 - No worker group alive: every request in flight ends at once. A request's detokenizer shard
   gone: another shard (or the same one restarted) takes its stream over and beats in its name
   (services/detokenizer/adoption.py); with none doing so within DETOK_TAKEOVER_S, it ends.
+- No visual replica alive: requests with images that have had no answer yet end (they wait in
+  the visual stream, or are on their way to the router); one restarted sooner claims them.
 - No router heartbeat for router_dead_after_s: requests that have had no answer yet (queued
   in the router's stream, or on their way there) end with an error. A router restarted sooner
   takes the queue over (it claims its predecessor's unacknowledged entries), so until then
@@ -26,7 +28,7 @@ from typing import Protocol, TypeVar
 from shared.heartbeat import live_replicas
 from shared.messages import Heartbeat
 from shared.redis_link import TRANSIENT, RedisLink
-from shared.streams import SERVICE_DETOK, SERVICE_ROUTER, SERVICE_WORKER, StreamNames
+from shared.streams import SERVICE_DETOK, SERVICE_ROUTER, SERVICE_VISUAL, SERVICE_WORKER, StreamNames
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ class Liveness:
     workers: Beats = field(default_factory=dict)
     detoks: Beats = field(default_factory=dict)
     routers: Beats = field(default_factory=dict)
+    visuals: Beats = field(default_factory=dict)  # a vision-language model's visual replicas
     redis: bool = True  # the last check reached Redis
 
     @property
@@ -56,6 +59,7 @@ class InFlight(Protocol):
 
     detok: str
     answered: bool
+    images: bool
 
 
 Req = TypeVar("Req", bound=InFlight)
@@ -76,7 +80,8 @@ class Watchdog:
     def refresh(self, now: float) -> bool:
         """Read the heartbeats; -> whether Redis answered again after it was away."""
         try:
-            beats = {s: live_replicas(self.link, self.names, s, once=True) for s in (SERVICE_WORKER, SERVICE_DETOK)}
+            services = (SERVICE_WORKER, SERVICE_DETOK, SERVICE_VISUAL)
+            beats = {s: live_replicas(self.link, self.names, s, once=True) for s in services}
             routers = live_replicas(self.link, self.names, SERVICE_ROUTER, once=True)
         except TRANSIENT as e:
             if self.redis_down_since is None:
@@ -96,6 +101,7 @@ class Watchdog:
             workers=_fresh(beats[SERVICE_WORKER], before.workers, self.dead_after_s, now, grace),
             detoks=_fresh(beats[SERVICE_DETOK], before.detoks, self.dead_after_s, now, grace),
             routers=_fresh(self._routers, before.routers, self.router_dead_after_s, now, grace),
+            visuals=_fresh(beats[SERVICE_VISUAL], before.visuals, self.dead_after_s, now, grace),
         )
         self._detoks_gone = {k: t for k, t in self._detoks_gone.items() if k not in self.live.detoks}
         return back
@@ -120,6 +126,8 @@ class Watchdog:
                 out.append((p, "no worker is alive"))
             elif shard is None and now - self._detoks_gone.setdefault(p.detok, now) > DETOK_TAKEOVER_S:
                 out.append((p, f"detokenizer {p.detok} died and no other shard took its requests over"))
+            elif p.images and not p.answered and not live.visuals:
+                out.append((p, "no visual replica is alive to encode the request's images"))
             elif not live.routers and not p.answered:
                 out.append((p, f"the router is not alive (no heartbeat for {self.router_dead_after_s:g}s)"))
         return out

@@ -7,6 +7,7 @@ import os
 import threading
 
 from services.worker.build import build_engine
+from services.worker.image_intake import ImageIntake
 from services.worker.metrics import WorkerCollector, WorkerMetrics
 from services.worker.runtime.warmup import warm_up
 from services.worker.service import WorkerService
@@ -17,6 +18,7 @@ from shared.cli import parse_config
 from shared.config import WorkerConfig
 from shared.drain import Drain
 from shared.heartbeat import HeartbeatPublisher
+from shared.image_store import ImageStore
 from shared.log import setup_logging
 from shared.redis_link import RedisLink, RedisTarget
 from shared.service_main import drain_on_signals, run_beating, serve_collector, stop_on_signals
@@ -36,6 +38,14 @@ def _load(cfg: WorkerConfig):
     if cfg.warmup and engine.device.type == "cuda":
         warm_up(engine, engine.runner.model.cfg.vocab_size)
     return group, engine
+
+
+def _image_intake(engine, link: RedisLink, names: StreamNames) -> ImageIntake | None:
+    """A vision-language model's worker reads its requests' images' embeddings from Redis."""
+    model = engine.runner.model
+    if model.cfg.vision is None:
+        return None
+    return ImageIntake(ImageStore(link, names), model.cfg.hidden_size, model.dtype, engine.device)
 
 
 def main() -> None:
@@ -61,6 +71,7 @@ def main() -> None:
         metrics,
         BusyPoll.for_host(cfg.busy_poll_ms),
         Drain(drain_requested, cfg.drain_timeout_s),
+        _image_intake(engine, link, names),
     )
     drain_on_signals(link, drain_requested)
     serve_collector(cfg.metrics_port, WorkerCollector(metrics, engine), cfg.served_model_name())  # loaded: ready

@@ -47,6 +47,8 @@ class _Packed:
     sample_index: list[int] = field(default_factory=list)
     from_prev: list[tuple[int, int]] = field(default_factory=list)  # (packed position, row in prev.tokens)
     num_extend: int = 0
+    image_positions: list[int] = field(default_factory=list)  # packed positions an image's rows fill
+    image_rows: list[torch.Tensor] = field(default_factory=list)  # those rows, in order, [n_i, H] each
 
 
 def build_batch(
@@ -100,6 +102,8 @@ def build_batch(
         decode_max_len=max(k.dec_lens, default=0),
         sample_index=i64(k.sample_index),
         host=HostIndex(k.pos, k.ext_rows, k.ext_starts, k.dec_rows, k.dec_lens, k.sample_index),
+        image_positions=i64(k.image_positions) if k.image_rows else None,
+        image_embeds=torch.cat(k.image_rows) if k.image_rows else None,
     )
 
 
@@ -110,6 +114,8 @@ def _pack(plan: StepPlan, prev: PreviousTokens | None) -> _Packed:
         start = len(k.ids)
         k.ids.extend(req.tokens[req.kv_len : req.kv_len + n])
         k.pos.extend(range(req.kv_len, req.kv_len + n))
+        if req.images:
+            _images(k, req, start, n)
         k.ext_rows.append(req.row)
         k.ext_starts.append(start)
         k.ext_lens.append(n)
@@ -127,6 +133,21 @@ def _pack(plan: StepPlan, prev: PreviousTokens | None) -> _Packed:
         k.dec_rows.append(req.row)
         k.dec_lens.append(req.kv_len + 1)
     return k
+
+
+def _images(k: _Packed, req: Req, start: int, n: int) -> None:
+    """The rows of the request's images that fall in this chunk, positions [kv_len, kv_len + n):
+    a chunk may begin or end inside an image, and takes exactly its share of the rows. Their
+    ids (pseudo-ids, below 0) become 0 for the embedding lookup the rows then replace."""
+    lo, hi = req.kv_len, req.kv_len + n
+    for span in req.images:
+        a, b = max(lo, span.offset), min(hi, span.end)
+        if a >= b:
+            continue
+        k.image_positions.extend(range(start + a - lo, start + b - lo))
+        k.image_rows.append(span.rows[a - span.offset : b - span.offset])
+        for p in range(start + a - lo, start + b - lo):
+            k.ids[p] = 0
 
 
 def _in_flight(req: Req, prev: PreviousTokens | None) -> int | None:

@@ -96,6 +96,9 @@ def build_model_stack(
 ) -> ModelStack:
     model_cfg = model_cfg or ModelConfig.from_dir(cfg.model_dir)
     model_cfg = replace(model_cfg, quantization=with_flag(model_cfg.quantization, cfg.quantization))
+    if model_cfg.vision is not None and tp.size > 1:
+        # each step's images' rows would have to reach the other ranks too (tp/channel.py)
+        raise ValueError("a vision-language model runs on one rank per group for now (--tp 1)")
     family = family_of(model_cfg)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, model_cfg, device)

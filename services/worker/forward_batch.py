@@ -54,6 +54,10 @@ class ForwardBatch:
     # are views of, laid out as the graphs' own, and its requests' table rows as int64
     staged: torch.Tensor | None = None
     sample_rows: torch.Tensor | None = None
+    # images' embeddings in the step's prompt tokens: the packed positions they replace the token
+    # embeddings of, and the rows that go there (batch_builder.py); None: no image in the step
+    image_positions: torch.Tensor | None = None  # [N] int64
+    image_embeds: torch.Tensor | None = None  # [N, H] in the model's dtype
 
     @classmethod
     def decodes(

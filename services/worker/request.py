@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import torch
 
 from shared.messages import GenerateReq, SamplingParams
 
@@ -10,6 +13,18 @@ if TYPE_CHECKING:
     from services.worker.grammar import GrammarState
 
 PLACEHOLDER = -1  # a token sampled by a step still in flight
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """An image's embeddings and the prompt positions [offset, offset + rows) they fill."""
+
+    offset: int
+    rows: torch.Tensor  # [length, H] on the device, in the model's dtype
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.rows.shape[0]
 
 
 class Req:
@@ -28,6 +43,7 @@ class Req:
         "front",
         "grammar",
         "handovers",
+        "images",
         "kv_len",
         "params",
         "prompt_len",
@@ -37,7 +53,7 @@ class Req:
         "unresolved",
     )
 
-    def __init__(self, msg: GenerateReq, admit_order: int) -> None:
+    def __init__(self, msg: GenerateReq, admit_order: int, images: list[ImageSpan] | None = None) -> None:
         self.rid = msg.rid
         self.front = msg.front
         self.detok = msg.detok
@@ -63,6 +79,9 @@ class Req:
         self.unresolved = 0  # placeholder tokens of steps still in flight
         self.closing = False  # its last token is in flight; it is scheduled no more
         self.grammar: GrammarState | None = None  # structured output: what its tokens must spell
+        # its prompt's images in order; their positions hold pseudo-ids (vision_config.image_pseudo_id),
+        # so the prompt cache keys them by image, and each step's chunk takes their rows
+        self.images: list[ImageSpan] = images or []
 
     @property
     def output_len(self) -> int:

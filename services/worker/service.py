@@ -27,10 +27,20 @@ import time
 import uuid
 
 from services.worker.engine import Engine
+from services.worker.image_intake import ImageIntake
 from services.worker.metrics import WorkerMetrics
 from shared.busy_poll import BusyPoll
 from shared.drain import Drain
-from shared.messages import AbortReqs, AdmitReqs, TokenBatch, TokenItem, WorkerStatus
+from shared.messages import (
+    ERR_FAILED,
+    FINISH_ERROR,
+    AbortReqs,
+    AdmitReqs,
+    GenerateReq,
+    TokenBatch,
+    TokenItem,
+    WorkerStatus,
+)
 from shared.redis_link import RedisLink, Stopping
 from shared.redis_streams import Entry, StreamReader, StreamWriter
 from shared.streams import GROUP_WORKER, StreamNames
@@ -53,9 +63,11 @@ class WorkerService:
         metrics: WorkerMetrics | None = None,
         poll: BusyPoll | None = None,
         drain: Drain | None = None,
+        images: ImageIntake | None = None,
     ) -> None:
         self.engine = engine
         self.drain = drain
+        self.images = images  # a vision-language model's: requests' images' embeddings from Redis
         self.metrics = metrics or WorkerMetrics(group)
         self.link = link
         self.names = names
@@ -148,8 +160,7 @@ class WorkerService:
                 if msg.instance != self.instance:
                     log.warning("ignoring %d admissions addressed to instance %s", len(msg.reqs), msg.instance)
                     continue
-                for req in msg.reqs:
-                    self.engine.add(req)
+                self._admit(msg.reqs)
                 self.admit_seq = max(self.admit_seq, msg.seq)
             elif isinstance(msg, AbortReqs):
                 for rid in msg.rids:
@@ -160,6 +171,24 @@ class WorkerService:
         # next step launched, with its tokens or the next read, so nothing sits between an
         # admission and its prefill
         self._acks += entries
+
+    def _admit(self, reqs: list[GenerateReq]) -> None:
+        """Into the engine, each with its images' embeddings (one Redis round trip for all); a
+        request whose images cannot be had ends at once with an explicit error."""
+        spans = self.images.spans(reqs) if self.images is not None else {}
+        failed = []
+        for req in reqs:
+            got = spans.get(req.rid)
+            if req.images and got is None:
+                got = "the request has images, but this worker serves a text-only model"
+            if isinstance(got, str):
+                log.error("failing: %s", got, extra={"rid": req.rid})
+                item = TokenItem(req.rid, [], finish_reason=FINISH_ERROR, error=got, error_kind=ERR_FAILED)
+                failed.append((req.detok, item))
+            else:
+                self.engine.add(req, got)
+        if failed:
+            self._publish_tokens(failed)
 
     def _send(self, items: list[tuple[str, object]], flush: bool = False) -> None:
         """Send items with the acknowledgements taken in since the last send, in one transaction.

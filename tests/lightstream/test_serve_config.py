@@ -103,12 +103,13 @@ def test_both_spellings_reach_the_services_flags() -> None:
     assert args["tokenizer"] == ["--max-req-total-len", "512", "--model-name", "demo", "--api-key", "K"]
     assert args["router"] == ["--running-max-req-size", "8", "--model-name", "demo"]
     assert args["detokenizer"] == ["--model-name", "demo"]
+    assert args["visual"] == ["--dtype", "bfloat16", "--model-name", "demo"]  # the vision tower's dtype is the model's
 
 
 def test_a_setting_left_at_its_default_leaves_the_service_its_own() -> None:
     """A service then keeps its default or its own LS_* variable (LS_CPU_KV_TOKENS, say)."""
     args = service_args(parse_config(ServeConfig, ["m", "--api-key", "K"], {}))
-    assert args == {"worker": [], "router": [], "tokenizer": ["--api-key", "K"], "detokenizer": []}
+    assert args == {"worker": [], "router": [], "tokenizer": ["--api-key", "K"], "detokenizer": [], "visual": []}
 
 
 def test_variables_stand_in_for_flags() -> None:

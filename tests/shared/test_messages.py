@@ -6,6 +6,7 @@ import msgpack
 import pytest
 
 from shared import messages as m
+from shared.vision_config import image_pseudo_id
 
 SP = m.SamplingParams(
     max_new_tokens=7,
@@ -36,8 +37,16 @@ CONSTRAINED = m.GenerateReq(
 )
 RESUMED = m.GenerateReq("r2", "front-0", "detok-0", [1, 2, 3, 9, 8], SP, 1700000000.5, 1700000600.0, 2, 1)
 
+H1, H2 = "ab" * 32, "cd" * 32
+WITH_IMAGES = m.GenerateReq(
+    "r3", "front-0", "detok-0", [1, -5, -5, 2, -7, 3], SP, 1.0, 2.0, images=[m.ImageRef(H1, 1, 2), m.ImageRef(H2, 4, 1)]
+)
+
 EXAMPLES = [
     GEN,
+    WITH_IMAGES,
+    m.VisualReq(WITH_IMAGES, [m.ImageData(H1, b"\x89PNG..."), m.ImageData(H2, b"\xff\xd8")]),
+    m.ImageEmbedding("float32", [2, 3], bytes(24)),
     m.AbortReq("r1", "client disconnected"),
     m.WorkerStatus(
         group="0",
@@ -141,7 +150,7 @@ def test_a_resumed_request_keeps_a_prompt() -> None:
     assert RESUMED.prompt_len == 3 and GEN.prompt_len == 3
     for resumed, handovers in ((5, 1), (-1, 0), (0, -1)):
         raw = msgpack.unpackb(m.encode(RESUMED))
-        raw[-2:] = [resumed, handovers]
+        raw[-3:-1] = [resumed, handovers]  # before images
         with pytest.raises(m.WireError, match="resumed"):
             m.decode(msgpack.packb(raw))
 
@@ -182,3 +191,17 @@ def test_an_unknown_constraint_kind_is_refused() -> None:
         m.decode(msgpack.packb(raw))
     with pytest.raises(m.WireError, match="unknown kind"):
         m.Constraint("yaml", "")
+
+
+def test_images_must_lie_in_the_prompt_in_order() -> None:
+    with pytest.raises(m.WireError, match="image at 2"):
+        m.GenerateReq("r", "f", "d", [1, 2, 3], SP, 1.0, 2.0, images=[m.ImageRef(H1, 2, 2)])
+    with pytest.raises(m.WireError, match="overlaps"):
+        m.GenerateReq("r", "f", "d", [1, 2, 3, 4], SP, 1.0, 2.0, images=[m.ImageRef(H1, 0, 2), m.ImageRef(H2, 1, 1)])
+    with pytest.raises(m.WireError, match="ImageEmbedding"):
+        m.ImageEmbedding("float32", [2, 3], bytes(20))
+
+
+def test_image_pseudo_ids_are_below_placeholder_and_differ_per_image() -> None:
+    a, b = image_pseudo_id(H1), image_pseudo_id(H2)
+    assert a < -1 and b < -1 and a != b and a == image_pseudo_id(H1)

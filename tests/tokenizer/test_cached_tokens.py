@@ -22,6 +22,7 @@ from starlette.types import ASGIApp
 
 from services.tokenizer.app import create_app
 from services.tokenizer.generation import FrontContext
+from services.tokenizer.images.front import ImageFront, PromptImages
 from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.pipeline import Liveness, PendingRequest
 from services.tokenizer.tokenization import Tokenization
@@ -52,6 +53,7 @@ class ScriptedPipeline:
         deadline: float,
         queue: asyncio.Queue[tuple[int, TextItem]],
         index: int,
+        images: PromptImages | None = None,
     ) -> PendingRequest:
         lp = [float(index - len(self.cached))]
         known = {"logprobs": lp, "prompt_tokens": len(input_ids), "cached_tokens": self.cached[index]}
@@ -77,7 +79,9 @@ def tok(tiny_llama: str) -> Iterator[Tokenization]:
 def front(tok: Tokenization, cached: list[int]) -> tuple[ASGIApp, FrontContext]:
     cfg = TokenizerConfig(model_dir="unused", model_name=MODEL)
     pipeline: Any = ScriptedPipeline(cached)
-    ctx = FrontContext(cfg, pipeline, tok, 512, MODEL, len(tok.hf), FrontMetrics(), time.time())
+    ctx = FrontContext(
+        cfg, pipeline, tok, 512, MODEL, len(tok.hf), FrontMetrics(), time.time(), ImageFront(cfg, None, "")
+    )
     return create_app(ctx), ctx
 
 

@@ -14,7 +14,7 @@ from services.tokenizer.watchdog import DETOK_TAKEOVER_S, Watchdog
 from shared.messages import AbortReq, Heartbeat, SamplingParams, TextItem, encode
 from shared.redis_link import RedisLink
 from shared.redis_streams import StreamReader
-from shared.streams import SERVICE_DETOK, SERVICE_ROUTER, SERVICE_WORKER, StreamNames
+from shared.streams import SERVICE_DETOK, SERVICE_ROUTER, SERVICE_VISUAL, SERVICE_WORKER, StreamNames
 from tests.polling import until
 from tools.redis_server import RedisServer
 
@@ -25,6 +25,7 @@ NAMES = StreamNames("t")
 class Req:
     detok: str = "d0"
     answered: bool = False
+    images: bool = False
 
 
 def beat(link: RedisLink, service: str, replica: str, at: float) -> None:
@@ -41,6 +42,21 @@ def all_alive(link: RedisLink, at: float) -> None:
 def server():
     with RedisServer() as s:
         yield s
+
+
+def test_no_visual_replica_fails_the_image_requests_it_never_passed_on(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    dog = Watchdog(link, NAMES, dead_after_s=3.0, router_dead_after_s=8.0)
+    now = time.time()
+    all_alive(link, now)
+    beat(link, SERVICE_VISUAL, "v0", now)
+    dog.refresh(now)
+    text, waiting, running = Req(), Req(images=True), Req(images=True, answered=True)
+    assert dog.live.visuals and dog.orphans([text, waiting, running], now) == []
+    all_alive(link, now + 4)
+    dog.refresh(now + 4)  # the visual replica's last beat is 4 s old: dead
+    assert dog.live.ready and not dog.live.visuals
+    assert [(r, "visual" in why) for r, why in dog.orphans([text, waiting, running], now + 4)] == [(waiting, True)]
 
 
 def test_a_router_gone_for_a_while_fails_only_what_it_never_answered(redis_url: str) -> None:

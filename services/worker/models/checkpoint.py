@@ -84,8 +84,22 @@ class Checkpoint:
         self.device = device
         self.show_progress = progress
         self.quant = quant
+        self.alias: dict[str, str] = {}  # a name the family reads -> the name stored (set_text_model)
+
+    def set_text_model(self) -> None:
+        """A vision-language checkpoint holds its language model under a prefix: llava-hf's
+        language_model.model.* and language_model.lm_head, or transformers 5's
+        model.language_model.* (and lm_head at the top); read them by the text family's names."""
+        if any(n.startswith("language_model.") for n in self.where):
+            self.alias = {n.removeprefix("language_model."): n for n in self.where if n.startswith("language_model.")}
+        elif any(n.startswith("model.language_model.") for n in self.where):
+            inner = "model.language_model."
+            self.alias = {"model." + n.removeprefix(inner): n for n in self.where if n.startswith(inner)}
+        else:
+            raise WeightLoadError("no language model (language_model.* or model.language_model.*) in the checkpoint")
 
     def get(self, name: str) -> torch.Tensor | Int4Weight | Fp8Weight:
+        name = self.alias.get(name, name)
         handle = self.where.get(name)
         stem = name.removesuffix("weight")
         quant = self.quant
@@ -113,7 +127,7 @@ class Checkpoint:
         return self.where[name].get_tensor(name)
 
     def has(self, name: str) -> bool:
-        return name in self.where
+        return self.alias.get(name, name) in self.where
 
     def put(self, t: torch.Tensor | Int4Weight | Fp8Weight) -> torch.Tensor | Int4Weight | Fp8Weight:
         return t.to(device=self.device, dtype=self.dtype).contiguous()

@@ -80,7 +80,10 @@ class LlamaModel:
         """-> logits [S, V] (the weights' dtype) for batch.sample_index. A decode-only step leaves rotary and
         the KV store to the attention backend's decode_attend (a kernel fewer a layer)."""
         decode_only = batch.num_extends == 0
-        c = self.piece(0, None, None, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only)
+        images = (batch.image_positions, batch.image_embeds) if batch.image_embeds is not None else None
+        c = self.piece(
+            0, None, None, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only, images=images
+        )
         for i in range(self.num_layers):
             assert c.q is not None and c.k is not None and c.v is not None
             if decode_only:
@@ -100,15 +103,19 @@ class LlamaModel:
         out_slots: torch.Tensor,
         qkv_out: torch.Tensor | None = None,
         store: bool = True,
+        images: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Carry:
         """Layer i - 1's output projection and MLP (from its attention output o [T, Hq, D]), then
         layer i's norm, QKV projection, rotary embedding and KV store. Piece 0 starts at the
         embedding; piece num_layers ends after the last MLP. qkv_out [T, (Hq + 2 Hkv) D]: where
         the QKV projection goes (q, k and v are views of it), else a new tensor. store=False
-        leaves q and k unrotated and k, v out of the pool, for the backend's decode_attend."""
+        leaves q and k unrotated and k, v out of the pool, for the backend's decode_attend.
+        images (piece 0): (packed positions [N], rows [N, H]) that replace those tokens' embeddings."""
         eps = self.cfg.rms_norm_eps
         if i == 0:
             h = self.tp.embed(input_ids, self.w.embed, self.w.vocab_start)  # [T, H]
+            if images is not None:
+                h[images[0]] = images[1].to(h.dtype)
             residual = h
             x = self.ops.rmsnorm(h, self.w.layers[0].attn_norm, eps)
         else:

@@ -63,8 +63,12 @@ def load_weights(
     tp: TensorParallel,
     progress: bool = True,
 ) -> ModelWeights:
-    """The checkpoint in model_dir, this rank's shard of it, on device in dtype."""
-    return family_of(cfg).load(Checkpoint(model_dir, dtype, device, progress, cfg.quantization), cfg, Shard(tp))
+    """The checkpoint in model_dir, this rank's shard of it, on device in dtype (a vision-language
+    model's: its language model's)."""
+    ckpt = Checkpoint(model_dir, dtype, device, progress, cfg.quantization)
+    if cfg.vision is not None:
+        ckpt.set_text_model()
+    return family_of(cfg).load(ckpt, cfg, Shard(tp))
 
 
 def random_weights(

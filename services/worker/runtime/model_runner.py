@@ -42,6 +42,12 @@ class ModelRunner:
         # only steps with prompt tokens: a decode batch too large for the decode graphs keeps the
         # device busy far longer than its launch takes, and padding it to a bucket only adds work
         # (on an H200 at the 8B shape, 1025-2048 requests: 58-62 ms a step padded, 55.5 eager)
-        if self.pieces is not None and batch.num_extends > 0 and self.pieces.fits(batch.num_tokens):
+        # a step with images runs eagerly: the captured first piece embeds token ids only
+        if (
+            self.pieces is not None
+            and batch.image_embeds is None
+            and batch.num_extends > 0
+            and self.pieces.fits(batch.num_tokens)
+        ):
             return self.pieces.run(batch)
         return self.step(batch)

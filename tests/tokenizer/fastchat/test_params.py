@@ -52,7 +52,7 @@ def test_what_fastchats_api_server_sends_is_read_as_its_workers_read_it() -> Non
         {"repetition_penalty": 0},
         {"stop": [str(i) for i in range(17)]},
         {"use_beam_search": True},
-        {"images": ["x.png"]},
+        {"images": [{"url": "x.png"}]},  # FastChat sends each image as a string
         {"logprobs": 21},
     ],
 )
