@@ -48,11 +48,10 @@ import aiohttp
 from tqdm import tqdm
 
 from tools import bench_images, bench_workloads
-from tools.bench_workloads import arrival_times, hit_rate, latency_ms, shared_prefix_requests
+from tools.bench_workloads import arrival_times, hit_rate, latency_ms
 from tools.http_stream import HTTPStreamError, StreamClient
 from tools.serving_turns import LabelIndex, run_conversations
 from tools.structured_schemas import SCHEMAS
-from tools.workload import random_prompts, sharegpt_shaped
 
 JSON = {"content-type": "application/json"}
 
@@ -157,30 +156,8 @@ async def aiohttp_request(
     return out
 
 
-def open_loop_requests(args: argparse.Namespace) -> list[tuple[list[int], int]]:
-    """(prompt ids, output length) of --workload sharegpt or shared_prefix, in sending order."""
-    if args.workload == "shared_prefix":
-        reqs = shared_prefix_requests(args, args.vocab)
-    else:
-        pairs = sharegpt_shaped(args.requests)
-        prompts = random_prompts([i for i, _ in pairs], args.vocab, seed=1)
-        reqs = [(ids, out_len) for ids, (_, out_len) in zip(prompts, pairs, strict=True)]
-    if args.max_output:
-        reqs = [(ids, min(n, args.max_output)) for ids, n in reqs]
-    if args.output_lens:  # another run's output lengths, request for request
-        with open(args.output_lens) as f:
-            lens = json.load(f)["per_request_output_tokens"]
-        reqs = [(ids, n or out_len) for (ids, out_len), n in zip(reqs, lens, strict=True)]
-    return reqs
-
-
-def schema_of(args: argparse.Namespace, k: int) -> dict | None:
-    """--json-schemas: request k's output format, the fixed set's in turn."""
-    return SCHEMAS[k % args.json_schemas] if args.json_schemas else None
-
-
 async def run(args: argparse.Namespace, rate: float) -> dict:
-    reqs = open_loop_requests(args)
+    reqs = bench_workloads.open_loop_requests(args)
     arrivals = arrival_times(len(reqs), rate)
     limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
     bar = tqdm(total=len(reqs), desc=f"rate {rate}", disable=args.quiet)
@@ -189,7 +166,9 @@ async def run(args: argparse.Namespace, rate: float) -> dict:
         if args.images_per_request:
             bodies, send.path = bench_images.chat_bodies(args, model, reqs), "/v1/chat/completions"
         else:
-            bodies = [request_body(model, p, n, schema=schema_of(args, k)) for k, (p, n) in enumerate(reqs)]
+            bodies = [
+                request_body(model, p, n, schema=bench_workloads.schema_of(args, k)) for k, (p, n) in enumerate(reqs)
+            ]
         begin = time.perf_counter()
 
         async def scheduled(k: int) -> Outcome:

@@ -12,7 +12,6 @@ from services.visual.metrics import VisualCollector, VisualMetrics
 from services.visual.service import VisualService
 from shared.busy_poll import BusyPoll
 from shared.cli import parse_config
-from shared.config import VisualConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.image_store import ImageStore
 from shared.log import setup_logging
@@ -20,6 +19,7 @@ from shared.model_config import ModelConfig
 from shared.redis_link import RedisLink, RedisTarget
 from shared.service_main import run_beating, serve_collector, stop_on_signals
 from shared.streams import SERVICE_VISUAL, StreamNames
+from shared.visual_config import VisualConfig
 
 log = logging.getLogger(__name__)
 
