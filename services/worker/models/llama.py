@@ -80,9 +80,10 @@ class LlamaModel:
         """-> logits [S, V] (the weights' dtype) for batch.sample_index. A decode-only step leaves rotary and
         the KV store to the attention backend's decode_attend (a kernel fewer a layer)."""
         decode_only = batch.num_extends == 0
-        images = (batch.image_positions, batch.image_embeds) if batch.image_embeds is not None else None
+        # a vision-language model's image rows (only Llama's first piece takes them; other families have none)
+        images = {"images": (batch.image_positions, batch.image_embeds)} if batch.image_embeds is not None else {}
         c = self.piece(
-            0, None, None, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only, images=images
+            0, None, None, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only, **images
         )
         for i in range(self.num_layers):
             assert c.q is not None and c.k is not None and c.v is not None
