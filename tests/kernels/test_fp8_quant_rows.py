@@ -9,12 +9,17 @@ from services.worker.kernels.fp8_quant_rows import fp8_quant_rows
 from services.worker.models.layers.fp8_product import quantize_tokens
 
 
-def _check(x: torch.Tensor) -> None:
+def _check(x: torch.Tensor, exact: bool = True) -> None:
+    """exact: the same bytes; else (the compiled kernel on a GPU) the same values: a value that
+    rounds to zero may come out as +0 where PyTorch's cast gives -0."""
     q, s = fp8_quant_rows(x)
     ref_q, ref_s = quantize_tokens(x)
     assert q.shape == x.shape and s.shape == (x.shape[0], 1)
     assert torch.equal(s, ref_s)
-    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+    if exact:
+        assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+    else:
+        assert torch.equal(q.float(), ref_q.float())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter has no bfloat16
@@ -45,4 +50,4 @@ def test_rejects_a_transposed_input(device) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("t", [1, 64, 4096])
 def test_fp8_quant_rows_llama3_8b_down_input(t: int) -> None:
-    _check(torch.randn(t, 14336, device="cuda").to(torch.bfloat16))
+    _check(torch.randn(t, 14336, device="cuda").to(torch.bfloat16), exact=False)
