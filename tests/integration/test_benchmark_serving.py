@@ -14,6 +14,9 @@ from tests.integration.conftest import start_stack
 from tools import bench_prompt_cache, bench_structured, benchmark_serving
 from tools.redis_server import RedisServer
 
+# a benchmark tool end to end on the tiny model: opt-in (pytest -m bench), to keep CI within its time
+pytestmark = pytest.mark.bench
+
 
 def _bench(url: str, out: pathlib.Path, *flags: str) -> list[dict]:
     """benchmark_serving's results for six requests over a 1000-token vocabulary, written to out."""
@@ -88,10 +91,10 @@ def test_the_structured_output_benchmark_compares_like_with_like(long_context_mo
             str(tmp_path / "work"),
             *flags,
             "--low-load",
-            "3",
+            "2",
             "--",
             "--max-output",
-            "24",
+            "12",
         ]
     )
     assert len(res["cold_ttft_ms"]) == 10 and all(t and t > 0 for t in res["cold_ttft_ms"])

@@ -15,6 +15,10 @@ from tests.tools.test_workload import shared_workload_path
 from tools import bench_families, benchmark_engine, make_tiny_model
 from tools.workload import sharegpt_shaped
 
+# a benchmark tool end to end on the tiny model: opt-in (pytest -m bench), to keep CI within its time
+pytestmark = pytest.mark.bench
+
+
 N = 2  # the workload's first two: 129 and 114 output tokens
 
 
