@@ -12,9 +12,7 @@ from __future__ import annotations
 S = "string"
 
 
-def _str(_: int) -> dict:
-    """A string; the argument is the length an answer would give it, for the reader."""
-    return {"type": S}
+STR = {"type": S}  # unbounded (the docstring says why)
 
 
 def _int(lo: int, hi: int) -> dict:
@@ -26,18 +24,18 @@ def _obj(props: dict, required: list[str] | None = None) -> dict:
 
 
 SCHEMAS: list[dict] = [
-    _obj({"title": _str(80), "summary": _str(400), "rating": _int(1, 5)}),
+    _obj({"title": STR, "summary": STR, "rating": _int(1, 5)}),
     _obj(
         {
             "people": {
                 "type": "array",
-                "items": _obj({"name": _str(30), "age": _int(0, 120), "email": _str(40)}),
+                "items": _obj({"name": STR, "age": _int(0, 120), "email": STR}),
                 "maxItems": 8,
             }
         }
     ),
-    _obj({"answer": _str(600), "confidence": {"type": "number", "minimum": 0, "maximum": 1}}),
-    _obj({"steps": {"type": "array", "items": _str(120), "minItems": 1, "maxItems": 6}, "result": _str(100)}),
+    _obj({"answer": STR, "confidence": {"type": "number", "minimum": 0, "maximum": 1}}),
+    _obj({"steps": {"type": "array", "items": STR, "minItems": 1, "maxItems": 6}, "result": STR}),
     _obj(
         {
             "order": _obj(
@@ -45,7 +43,7 @@ SCHEMAS: list[dict] = [
                     "id": {"type": S, "pattern": "^[A-Z]{2}[0-9]{6}$"},
                     "items": {
                         "type": "array",
-                        "items": _obj({"sku": _str(12), "qty": _int(1, 99), "price": {"type": "number"}}),
+                        "items": _obj({"sku": STR, "qty": _int(1, 99), "price": {"type": "number"}}),
                         "maxItems": 10,
                     },
                     "status": {"enum": ["new", "paid", "shipped", "delivered", "cancelled"]},
@@ -54,12 +52,12 @@ SCHEMAS: list[dict] = [
         }
     ),
     _obj(
-        {"sentiment": {"enum": ["positive", "neutral", "negative"]}, "reasons": {"type": "array", "items": _str(150)}},
+        {"sentiment": {"enum": ["positive", "neutral", "negative"]}, "reasons": {"type": "array", "items": STR}},
         ["sentiment"],
     ),
     _obj(
         {
-            "city": _str(40),
+            "city": STR,
             "forecast": {
                 "type": "array",
                 "items": _obj(
@@ -69,24 +67,24 @@ SCHEMAS: list[dict] = [
             },
         }
     ),
-    _obj({"code": _str(800), "language": {"enum": ["python", "rust", "go", "sql"]}, "explanation": _str(300)}),
+    _obj({"code": STR, "language": {"enum": ["python", "rust", "go", "sql"]}, "explanation": STR}),
     _obj(
         {
             "entities": {
                 "type": "array",
-                "items": _obj({"text": _str(40), "type": {"enum": ["person", "place", "org", "date"]}}),
+                "items": _obj({"text": STR, "type": {"enum": ["person", "place", "org", "date"]}}),
                 "maxItems": 12,
             },
-            "language": _str(10),
+            "language": STR,
         },
         ["entities"],
     ),
     _obj(
         {
-            "question": _str(200),
-            "options": {"type": "array", "items": _str(60), "minItems": 2, "maxItems": 5},
+            "question": STR,
+            "options": {"type": "array", "items": STR, "minItems": 2, "maxItems": 5},
             "correct": _int(0, 4),
-            "hint": _str(150),
+            "hint": STR,
         },
         ["question", "options", "correct"],
     ),
