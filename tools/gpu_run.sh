@@ -10,7 +10,8 @@
 #         structured   (issue 48: the fixed workload under JSON schemas against unconstrained, one stack)
 #         families-tests | families | families-rest   (issue 45: each family's 1B model in bf16 against Hugging
 #         Face fp32; Qwen3-8B's decode step against Llama-3-8B's, then the issue's four benchmark families against
-#         the peer; the other six against the peer)
+#         the peer; the other six against the peer); families-capped: FAMILIES (default the three whose
+#         peer's batching thread finds no memory for cuBLAS at HF's default cache size) with tools/peer_capped.py
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 set -u
 out=${1:?OUTDIR}; shift
@@ -79,6 +80,9 @@ for part in "$@"; do
     families-rest) timeout 580 python3 tools/bench_families.py --out "$out/families_rest.json" --requests 16 \
                      --families llama,mistral,qwen2,phi3,gemma3,qwen2_moe --decode-shapes "" --peer-timeout 100 2>&1 \
                      | tail -6 ;;
+    families-capped) timeout 580 python3 tools/bench_families.py --out "$out/families_capped.json" --requests 16 \
+                       --families "${FAMILIES:-mistral,phi3,mixtral}" --decode-shapes "" --peer-cache-memory 0.8 \
+                       --peer-timeout 150 2>&1 | tail -6 ;;
     dp) timeout 240 python3 tools/bench_data_parallel.py --groups 2 --out "$out/dp2.json" -- --running-max-req-size 2048 2>&1 | tail -3 ;;
     *) echo "unknown part $part" ;;
   esac
