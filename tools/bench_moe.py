@@ -28,7 +28,7 @@ import torch
 
 # hidden, each expert's width, experts, experts per token
 SHAPES = {"mixtral-8x7b": (4096, 14336, 8, 2), "qwen3-30b-a3b": (2048, 768, 128, 8)}
-TOKENS = (1, 4, 16, 64, 256, 1024, 2048)
+TOKENS = (1, 4, 16, 64, 256, 1024, 2048, 4096)
 SMOKE_SHAPE, SMOKE_TOKENS = (64, 48, 4, 2), (1, 9)
 # (block_m, block_n, block_k, group_m, num_warps, num_stages); a configuration whose tiles do not
 # fit the GPU's shared memory is skipped

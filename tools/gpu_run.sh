@@ -12,6 +12,7 @@
 #         Face fp32; Qwen3-8B's decode step against Llama-3-8B's, then the four benchmark families against
 #         the peer; the other six against the peer); families-capped: FAMILIES (default the three whose
 #         peer's batching thread finds no memory for cuBLAS at HF's default cache size) with tools/peer_capped.py
+#         moe   (the fused experts at Mixtral's and Qwen3-30B-A3B's shapes, 1 to 4096 tokens: time, and against the reference)
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 set -u
 out=${1:?OUTDIR}; shift
@@ -83,6 +84,11 @@ for part in "$@"; do
     families-capped) timeout 580 python3 tools/bench_families.py --out "$out/families_capped.json" --requests 16 \
                        --families "${FAMILIES:-mistral,phi3,mixtral}" --decode-shapes "" --peer-cache-memory 0.8 \
                        --peer-timeout 150 2>&1 | tail -6 ;;
+    moe) for shape in mixtral-8x7b qwen3-30b-a3b; do
+           timeout 150 python3 tools/bench_moe.py --shape $shape --out "$out/moe-$shape.json" > "$out/moe-$shape.log" 2>&1
+           tail -12 "$out/moe-$shape.log"; done
+         timeout 200 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_fused_moe.py -k real_shapes 2>&1 \
+           | grep "T=\|passed\|failed\|Error" | tee "$out/moe_tests.log" | tail -20 ;;
     dp) timeout 240 python3 tools/bench_data_parallel.py --groups 2 --out "$out/dp2.json" -- --running-max-req-size 2048 2>&1 | tail -3 ;;
     *) echo "unknown part $part" ;;
   esac

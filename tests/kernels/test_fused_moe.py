@@ -94,21 +94,26 @@ def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.float() - ref).norm() / ref.norm()).item()
 
 
+# hidden, each expert's width, experts, experts per token, renormalised
+REAL_SHAPES = {"mixtral-8x7b": (4096, 14336, 8, 2, True), "qwen3-30b-a3b": (2048, 768, 128, 8, True)}
+
+
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("t", [1, 2, 16, 64, 256])
-def test_mixtral_shape_bf16_matches_the_reference(t: int) -> None:
-    """Mixtral-8x7B's experts (hidden 4096, 14336 wide, 8 experts, top-2) in bf16: the kernel and
+@pytest.mark.parametrize("t", [1, 2, 16, 64, 256, 1024, 4096])
+@pytest.mark.parametrize("shape", sorted(REAL_SHAPES))
+def test_real_shapes_bf16_match_the_reference(shape: str, t: int) -> None:
+    """Mixtral-8x7B's and Qwen3-30B-A3B's experts in bf16, 1 to 4096 tokens: the kernel and
     PyTorch's bf16 loop both within 1e-2 (relative L2) of a float32 loop over the same weights."""
     g = torch.Generator(device="cuda").manual_seed(t)
-    h, inter, experts = 4096, 14336, 8
+    h, inter, experts, top_k, renorm = REAL_SHAPES[shape]
     x = torch.randn(t, h, device="cuda", generator=g).bfloat16()
     w13 = (torch.randn(experts, 2 * inter, h, device="cuda", generator=g) * h**-0.5).bfloat16()
     w2 = (torch.randn(experts, h, inter, device="cuda", generator=g) * inter**-0.5).bfloat16()
-    weights, ids = route(torch.randn(t, experts, device="cuda", generator=g), 2, True, torch.float32)
+    weights, ids = route(torch.randn(t, experts, device="cuda", generator=g), top_k, renorm, torch.float32)
     ref = experts_reference(x.float(), w13.float(), w2.float(), weights, ids)
     got, torch_bf16 = fused_experts(x, w13, w2, weights, ids), experts_reference(x, w13, w2, weights, ids)
-    print(f"T={t}: kernel {_rel_l2(got, ref):.2e}, PyTorch bf16 {_rel_l2(torch_bf16, ref):.2e}")
+    print(f"{shape} T={t}: kernel {_rel_l2(got, ref):.2e}, PyTorch bf16 {_rel_l2(torch_bf16, ref):.2e}")
     assert _rel_l2(got, ref) < 1e-2 and _rel_l2(torch_bf16, ref) < 1e-2
 
 
