@@ -105,5 +105,7 @@ def test_the_structured_output_benchmark_compares_like_with_like(long_context_mo
         assert a["failed"] == b["failed"] == 0, (a["errors"], b["errors"])
         assert a["output_tok_per_s"] * a["duration_s"] == pytest.approx(b["output_tok_per_s"] * b["duration_s"])
     assert runs["json"]["completed"] == 6 and runs["low_json"]["completed"] == 2
+    # no prompt cache: the unconstrained run prefills its prompts as the constrained one did
+    assert runs["json"]["cached_prompt_tokens"] == runs["free"]["cached_prompt_tokens"] == 0
     assert res["json_over_free"]["workload"]["req_per_s"] > 0
     assert json.loads((out / "structured.json").read_text())["json_over_free"] == res["json_over_free"]
