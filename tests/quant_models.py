@@ -90,3 +90,21 @@ def make(root: str) -> dict[str, str]:
     out[AT_LOAD + "-dequantized"] = os.path.join(root, AT_LOAD + "-dequantized")
     dequantized_copy(out["plain"], out[AT_LOAD + "-dequantized"], at_load=True)
     return out
+
+
+def int4_copy(src: str, dst: str, method: str, group_size: int = 128, device: str = "cpu") -> str:
+    """src's unquantized checkpoint (one model.safetensors) rewritten as AutoAWQ or auto-gptq would
+    write it (int4_formats.quantize_checkpoint: round to nearest, quantized on device), config.json
+    with its quantization_config. -> dst."""
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, "model.safetensors")
+    with safe_open(path, "pt", device=device) as f:
+        tensors = {name: f.get_tensor(name) for name in set(f.keys())}
+    quantized = int4_formats.quantize_checkpoint(tensors, method, group_size)
+    save_file({k: v.cpu().contiguous() for k, v in quantized.items()}, path, metadata={"format": "pt"})
+    with open(os.path.join(dst, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = int4_formats.quantization_config(method, group_size)
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    return dst

@@ -1,6 +1,7 @@
 """Microbenchmarks of the worker's Triton kernels next to the same GPU's ceilings.
 
     python tools/bench_kernels.py --out FILE.json [--sweep] [--sweep-seq 4096]
+    python tools/bench_kernels.py --parts ceilings,quant_gemm --out FILE.json   # the weight GEMMs only
     python tools/bench_kernels.py --cpu-smoke --out FILE.json   # tiny shapes, Triton interpreter
 
 Ceilings: device-to-device copy bandwidth (read + write bytes) and a bf16 8192^3 matmul.
@@ -12,7 +13,9 @@ tokens, no prefix and a 2048-token prefix) as TFLOP/s, causal FLOPs 4*S^2*D*Hq/2
 4*S*P*D*Hq for a prefix, next to torch SDPA's flash backend; the elementwise kernels at 8192
 tokens as GB/s. Times are triton.testing.do_bench medians. --sweep also times launch
 configurations of both attention kernels (each checked against the default config's output)
-and prints the best. --cpu-smoke runs everything once at tiny shapes under the interpreter,
+and prints the best. quant_gemm (not a default part; tools/kernel_quant_gemm.py) times each
+projection's GEMM with bf16, FP8 and int4 weights at M = 1 to 256 against its bytes-moved floor.
+--cpu-smoke runs everything once at tiny shapes under the interpreter,
 to check the script itself without a GPU; its numbers mean nothing.
 """
 
@@ -57,6 +60,9 @@ class Shapes:
 SMOKE = Shapes(4, 2, 32, 256, 512, 64, 3, (48,), (40,), 24, 1 << 20, 64, "float16")
 
 
+PARTS = ("ceilings", "elementwise", "decode", "extend", "quant_gemm")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="JSON file for the results")
@@ -67,8 +73,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="decode attention over batch x context x (grid splits, split_tokens): data for the split rule",
     )
+    p.add_argument("--parts", default=",".join(PARTS[:-1]), help=f"from {','.join(PARTS)} (ceilings always run)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes under the Triton interpreter, on the CPU")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.part_list = args.parts.split(",")
+    if unknown := set(args.part_list) - set(PARTS):
+        p.error(f"unknown parts {sorted(unknown)}: choose from {','.join(PARTS)}")
+    return args
 
 
 class Timer:
@@ -299,10 +310,19 @@ def main(argv: list[str] | None = None) -> None:
     }
     report["ceilings"] = bench_ceilings(s, dev, timer)
     copy_gbs = report["ceilings"]["copy"]["GB/s"]
-    report["elementwise"] = bench_elementwise(s, dev, timer)
-    report["decode"] = bench_decode(s, dev, timer, num_sms, copy_gbs)
-    report["extend"] = bench_extend(s, dev, timer)
-    from tools.kernel_sweeps import split_sweep, sweep  # imports this module: not at its top
+    parts = set(args.part_list)
+    if "elementwise" in parts:
+        report["elementwise"] = bench_elementwise(s, dev, timer)
+    if "decode" in parts:
+        report["decode"] = bench_decode(s, dev, timer, num_sms, copy_gbs)
+    if "extend" in parts:
+        report["extend"] = bench_extend(s, dev, timer)
+    # these import this module: not at its top
+    from tools.kernel_quant_gemm import quant_gemm
+    from tools.kernel_sweeps import split_sweep, sweep
+
+    if "quant_gemm" in parts:
+        report["quant_gemm"] = quant_gemm(s, dev, timer, copy_gbs)
 
     if args.sweep:
         report["sweep"] = sweep(s, dev, timer, min(args.sweep_seq, max(s.extend_seqs)), num_sms)

@@ -1,14 +1,16 @@
-"""bf16 against FP8 weights and FP8 KV in one job: tools/benchmark_engine.py's parts, and prefill
+"""bf16 against FP8 or int4 weights and FP8 KV in one job: tools/benchmark_engine.py's parts, and prefill
 throughput on long prompts, for each variant on engines built from the same random draws.
 
     python tools/bench_quant.py --out FILE.json [--variants bf16,kv-fp8,fp8,fp8+kv-fp8]
         [--prefill 16x4096] [any tools/benchmark_engine.py flag: --parts, --static, --requests, --shape, ...]
 
 Variants: bf16 (bf16 weights, bf16 KV), kv-int8, kv-fp8 (bf16 weights, a quantized KV pool),
-fp8 (--quantization fp8: e4m3 projections, bf16 KV) and fp8+kv-fp8, fp8+kv-int8. The bf16-weight
-variants run first: the FP8 ones quantize the shared random weights in place, and the bf16
-tensors' memory then goes to their KV pools. Each variant sizes its own KV pool (FP8 weights
-and KV leave room for more tokens). Parts: benchmark_engine's base parts (static decode steps
+fp8 (--quantization fp8: e4m3 projections, bf16 KV) and fp8+kv-fp8, fp8+kv-int8; awq and gptq
+(int4 projections of group size 128, zero points or symmetric, bf16 KV) and awq+kv-fp8. The
+bf16-weight variants run first: the quantized ones quantize the shared random weights in place,
+and the bf16 tensors' memory then goes to their KV pools, so one run has one weight quantization
+(fp8, awq or gptq; another needs a run of its own). Each variant sizes its own KV pool
+(quantized weights and KV leave room for more tokens). Parts: benchmark_engine's base parts (static decode steps
 with their bandwidth floors, lowload, offline) on one engine per variant, then prefill: --prefill
 N x L prompts of L random tokens each, one output token, all at once: prompt tokens per second.
 Writes by_variant (each variant's figures and engine) and over_bf16 (each variant's ratio to the
@@ -42,6 +44,9 @@ VARIANTS = {
     "fp8": ("fp8", "auto"),
     "fp8+kv-int8": ("fp8", "int8"),
     "fp8+kv-fp8": ("fp8", "fp8"),
+    "awq": ("awq", "auto"),
+    "gptq": ("gptq", "auto"),
+    "awq+kv-fp8": ("awq", "fp8"),
 }
 
 
@@ -84,6 +89,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Nam
     if unknown := [v for v in names if v not in VARIANTS]:
         ap.error(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
     own.names = sorted(names, key=lambda v: VARIANTS[v][0] != "none")  # bf16 weights first, in the given order
+    if len(quants := {VARIANTS[v][0] for v in names} - {"none"}) > 1:
+        ap.error(f"one weight quantization a run (each quantizes the shared draws in place), got {sorted(quants)}")
     args = benchmark_engine.parse_args(rest)
     if args.cache_settings != ["on"] or any(
         p not in (*benchmark_engine.BASE_PARTS, "ceilings") for p in args.part_list

@@ -2,7 +2,7 @@
 
     python tools/benchmark_engine.py --out FILE.json [--shape llama3-8b] [--parts ceilings,static,offline]
         [--requests 2000] [--static 1x1024,64x1024,256x1024] [--kv-dtype auto|int8|fp8] [--model-dir DIR]
-        [--quantization none|fp8]
+        [--quantization none|fp8|awq|gptq]
         [--prompt-cache on|off|on,off] [--shared-prefix-rate 16]
 
 With --model-dir the weights come from that directory; otherwise they are random, on the
@@ -47,11 +47,10 @@ import torch
 
 from services.worker.engine import Engine
 from services.worker.models.bench_shapes import SHAPES
-from services.worker.models.fp8_weight import Fp8Weight
 from shared.model_config import ModelConfig
 from tools import bench_prefix, bench_workloads
 from tools.bench_prefix import request, warm
-from tools.engine_factory import Built, EngineFactory
+from tools.engine_factory import INT4, Built, EngineFactory, projection_bytes
 from tools.workload import random_prompts, sharegpt_shaped
 
 BASE_PARTS = ("static", "lowload", "offline")  # run on one engine, in this order
@@ -151,16 +150,16 @@ def step_profile(trace: list[tuple[float, int, int]]) -> dict:
     return out
 
 
-def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 2, layer_bytes: int = 0) -> int:
+def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 2, layer_bytes: float = 0) -> int:
     """Bytes of weights a decode step reads: every layer and the output layer (one embedding row
     aside); a mixture of experts' every expert and router row (a batch that routes to them all).
-    layer_bytes: the layers' bytes a weight when not dtype_bytes (1: FP8 projections, the output
-    layer still bf16; their scales, one float32 a row, left out)."""
+    layer_bytes: the layers' bytes a weight when not dtype_bytes (projection_bytes: FP8's, int4's;
+    the output layer still bf16)."""
     h, d = cfg.hidden_size, cfg.head_dim
     attention = h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * h + 2 * h
     sparse = (3 * cfg.moe_intermediate_size + 1) * h * cfg.num_experts + 3 * h * cfg.shared_expert_intermediate_size
     mlp = [sparse if cfg.sparse(i) else 3 * h * cfg.intermediate_size for i in range(cfg.num_layers)]
-    return (layer_bytes or dtype_bytes) * (cfg.num_layers * attention + sum(mlp)) + dtype_bytes * (
+    return int((layer_bytes or dtype_bytes) * (cfg.num_layers * attention + sum(mlp))) + dtype_bytes * (
         cfg.vocab_size * h + h
     )
 
@@ -187,7 +186,7 @@ def static_decode(engine: Engine, cfg: ModelConfig, batch: int, context: int, st
     # with tensor parallelism each GPU reads its share of the weights (and of the KV heads:
     # the layout is the rank's already), in parallel with the others
     ranks = engine.runner.model.tp.size
-    layer_bytes = 1 if isinstance(engine.runner.model.w.layers[0].qkv, Fp8Weight) else 0
+    layer_bytes = projection_bytes(engine.runner.model.w.layers[0].qkv)
     floor_ms = 1000 * (weight_bytes(cfg, layer_bytes=layer_bytes) / ranks + kv_read) / copy_bw if copy_bw else None
     graphs = engine.runner.graphs  # what the step's graph was captured with, to tell two engines' steps apart
     return {
@@ -272,7 +271,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--kv-dtype", default="auto", help="auto, int8 or fp8")
-    ap.add_argument("--quantization", default="none", help="none or fp8 (projections quantized at load)")
+    ap.add_argument(
+        "--quantization",
+        default="none",
+        choices=("none", "fp8", *INT4),
+        help="fp8: projections quantized at load; awq, gptq: random weights' projections as int4 (group size 128)",
+    )
     ap.add_argument("--max-total-token-num", type=int, default=0)
     ap.add_argument("--mem-fraction", type=float, default=0.9)
     ap.add_argument("--batch-max-tokens", type=int, default=16384)
@@ -302,6 +306,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.part_list = args.parts.split(",")
     if unknown := set(args.part_list) - set(PARTS):
         ap.error(f"unknown parts {sorted(unknown)}: choose from {','.join(PARTS)}")
+    if args.quantization in INT4 and (args.model_dir or args.tp > 1):
+        ap.error(f"--quantization {args.quantization}: random weights on one GPU only (a checkpoint says its own)")
     args.cache_settings = args.prompt_cache.split(",")
     if set(args.cache_settings) - {"on", "off"} or len(set(args.cache_settings)) < len(args.cache_settings):
         ap.error(f"--prompt-cache {args.prompt_cache}: want on, off, on,off or off,on")

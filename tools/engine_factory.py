@@ -2,8 +2,9 @@
 setting and again wherever a part must start from an empty prompt cache.
 
 Random weights are drawn once and shared by every build (folding the norms into them again is
-a multiply by ones); a build with --quantization fp8 quantizes their projections in place, so
-every build after it has FP8 weights too (tools/bench_quant.py builds the bf16 ones first).
+a multiply by ones); a build with --quantization fp8, awq or gptq quantizes their projections in
+place (awq, gptq: int4 of group size 128, as models/int4_formats.py writes a checkpoint), so every
+build after it has those weights too (tools/bench_quant.py builds the bf16 ones first).
 Every build after the first gets the first one's KV pool size, so the settings compared in one
 run hold the same number of tokens (bench_quant.py resets it: each variant sizes its own). An
 engine is released before the next is built: its KV pool and CUDA graphs go back to the device.
@@ -25,14 +26,18 @@ import torch
 
 from services.worker.build import build_engine
 from services.worker.engine import Engine
+from services.worker.models import int4_formats
 from services.worker.models.bench_shapes import SHAPES
-from services.worker.models.fp8_weight import quantize_layers_
+from services.worker.models.fp8_weight import Fp8Weight, quantize_layers_
+from services.worker.models.int4_weight import Int4Weight
 from services.worker.models.registry import random_weights
 from services.worker.models.weights import ModelWeights
 from services.worker.runtime.warmup import warm_up
 from services.worker.tp.group import leave_group, start_group
 from shared.config import WorkerConfig
 from shared.model_config import ModelConfig
+
+INT4 = ("awq", "gptq")  # --quantization's int4 methods: random weights only (a checkpoint says its own)
 
 
 @dataclass
@@ -56,7 +61,7 @@ class EngineFactory:
             device=a.device,
             dtype=a.dtype,
             kv_dtype=a.kv_dtype,
-            quantization=a.quantization,
+            quantization="fp8" if a.quantization == "fp8" else "none",  # int4: the weights say so
             max_total_token_num=self.capacity,
             mem_fraction=a.mem_fraction,
             batch_max_tokens=a.batch_max_tokens,
@@ -109,9 +114,19 @@ class EngineFactory:
             device = torch.device(a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
             self.weights = random_weights(model_cfg, dtype, device, seed=0)
-        if cfg.quantization == "fp8":
+        if a.quantization == "fp8":
             quantize_layers_(self.weights.layers)  # the bf16 tensors go: their memory joins the KV pool
+        elif a.quantization in INT4:
+            int4_formats.quantize_layers_(self.weights.layers, a.quantization)
         return build_engine(cfg, weights=self.weights, model_cfg=model_cfg), model_cfg, lambda: None
+
+
+def projection_bytes(w: object) -> float:
+    """Bytes a weight of a projection stored as w: FP8 1 (its scales, one float32 a row, left
+    out); int4 a half plus each group's bf16 scale and uint8 zero point; 0: the model's dtype."""
+    if isinstance(w, Int4Weight):
+        return 0.5 + 3 / w.group_size
+    return 1 if isinstance(w, Fp8Weight) else 0
 
 
 def _tp_engine(args: argparse.Namespace, cfg: WorkerConfig) -> tuple[Engine, ModelConfig, Callable[[], None]]:

@@ -4,7 +4,9 @@
 # list is tools/gpu_wheels.txt), then carry those three folders with the working tree.
 # Usage: bash tools/gpu_run.sh OUTDIR PART...
 #   PART: tests | kernels | blas | kernel-sweep | split-sweep | engine | engine-int8 | profile | offline | static | pipeline | peer | trace
-#         quant | quant-tests   (issue 47's FP8: bf16, FP8 KV and FP8 weights in one job; the FP8 GPU tests)
+#         quant | quant-tests   (issue 47's FP8: bf16, FP8 KV and FP8 weights in one job; the FP8 and int4 GPU tests)
+#         quant-int4 | quant-gemm   (bf16 against AWQ int4 weights in one job; each projection's bf16, FP8 and int4
+#         GEMM at M = 1 to 256 against its bytes-moved floor)
 #         cache-prefix | cache-turns | cache-offline | cache-routing   (the prompt cache, issue 44: each on and
 #         off, or under both router policies, in one run; cache-routing runs two groups on the one GPU)
 #         structured   (issue 48: the fixed workload under JSON schemas against unconstrained, one stack)
@@ -50,11 +52,16 @@ for part in "$@"; do
     quant) timeout 590 python3 tools/bench_quant.py --variants "${VARIANTS:-bf16,kv-fp8,fp8}" --static 1x1024,64x1024 \
              --running-max-req-size 2048 \
              --out "$out/quant.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -20 ;;
-    quant-tests) timeout 500 python3 -m pytest -m gpu -q -s -p no:cacheprovider -rA tests/worker/models/test_fp8_product.py \
+    quant-tests) timeout 580 python3 -m pytest -m gpu -q -s -p no:cacheprovider -rA tests/worker/models/test_fp8_product.py \
                    tests/worker/test_cuda_path.py tests/worker/test_quant_vs_hf.py tests/kernels/test_kv_store.py \
                    tests/kernels/test_decode_attention.py tests/kernels/test_extend_attention.py \
-                   tests/kernels/test_fp8_quant_rows.py 2>&1 \
+                   tests/kernels/test_fp8_quant_rows.py tests/kernels/test_fp8_weight_matmul.py \
+                   tests/kernels/test_int4_matmul.py tests/kernels/test_split_k_sum.py 2>&1 \
                    | grep -v "it/s\]\|^$\|^PASSED" | tail -40 | tee "$out/quant_tests.log" ;;
+    quant-int4) timeout 590 python3 tools/bench_quant.py --variants bf16,awq --parts ceilings,static --static 1x1024,64x1024 \
+                  --running-max-req-size 2048 --out "$out/quant_int4.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -20 ;;
+    quant-gemm) timeout 300 python3 tools/bench_kernels.py --parts ceilings,quant_gemm --out "$out/quant_gemm.json" \
+                  > "$out/quant_gemm.log" 2>&1; grep " us$\|Error" "$out/quant_gemm.log" | tail -20 ;;
     engine-int8) timeout 300 python3 tools/benchmark_engine.py --kv-dtype int8 --parts static,offline --out "$out/engine_int8.json" 2>&1 | tail -8 ;;
     tp-tests) timeout 300 python3 -m pytest -m gpu tests/worker/test_tp_cuda.py -q -s -p no:cacheprovider -rA 2>&1 \
                 | grep -v "it/s\]\|^$" | tail -25 | tee "$out/tp_tests.log" ;;

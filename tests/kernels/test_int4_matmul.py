@@ -1,4 +1,5 @@
-"""int4_matmul kernel against the reference (dequantize, then PyTorch's matmul)."""
+"""int4_matmul kernel against the reference (dequantize, then PyTorch's matmul): unsplit and split
+over K (the decode path), into out and accumulating; at Llama-3-8B's shapes on a GPU."""
 
 from __future__ import annotations
 
@@ -19,20 +20,31 @@ def _weight(n: int, k: int, group: int, method: str, device: torch.device, dtype
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter has no bfloat16
 @pytest.mark.parametrize(
-    ("m", "n", "k", "group", "method"), [(1, 64, 128, 128, "gptq"), (5, 96, 256, 128, "awq"), (20, 40, 128, 32, "gptq")]
+    ("m", "n", "k", "group", "method", "split"),
+    [
+        (1, 64, 128, 128, "gptq", 1),
+        (1, 64, 1024, 128, "awq", None),  # the default split: 2 shares here
+        (5, 96, 256, 128, "awq", 2),
+        (3, 64, 512, 256, "gptq", 3),  # two K steps a group
+        (20, 40, 128, 32, "gptq", 4),
+        (40, 64, 256, 64, "awq", 1),
+    ],
 )
-def test_int4_matmul(m: int, n: int, k: int, group: int, method: str, dtype: torch.dtype, device, tol) -> None:
+def test_int4_matmul(
+    m: int, n: int, k: int, group: int, method: str, split: int | None, dtype: torch.dtype, device, tol
+) -> None:
     w = _weight(n, k, group, method, device, dtype)
     x = torch.randn(m, k, device=device).to(dtype)
-    out = int4_matmul(x, w)
+    out = int4_matmul(x, w, split=split)
     torch.testing.assert_close(out, int4_reference(x, w), **tol(dtype))
 
 
-def test_int4_matmul_accumulates_into_out(device, tol) -> None:
+@pytest.mark.parametrize("split", [1, 2])
+def test_int4_matmul_accumulates_into_out(split: int, device, tol) -> None:
     w = _weight(64, 128, 64, "awq", device, torch.float32)
     x = torch.randn(3, 128, device=device)
     base = torch.randn(3, 64, device=device)
-    out = int4_matmul(x, w, base.clone(), accumulate=True)
+    out = int4_matmul(x, w, base.clone(), accumulate=True, split=split)
     torch.testing.assert_close(out, int4_reference(x, w, base.clone(), accumulate=True), **tol(torch.float32))
 
 
@@ -45,7 +57,9 @@ def test_int4_matmul_rejects_a_wrong_width(device) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 16, 64, 300])
-def test_int4_matmul_llama3_8b_down(m: int, tol) -> None:
-    w = _weight(4096, 14336, 128, "awq", torch.device("cuda"), torch.bfloat16)
-    x = torch.randn(m, 14336, device="cuda").to(torch.bfloat16)
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])
+def test_int4_matmul_llama3_8b(m: int, n: int, k: int, tol) -> None:
+    """Llama-3-8B's qkv, o, gate|up and down, in bf16, with the default split."""
+    w = _weight(n, k, 128, "awq", torch.device("cuda"), torch.bfloat16)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     torch.testing.assert_close(int4_matmul(x, w), int4_reference(x, w), **tol(torch.bfloat16))

@@ -11,8 +11,9 @@ import pytest
 
 from services.worker.models.bench_shapes import SHAPES
 from services.worker.models.fp8_weight import Fp8Weight
+from services.worker.models.int4_weight import Int4Weight
 from tools import bench_quant, make_tiny_model
-from tools.engine_factory import EngineFactory
+from tools.engine_factory import EngineFactory, projection_bytes
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +50,10 @@ def test_every_variant_in_one_job(tiny: str, tmp_path) -> None:
     assert json.loads(out.read_text())["over_bf16"] == ratios
 
 
-def test_unknown_variants_are_refused(tmp_path) -> None:
+@pytest.mark.parametrize("variants", ["bf16,int4", "bf16,fp8,awq", "awq,gptq"])
+def test_unknown_variants_and_two_weight_quantizations_are_refused(tmp_path, variants: str) -> None:
     with pytest.raises(SystemExit):
-        bench_quant.main(["--out", str(tmp_path / "x.json"), "--variants", "bf16,int4"])
+        bench_quant.main(["--out", str(tmp_path / "x.json"), "--variants", variants])
 
 
 def test_random_weights_are_quantized_in_place_after_the_bf16_builds(tiny: str, monkeypatch) -> None:
@@ -67,3 +69,20 @@ def test_random_weights_are_quantized_in_place_after_the_bf16_builds(tiny: str, 
         layers = built.engine.runner.model.w.layers
         assert all(isinstance(layer.down, Fp8Weight) == want for layer in layers)
         factory.release(built)
+
+
+def test_the_int4_variant_quantizes_random_weights_and_runs(tiny: str, monkeypatch, tmp_path) -> None:
+    """awq: the shared draw's projections become int4 of group size 128 after the bf16 build; the
+    engine decodes and prefills on them (the CPU path: the dequantizing reference)."""
+    with open(os.path.join(tiny, "config.json")) as f:
+        monkeypatch.setitem(SHAPES, "tiny-test", json.load(f))
+    flags = ["--shape", "tiny-test", "--device", "cpu", "--parts", "static", "--static", "2x16", "--static-steps", "3"]
+    res = bench_quant.main(["--out", str(tmp_path / "q.json"), "--variants", "bf16,awq", "--prefill", "2x32", *flags])
+    assert res["by_variant"]["awq"]["engine"]["quantization"] == "awq"
+    assert res["over_bf16"]["awq"]["decode_ms_2x16"] > 0 and res["over_bf16"]["awq"]["prefill_prompt_tok_per_s"] > 0
+    _, args = bench_quant.parse_args(["--out", "unused.json", *flags])
+    args.quantization = "gptq"
+    built = EngineFactory(args).build(cache_on=True)
+    layers = built.engine.runner.model.w.layers
+    assert all(isinstance(w, Int4Weight) and w.group_size == 128 for layer in layers for w in (layer.qkv, layer.down))
+    assert projection_bytes(layers[0].qkv) == 0.5 + 3 / 128 and projection_bytes(layers[0].attn_norm) == 0

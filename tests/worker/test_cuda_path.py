@@ -5,8 +5,10 @@ Tolerances (stated, bf16 against an fp32 reference of the same bf16-rounded weig
 forcing, for prefill and for decode, and every position's logits within a relative L2 error of
 3e-2 (dense families; a mixture of experts' routing flips under bf16 rounding). int8 and FP8 KV
 against bf16 KV: top-1 agreement on at least 97% of positions, and at least 1.9x the tokens. FP8
-weights (--quantization fp8: e4m3 per channel, activations per token, torch._scaled_mm) against
-bf16 weights: top-1 agreement on at least 98% of positions, prefill and decode.
+weights (--quantization fp8: e4m3 per channel; up to 64 rows a Triton kernel on bf16 activations,
+past that activations per token and torch._scaled_mm) against bf16 weights: top-1 agreement on at
+least 98% of positions, prefill and decode. AWQ and GPTQ int4 weights (group size 128, rounded to
+nearest: no scale search, no error compensation) against bf16 weights: at least 95%.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from services.worker.build import build_engine
 from services.worker.models.layers.fp8_product import fp8_tensor_cores
 from shared.config import WorkerConfig
-from tests import hf_reference
+from tests import hf_reference, quant_models
 from tests.worker import peaked_models
 from tests.worker.engine_driver import request, run
 from tests.worker.teacher_forcing import decode_logits, prefill_logits
@@ -35,6 +37,7 @@ BF16_REL_L2 = 3e-2
 TOP1_BF16 = 0.99
 TOP1_INT8 = 0.97  # int8 or FP8 KV against bf16 KV
 TOP1_FP8_WEIGHTS = 0.98
+TOP1_INT4_WEIGHTS = 0.95
 
 
 # ---------------------------------------------------------------- tiny models, fp32: exact
@@ -104,8 +107,9 @@ def _tiny_fp32(model_dir: str, graphs: int, pieces: int, budget: int, fold: bool
 # ---------------------------------------------------------------- 1B-shaped models in bf16
 
 
-def _engine(model_dir: str, kv: str = "auto", quantization: str = "none"):
-    """bf16; the norms folded into the weights, as by default (a float KV pool, bf16 weights)."""
+def _engine(model_dir: str, kv: str = "auto", quantization: str = "none", int4: bool = False):
+    """bf16; the norms folded into the weights, as by default (a float KV pool, bf16 weights).
+    int4: the checkpoint's weights are int4 (nothing folds into them)."""
     cfg = WorkerConfig(
         model_dir=model_dir,
         device="cuda",
@@ -116,7 +120,7 @@ def _engine(model_dir: str, kv: str = "auto", quantization: str = "none"):
         running_max_req_size=16,
     )
     engine = build_engine(cfg)
-    assert engine.runner.step.folded == (kv == "auto" and quantization == "none")
+    assert engine.runner.step.folded == (kv == "auto" and quantization == "none" and not int4)
     return engine
 
 
@@ -177,18 +181,36 @@ def test_1b_quantized_kv_agrees_with_bf16_kv(model_1b: str, sequences, kv: str) 
     assert agree >= TOP1_INT8
 
 
-def test_1b_fp8_weights_agree_with_bf16_weights(model_1b: str, sequences) -> None:
-    """Teacher forcing through the FP8 engine (decode graphs and piecewise graphs replaying
-    torch._scaled_mm) against the bf16 engine, prefill and decode."""
-    assert fp8_tensor_cores(torch.device("cuda")), "no FP8 tensor cores, or a torch _scaled_mm was not tested with"
-    bf16, fp8 = _engine(model_1b), _engine(model_1b, quantization="fp8")
+def _agreements(bf16, other, sequences: list[list[int]]) -> dict[str, float]:
+    """Teacher-forced top-1 agreement of two engines: a 384-token prefill each, and decode steps of
+    four sequences at once from position 256."""
     start = 256
-    for name, agree in (
-        ("prefill", _top1([prefill_logits(bf16, s) for s in sequences], [prefill_logits(fp8, s) for s in sequences])),
-        ("decode", _top1(decode_logits(bf16, sequences, start), decode_logits(fp8, sequences, start))),
-    ):
+    return {
+        "prefill": _top1([prefill_logits(bf16, s) for s in sequences], [prefill_logits(other, s) for s in sequences]),
+        "decode": _top1(decode_logits(bf16, sequences, start), decode_logits(other, sequences, start)),
+    }
+
+
+def test_1b_fp8_weights_agree_with_bf16_weights(model_1b: str, sequences) -> None:
+    """Teacher forcing through the FP8 engine (decode graphs replaying the Triton kernel, piecewise
+    graphs of 384 tokens torch._scaled_mm) against the bf16 engine, prefill and decode."""
+    assert fp8_tensor_cores(torch.device("cuda")), "no FP8 tensor cores, or a torch _scaled_mm was not tested with"
+    for name, agree in _agreements(_engine(model_1b), _engine(model_1b, quantization="fp8"), sequences).items():
         print(f"FP8 weights {name}: top-1 agreement with bf16 weights {agree:.4f}")
         assert agree >= TOP1_FP8_WEIGHTS
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_1b_int4_weights_agree_with_bf16_weights(model_1b: str, sequences, tmp_path, method: str) -> None:
+    """The 1B model's checkpoint quantized to int4 (tests/quant_models.int4_copy), teacher-forced
+    through kernels/int4_matmul.py (decode graphs at batch 4: K split in shares; piecewise graphs
+    of 384 tokens) against the bf16 engine, prefill and decode."""
+    path = quant_models.int4_copy(model_1b, str(tmp_path / method), method, device="cuda")
+    agreements = _agreements(_engine(model_1b), _engine(path, int4=True), sequences)
+    shutil.rmtree(path)
+    for name, agree in agreements.items():
+        print(f"{method} int4 weights {name}: top-1 agreement with bf16 weights {agree:.4f}")
+        assert agree >= TOP1_INT4_WEIGHTS
 
 
 @pytest.mark.parametrize("kv", ["int8", "fp8"])

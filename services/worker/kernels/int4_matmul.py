@@ -1,12 +1,18 @@
 """Weight-only int4 matmul: x [M, K] @ W.t() with W an Int4Weight (models/int4_weight.py),
 dequantized in registers, tile by tile, and never written out.
 
-Each program computes a [BLOCK_M, BLOCK_N] tile of the output over K in BLOCK_K steps; BLOCK_K
-divides the group size, so a step reads one row of scales and zero points. The packed words
-are read once per row of eight inputs (the eight rows of a word share an address, served
-from cache), shifted and masked to 4-bit values, and (q - zero) * scale is computed in float32
-and rounded to x's dtype, as the reference (``int4_reference``) dequantizes before its matmul;
-products accumulate in float32 (IEEE for float32 inputs, not TF32).
+Each program computes a [BLOCK_M, BLOCK_N] tile of the output over its share of K in BLOCK_K
+steps; BLOCK_K divides the group size, so a step reads one row of scales and zero points. A step
+loads its packed words once ([BLOCK_K / 8, BLOCK_N] int32: eight input rows a word), shifts
+each into its eight 4-bit values and lays them out as [BLOCK_K, BLOCK_N]; (q - zero) * scale is
+computed in float32 and rounded to x's dtype, as the reference (``int4_reference``) dequantizes
+before its matmul; products accumulate in float32 (IEEE for float32 inputs, not TF32).
+
+At decode sizes (M of 1 to 64) the product is a read of the packed weight, and its output tiles
+are too few to fill a GPU (Llama-3-8B's down projection: 64 tiles of 64 columns on an H200's 132
+SMs). So K is cut into shares (split_k_sum.py's choose_split: several programs on every SM at a
+batch of one, fewer as M grows) whose float32 sums split_k_sum adds; an unsplit product writes
+its output directly.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.launch import cdiv, launcher
+from services.worker.kernels.split_k_sum import choose_split, shares, sm_count, split_k_sum
 from services.worker.models.int4_weight import Int4Weight
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BLOCK_N = 64
 
 
 @triton.jit
@@ -33,26 +41,33 @@ def _int4_matmul_kernel(
     K,
     x_row_stride,
     out_row_stride,
+    share_stride,
+    k_per_share,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PARTIAL: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    offs_w = tl.arange(0, BLOCK_K // 8)
     mask_m = offs_m < M
     mask_n = offs_n < N
+    k_lo = tl.program_id(2) * k_per_share
+    k_hi = tl.minimum(k_lo + k_per_share, K)
     dtype = x_ptr.dtype.element_ty
-    shifts = ((offs_k % 8) * 4)[:, None]  # [BLOCK_K, 1]
+    shifts = (tl.arange(0, 8) * 4)[None, :, None]  # [1, 8, 1]: input row 8i + j at bits 4j
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * x_row_stride + offs_k[None, :]
+    qw_ptrs = qw_ptr + offs_w[:, None].to(tl.int64) * N + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + offs_k
-        a = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * x_row_stride + k[None, :], mask=mask_m[:, None], other=0.0)
-        packed = tl.load(qw_ptr + (k // 8)[:, None].to(tl.int64) * N + offs_n[None, :], mask=mask_n[None, :], other=0)
-        q = (packed >> shifts) & 0xF  # [BLOCK_K, BLOCK_N]
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        a = tl.load(x_ptrs + k0, mask=mask_m[:, None], other=0.0)
+        packed = tl.load(qw_ptrs + (k0 // 8) * N, mask=mask_n[None, :], other=0)  # [BLOCK_K / 8, BLOCK_N]
+        q = tl.reshape((packed[:, None, :] >> shifts) & 0xF, (BLOCK_K, BLOCK_N))
         g = k0 // GROUP
         z = tl.load(z_ptr + g * N + offs_n, mask=mask_n, other=0).to(tl.int32)
         s = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -61,21 +76,29 @@ def _int4_matmul_kernel(
             acc += tl.dot(a, w, input_precision="ieee")
         else:
             acc += tl.dot(a, w)
-    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * out_row_stride + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
-    if ACCUMULATE:
-        acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    if PARTIAL:
+        part_ptrs = out_ptr + tl.program_id(2).to(tl.int64) * share_stride
+        tl.store(part_ptrs + offs_m[:, None].to(tl.int64) * N + offs_n[None, :], acc, mask=mask)
+    else:
+        out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * out_row_stride + offs_n[None, :]
+        if ACCUMULATE:
+            acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 _int4_matmul_launch = launcher(_int4_matmul_kernel)
 
 
 def int4_matmul(
-    x: torch.Tensor, w: Int4Weight, out: torch.Tensor | None = None, accumulate: bool = False
+    x: torch.Tensor,
+    w: Int4Weight,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    split: int | None = None,
 ) -> torch.Tensor:
     """x [M, K] (float32, float16 or bfloat16, last dim contiguous) @ W.t() -> [M, N] in x's dtype
-    (into out when given; accumulate: added to out)."""
+    (into out when given; accumulate: added to out). split: shares of K (None: choose_split's)."""
     n, k = w.shape
     if x.dim() != 2 or x.shape[1] != k or x.stride(-1) != 1 or x.dtype not in DTYPES:
         raise ValueError(
@@ -92,27 +115,35 @@ def int4_matmul(
         raise ValueError(f"int4_matmul: out must be [{m}, {n}] {x.dtype} with a contiguous last dim")
     if m == 0:
         return out
-    block_m = 16 if m <= 16 else 64
-    block_n = 64
-    block_k = min(64, w.group_size)
-    grid = (cdiv(m, block_m), cdiv(n, block_n))
-    _int4_matmul_launch[grid](
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    block_k = min(128, w.group_size)  # the group sizes read (32 to 256) are powers of two: it divides them
+    steps = k // block_k
+    tiles = cdiv(m, block_m) * cdiv(n, BLOCK_N)
+    if split is None:
+        split = choose_split(tiles, steps, m, n, n * k // 2, sm_count(x.device))
+    per, split = shares(steps, max(1, split))
+    partials = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else None
+    _int4_matmul_launch[(cdiv(m, block_m), cdiv(n, BLOCK_N), split)](
         x,
         w.qweight,
         w.zeros,
         w.scales,
-        out,
+        out if partials is None else partials,
         m,
         n,
         k,
         x.stride(0),
         out.stride(0),
+        m * n,
+        per * block_k,
         GROUP=w.group_size,
         BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_N=BLOCK_N,
         BLOCK_K=block_k,
+        PARTIAL=partials is not None,
         ACCUMULATE=accumulate,
         IEEE=x.dtype == torch.float32,
         num_warps=4,
+        num_stages=3,
     )
-    return out
+    return out if partials is None else split_k_sum(partials, out, accumulate)

@@ -15,6 +15,8 @@ Per projection, both store scales [K / G, N] (float16) beside:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from services.worker.models.int4_weight import Int4Weight, pack_cols, pack_rows, unpack_cols
@@ -59,6 +61,19 @@ def quantize(w: torch.Tensor, group_size: int, symmetric: bool) -> tuple[torch.T
     scale = scale.half()
     q = (g / scale.float()[:, None, :]).round() + zero[:, None, :]
     return q.clamp(0, 15).reshape(k, n).to(torch.uint8), zero.to(torch.uint8), scale
+
+
+def quantize_layers_(layers: list[Any], method: str, group_size: int = 128) -> None:
+    """Each layer's dense projections (LayerWeights' qkv, o, gate_up, down) as method's int4
+    weights, in place: random weights drawn on the device (benchmarks), quantized as to_awq or
+    to_gptq would write them, their scales in the weights' dtype."""
+    symmetric = {"awq": False, "gptq": True}[method]
+    for layer in layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            w = getattr(layer, name)
+            if isinstance(w, torch.Tensor):
+                q, z, s = quantize(w, group_size, symmetric)
+                setattr(layer, name, Int4Weight(pack_rows(q), z, s.to(w.dtype), group_size))
 
 
 def to_awq(w: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:

@@ -1,6 +1,7 @@
 """layers/fp8_product.py: the CPU path is the dequantizing reference exactly; per-token activation
-scales; on an FP8 GPU, torch._scaled_mm against the dequantized reference (plain, into out,
-accumulating, and replayed from a CUDA graph)."""
+scales; on an FP8 GPU, torch._scaled_mm and the small-batch Triton kernel against the dequantized
+reference (plain, into out, accumulating), each chosen by the row count, and both replayed from
+CUDA graphs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import pytest
 import torch
 
 from services.worker.models.fp8_weight import Fp8Weight, fp8_reference
-from services.worker.models.layers.fp8_product import fp8_matmul, fp8_tensor_cores, quantize_tokens, scaled_mm_fits
+from services.worker.models.layers.fp8_product import (
+    TRITON_MAX_M,
+    fp8_matmul,
+    fp8_scaled_mm,
+    fp8_tensor_cores,
+    quantize_tokens,
+    scaled_mm_fits,
+    triton_fits,
+)
 from services.worker.models.layers.projection import matmul
 
 
@@ -69,9 +78,25 @@ def test_scaled_mm_agrees_with_the_dequantized_reference(m: int, n: int, k: int)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     assert scaled_mm_fits(x, w)
     want = fp8_reference(x.float(), w)
-    got = fp8_matmul(x, w, None, False)
+    got = fp8_scaled_mm(x, w)
     assert got.dtype == torch.bfloat16 and got.shape == (m, n)
     assert _rel(got, want) < 0.04
+
+
+@pytest.mark.gpu
+@cuda_fp8
+@pytest.mark.parametrize("m", [1, 7, 64, 65, 300])
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336)])
+def test_fp8_matmul_chooses_by_rows_and_agrees(m: int, n: int, k: int) -> None:
+    """Up to TRITON_MAX_M rows the Triton kernel (x unquantized: only the output's bf16 rounding
+    apart from the reference), past it _scaled_mm; plain and accumulating."""
+    w = Fp8Weight.quantize(torch.randn(n, k, device="cuda") * k**-0.5)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    assert triton_fits(x) == (m <= TRITON_MAX_M)
+    want = fp8_reference(x.float(), w)
+    got = fp8_matmul(x, w, None, False)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    assert _rel(got, want) < (0.01 if m <= TRITON_MAX_M else 0.04)
     base = torch.randn(m, n, device="cuda").to(torch.bfloat16)
     acc = fp8_matmul(x, w, base.clone(), True)
     assert _rel(acc - base, want) < 0.05
@@ -79,11 +104,12 @@ def test_scaled_mm_agrees_with_the_dequantized_reference(m: int, n: int, k: int)
 
 @pytest.mark.gpu
 @cuda_fp8
-def test_scaled_mm_replays_from_a_cuda_graph() -> None:
+@pytest.mark.parametrize("m", [16, 128])  # the Triton kernel, split over K; _scaled_mm
+def test_fp8_matmul_replays_from_a_cuda_graph(m: int) -> None:
     w = Fp8Weight.quantize(torch.randn(1024, 2048, device="cuda") * 2048**-0.5)
-    x = torch.randn(16, 2048, device="cuda").to(torch.bfloat16)
-    out = torch.empty(16, 1024, device="cuda", dtype=torch.bfloat16)
-    fp8_matmul(x, w, out, False)  # warm: cuBLASLt's workspace and handles before capture
+    x = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
+    out = torch.empty(m, 1024, device="cuda", dtype=torch.bfloat16)
+    fp8_matmul(x, w, out, False)  # warm: kernels compiled, cuBLASLt's workspace and handles, before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

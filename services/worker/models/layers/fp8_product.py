@@ -1,7 +1,16 @@
-"""x @ W.t() for an Fp8Weight (models/fp8_weight.py): on the GPU's FP8 tensor cores where it has
-them, else the reference (dequantize, then PyTorch's matmul).
+"""x @ W.t() for an Fp8Weight (models/fp8_weight.py): on a GPU with e4m3 (compute capability 8.9
+or more), a Triton kernel for products of up to TRITON_MAX_M rows and the FP8 tensor cores past
+that; else the reference (dequantize, then PyTorch's matmul).
 
-The FP8 product quantizes x per token on the fly (each row's absmax / 448, e4m3; one Triton
+Up to TRITON_MAX_M rows (decode batches, short prefill chunks) the product is a read of the
+weight, and kernels/fp8_weight_matmul.py reads it with x left in bf16: one launch (two when K is
+split), no activation quantization. cuBLASLt's FP8 kernels behind torch._scaled_mm are slow at
+such M, and quantizing x adds a launch to every projection. The choice is by x's row count, a
+shape: a decode graph (one per batch size) or a piecewise graph (one per token bucket) captures
+the kernel its size chose, and replays it. TRITON_MAX_M is where the two are expected to cross on
+an H200 (tools/bench_kernels.py --parts ceilings,quant_gemm times both at M = 1, 16, 64, 256).
+
+Past it, the FP8 product quantizes x per token on the fly (each row's absmax / 448, e4m3; one Triton
 kernel, kernels/fp8_quant_rows.py, whose reference is quantize_tokens) and runs
 torch._scaled_mm with row-wise scales: x's [T, 1] and the weight's [1, N], the float32 sums
 scaled and rounded once to bf16. Everything is a plain device op with no host sync, so the
@@ -24,6 +33,7 @@ from services.worker.models.fp8_weight import FP8_MAX, MIN_SCALE, Fp8Weight, fp8
 
 log = logging.getLogger(__name__)
 
+TRITON_MAX_M = 64  # rows up to which the Triton kernel runs the product, past which torch._scaled_mm
 TESTED_TORCH = ((2, 5), (2, 13))  # the releases torch._scaled_mm's row-wise form was tested with, inclusive
 
 
@@ -45,6 +55,12 @@ def fp8_tensor_cores(device: torch.device) -> bool:
         )
         return False
     return True
+
+
+@functools.cache
+def fp8_triton(device: torch.device) -> bool:
+    """Whether Triton can convert e4m3 on device: a CUDA GPU of compute capability 8.9 or more."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,8 +88,19 @@ def fp8_scaled_mm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
     return torch._scaled_mm(xq, w.weight.t(), scale_a=xs, scale_b=w.scale[None, :], out_dtype=x.dtype)
 
 
+def triton_fits(x: torch.Tensor) -> bool:
+    """Whether the Triton kernel runs x's product: up to TRITON_MAX_M rows of bf16 or fp16 on a GPU
+    with e4m3 (the CPU keeps the reference: its results are Hugging Face's exactly)."""
+    return 0 < x.shape[0] <= TRITON_MAX_M and x.dtype in (torch.bfloat16, torch.float16) and fp8_triton(x.device)
+
+
 def fp8_matmul(x: torch.Tensor, w: Fp8Weight, out: torch.Tensor | None, accumulate: bool) -> torch.Tensor:
     """x [T, K] @ W.t() -> [T, N] (into out when given; accumulate: added to out)."""
+    if triton_fits(x):
+        # imported here: the kernels compile for the device they first see
+        from services.worker.kernels.fp8_weight_matmul import fp8_weight_matmul
+
+        return fp8_weight_matmul(x if x.stride(-1) == 1 else x.contiguous(), w, out, accumulate)
     if x.shape[0] == 0 or not scaled_mm_fits(x, w):
         return fp8_reference(x, w, out, accumulate)
     y = fp8_scaled_mm(x, w)

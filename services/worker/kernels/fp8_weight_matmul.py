@@ -1,0 +1,155 @@
+"""x @ W.t() for an FP8 weight (models/fp8_weight.py: e4m3 [N, K], one float32 scale an output
+row) at small batch: the activations stay in their dtype (no per-token quantization, no second
+launch for it), each weight tile is converted to x's dtype in registers (every e4m3 value is
+exact in bf16 and fp16), and the products accumulate in float32; each output column is then
+multiplied by its row's scale once, as W[n, k] = weight[n, k] * scale[n] allows.
+
+At decode sizes the product is a read of the weight: at M = 1 its bytes are the whole cost, and
+torch._scaled_mm's FP8 kernels (with the quantization of x before them) spend more than a bf16
+product on it. Here a tile is BLOCK_N output rows against BLOCK_M tokens, and the weight tile
+is the dot's first operand ([BLOCK_N, BLOCK_K]: its rows are K-contiguous as stored, and the
+wide side of the product sits where the tensor cores' instruction is widest), the tokens its
+second. The K range is cut into shares (split_k_sum.py's choose_split) so a batch of one still
+puts several programs on every SM; the shares' float32 sums meet in split_k_sum, and an
+unsplit product writes its output directly. layers/fp8_product.py sends products of up to
+TRITON_MAX_M rows here and larger ones to torch._scaled_mm.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from services.worker.kernels.launch import cdiv, launcher
+from services.worker.kernels.split_k_sum import choose_split, shares, sm_count, split_k_sum
+from services.worker.models.fp8_weight import FP8, Fp8Weight
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BLOCK_N = 64
+BLOCK_K = 128
+
+
+@triton.jit
+def _fp8_weight_matmul_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    x_row_stride,
+    w_row_stride,
+    out_row_stride,
+    share_stride,
+    k_per_share,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    k_lo = tl.program_id(2) * k_per_share
+    k_hi = tl.minimum(k_lo + k_per_share, K)
+    dtype = x_ptr.dtype.element_ty
+    # the weight's rows [BLOCK_N, BLOCK_K] and the tokens as columns [BLOCK_K, BLOCK_M]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * w_row_stride + offs_k[None, :]
+    x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * x_row_stride + offs_k[:, None]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:
+            w = tl.load(w_ptrs + k0, mask=mask_n[:, None], other=0.0)
+            xt = tl.load(x_ptrs + k0, mask=mask_m[None, :], other=0.0)
+        else:
+            in_k = k0 + offs_k < k_hi
+            w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & in_k[None, :], other=0.0)
+            xt = tl.load(x_ptrs + k0, mask=mask_m[None, :] & in_k[:, None], other=0.0)
+        if IEEE:
+            acc += tl.dot(w.to(dtype), xt, input_precision="ieee")
+        else:
+            acc += tl.dot(w.to(dtype), xt)
+    scale = tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)
+    acc = acc * scale[:, None]  # [BLOCK_N, BLOCK_M]
+    mask = mask_n[:, None] & mask_m[None, :]
+    if PARTIAL:
+        part_ptrs = out_ptr + tl.program_id(2).to(tl.int64) * share_stride
+        tl.store(part_ptrs + offs_m[None, :].to(tl.int64) * N + offs_n[:, None], acc, mask=mask)
+    else:
+        out_ptrs = out_ptr + offs_m[None, :].to(tl.int64) * out_row_stride + offs_n[:, None]
+        if ACCUMULATE:
+            acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_fp8_weight_matmul_launch = launcher(_fp8_weight_matmul_kernel)
+
+
+def _check(x: torch.Tensor, w: Fp8Weight, out: torch.Tensor | None) -> None:
+    n, k = w.shape
+    if x.dim() != 2 or x.shape[1] != k or x.stride(-1) != 1 or x.dtype not in DTYPES:
+        raise ValueError(
+            f"fp8_weight_matmul: x must be [M, {k}] of {DTYPES} with a contiguous last dim, "
+            f"got {tuple(x.shape)} {x.dtype}"
+        )
+    if w.weight.dtype != FP8 or w.weight.stride(-1) != 1 or w.weight.device != x.device or w.scale.device != x.device:
+        raise ValueError(f"fp8_weight_matmul: the weight must be e4m3 with contiguous rows, on {x.device}")
+    m = x.shape[0]
+    if out is not None and (out.shape != (m, n) or out.stride(-1) != 1 or out.dtype != x.dtype):
+        raise ValueError(f"fp8_weight_matmul: out must be [{m}, {n}] {x.dtype} with a contiguous last dim")
+
+
+def fp8_weight_matmul(
+    x: torch.Tensor,
+    w: Fp8Weight,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    split: int | None = None,
+) -> torch.Tensor:
+    """x [M, K] (float32, float16 or bfloat16, last dim contiguous) @ W.t() -> [M, N] in x's dtype
+    (into out when given; accumulate: added to out). split: shares of K (None: choose_split's)."""
+    _check(x, w, out)
+    (m, k), n = x.shape, w.shape[0]
+    if out is None:
+        assert not accumulate, "accumulate needs out"
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    steps = cdiv(k, BLOCK_K)
+    tiles = cdiv(m, block_m) * cdiv(n, BLOCK_N)
+    if split is None:
+        split = choose_split(tiles, steps, m, n, n * k, sm_count(x.device))
+    per, split = shares(steps, max(1, split))
+    partials = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else None
+    _fp8_weight_matmul_launch[(cdiv(m, block_m), cdiv(n, BLOCK_N), split)](
+        x,
+        w.weight,
+        w.scale,
+        out if partials is None else partials,
+        m,
+        n,
+        k,
+        x.stride(0),
+        w.weight.stride(0),
+        out.stride(0),
+        m * n,
+        per * BLOCK_K,
+        BLOCK_M=block_m,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+        EVEN_K=k % BLOCK_K == 0,
+        PARTIAL=partials is not None,
+        ACCUMULATE=accumulate,
+        IEEE=x.dtype == torch.float32,
+        num_warps=4,
+        num_stages=4,
+    )
+    return out if partials is None else split_k_sum(partials, out, accumulate)

@@ -1,0 +1,69 @@
+"""fp8_weight_matmul against the reference (the weight dequantized to x's dtype, then PyTorch's
+matmul): unsplit and split over K, a K that is no multiple of the kernel's step, into out and
+accumulating; at Llama-3-8B's projection shapes on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.worker.kernels.fp8_weight_matmul import fp8_weight_matmul
+from services.worker.models.fp8_weight import Fp8Weight, fp8_reference
+
+
+def _weight(n: int, k: int, device: torch.device) -> Fp8Weight:
+    return Fp8Weight.quantize(torch.randn(n, k) * k**-0.5).to(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter has no bfloat16
+@pytest.mark.parametrize(
+    ("m", "n", "k", "split"),
+    [(1, 64, 256, 1), (1, 96, 1024, None), (5, 64, 512, 3), (20, 80, 200, 2), (40, 64, 384, None), (70, 32, 128, 1)],
+)
+def test_fp8_weight_matmul(m: int, n: int, k: int, split: int | None, dtype: torch.dtype, device, tol) -> None:
+    w = _weight(n, k, device)
+    x = torch.randn(m, k, device=device).to(dtype)
+    out = fp8_weight_matmul(x, w, split=split)
+    assert out.dtype == dtype and out.shape == (m, n)
+    torch.testing.assert_close(out, fp8_reference(x, w), **tol(dtype))
+
+
+@pytest.mark.parametrize("split", [1, 4])
+def test_into_out_and_accumulating(split: int, device, tol) -> None:
+    w = _weight(64, 512, device)
+    x = torch.randn(3, 512, device=device)
+    base = torch.randn(3, 64, device=device)
+    out = torch.empty(3, 64, device=device)
+    assert fp8_weight_matmul(x, w, out, split=split) is out
+    torch.testing.assert_close(out, fp8_reference(x, w), **tol(torch.float32))
+    acc = fp8_weight_matmul(x, w, base.clone(), accumulate=True, split=split)
+    torch.testing.assert_close(acc, fp8_reference(x, w, base.clone(), accumulate=True), **tol(torch.float32))
+
+
+def test_rows_of_a_wider_buffer(device, tol) -> None:
+    """x and out as column slices of wider buffers (row strides past their widths)."""
+    w = _weight(64, 256, device)
+    xs = torch.randn(4, 384, device=device)
+    outs = torch.zeros(4, 96, device=device)
+    fp8_weight_matmul(xs[:, 64:320], w, outs[:, 16:80], split=2)
+    torch.testing.assert_close(outs[:, 16:80], fp8_reference(xs[:, 64:320], w), **tol(torch.float32))
+    assert not outs[:, :16].any() and not outs[:, 80:].any()
+
+
+def test_rejects_a_wrong_width(device) -> None:
+    with pytest.raises(ValueError, match="x must be"):
+        fp8_weight_matmul(torch.randn(2, 64, device=device), _weight(64, 128, device))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+    reason="needs a CUDA GPU with e4m3 conversions (compute capability 8.9+)",
+)
+@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])
+def test_llama3_8b_projections(m: int, n: int, k: int, tol) -> None:
+    """Llama-3-8B's qkv, o, gate|up and down, in bf16, with the default split."""
+    w = _weight(n, k, torch.device("cuda"))
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    torch.testing.assert_close(fp8_weight_matmul(x, w), fp8_reference(x, w), **tol(torch.bfloat16))
