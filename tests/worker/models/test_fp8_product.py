@@ -85,7 +85,7 @@ def test_scaled_mm_agrees_with_the_dequantized_reference(m: int, n: int, k: int)
 
 @pytest.mark.gpu
 @cuda_fp8
-@pytest.mark.parametrize("m", [1, 7, 64, 65, 300])
+@pytest.mark.parametrize("m", [1, 7, 16, 17, 64, 300])
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336)])
 def test_fp8_matmul_chooses_by_rows_and_agrees(m: int, n: int, k: int) -> None:
     """Up to TRITON_MAX_M rows the Triton kernel (x unquantized: only the output's bf16 rounding
