@@ -59,8 +59,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--families", default="all", help=f"comma-separated, of {','.join(FAMILY_SHAPES)}; '': none")
     ap.add_argument("--requests", type=int, default=16, help="the workload's first N, for the engine and the peer")
     ap.add_argument("--peer", default=os.path.join(ROOT, ".peer", "peer_hf.py"), help="peer_hf.py, or none")
-    ap.add_argument("--peer-cache-memory", type=float, default=0.0,
-                    help="run the peer through tools/peer_capped.py, its cache at this fraction of free memory")
+    ap.add_argument(
+        "--peer-cache-memory",
+        type=float,
+        default=0.0,
+        help="run the peer through tools/peer_capped.py, its cache at this fraction of free memory",
+    )
     ap.add_argument("--peer-timeout", type=float, default=240.0, help="seconds each peer run may take")
     ap.add_argument("--engine-timeout", type=float, default=240.0, help="seconds each engine run may take")
     ap.add_argument("--model", action="append", default=[], help="FAMILY=DIR: that model instead of the shape")

@@ -33,8 +33,13 @@ def test_the_peer_gets_its_arguments_and_its_folder_on_the_path(tmp_path) -> Non
         "json.dump({'argv': sys.argv[1:], 'value': helper_mod.VALUE}, open(sys.argv[-1], 'w'))\n"
     )
     out = tmp_path / "seen.json"
-    code = "import sys; from tools import peer_capped; peer_capped.pool_a_cublas_handle = lambda: None; " \
-           "peer_capped.main(sys.argv[1:])"
-    subprocess.run([sys.executable, "-c", code, str(peer), "--cache-memory", "0.6", "--config", "c", str(out)],
-                   check=True, cwd=peer_capped.__file__.rsplit("/tools/", 1)[0])
+    code = (
+        "import sys; from tools import peer_capped; peer_capped.pool_a_cublas_handle = lambda: None; "
+        "peer_capped.main(sys.argv[1:])"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(peer), "--cache-memory", "0.6", "--config", "c", str(out)],
+        check=True,
+        cwd=peer_capped.__file__.rsplit("/tools/", 1)[0],
+    )
     assert json.loads(out.read_text()) == {"argv": ["--config", "c", str(out)], "value": 7}
