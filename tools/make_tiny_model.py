@@ -2,7 +2,7 @@
 byte-level BPE tokenizer trained here on tools/data/corpus.txt.
 
     python tools/make_tiny_model.py --out DIR [--seed N]
-        [--arch llama|qwen2|qwen3|phi3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3]
+        [--arch llama|qwen2|qwen3|phi3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3|qwen2_vl|qwen2_5_vl]
         [--hidden 64] [--layers 2 (gemma: 4)] [--heads 4] [--kv-heads 2] [--intermediate 128]
         [--experts 4] [--top-k 2] [--moe-intermediate 48] [--shared-intermediate 96]
         [--mlp-only-layers I ...] [--vocab 1000] [--max-positions 1024] [--dtype float32]
@@ -17,7 +17,9 @@ outrun it; Gemma's four norms a layer (weights near zero: they scale by 1 + w), 
 query_pre_attn_scalar unequal to head_dim, tied embeddings. gemma2 soft-caps its attention
 scores and its logits, with caps small enough to matter at these scales; gemma3 has its heads
 twice hidden / heads wide with q and k norms, a local rotary base for its sliding layers and
-linear rope scaling on its global ones.
+linear rope scaling on its global ones. qwen2_vl and qwen2_5_vl are Qwen2's language model with
+M-RoPE sections and a vision tower, special tokens, a chat template with image placeholders and the
+processor's files (tools/tiny_vision.py).
 
 The mixtures of experts store each expert's projections as their checkpoints do: mixtral's
 block_sparse_moe.experts.{e}.w1/w2/w3 (each expert --moe-intermediate wide, which its config
@@ -50,6 +52,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from services.worker.models import int4_formats
+from tools import tiny_vision
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
 
@@ -60,6 +63,7 @@ CHATML = (
 
 LLAMA_TOKENS = {"specials": ["<s>", "</s>", "<|im_start|>", "<|im_end|>"], "bos": "<s>", "eos": "</s>"}
 QWEN_TOKENS = {"specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "bos": None, "eos": "<|endoftext|>"}
+QWEN_VL_TOKENS = QWEN_TOKENS | {"specials": QWEN_TOKENS["specials"] + tiny_vision.VISION_SPECIALS}
 ARCHS = {
     # specials in id order; bos (or None), eos, the extra end-of-turn token
     "llama": LLAMA_TOKENS,
@@ -71,6 +75,8 @@ ARCHS = {
     "qwen3_moe": QWEN_TOKENS,
     "gemma2": LLAMA_TOKENS,
     "gemma3": LLAMA_TOKENS,
+    "qwen2_vl": QWEN_VL_TOKENS,
+    "qwen2_5_vl": QWEN_VL_TOKENS,
 }
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -82,16 +88,18 @@ ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
 }
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
 GEMMA = ("gemma2", "gemma3")
-QKV_BIAS = ("qwen2", "qwen2_moe")
+QKV_BIAS = ("qwen2", "qwen2_moe", *tiny_vision.VL_ARCHS)
 HEAD_NORMS = ("qwen3", "qwen3_moe")
 WIDE_HEADS = (*HEAD_NORMS, "gemma3")  # heads twice hidden / heads wide
 TIED = ("qwen2", "qwen3", *GEMMA)  # the output layer is the embedding, as in the small Qwen and every Gemma checkpoint
 ROPE_THETA = {"llama": 500000.0, "qwen2": 10000.0, "qwen3": 1000000.0, "phi3": 10000.0}
 ROPE_THETA |= {"mixtral": 1000000.0, "qwen2_moe": 1000000.0, "qwen3_moe": 1000000.0}
-ROPE_THETA |= {"gemma2": 10000.0, "gemma3": 1000000.0}
+ROPE_THETA |= {"gemma2": 10000.0, "gemma3": 1000000.0, "qwen2_vl": 1000000.0, "qwen2_5_vl": 1000000.0}
 GEMMA_WINDOW = 8
 
 
@@ -175,6 +183,8 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
         w["model.embed_tokens.weight"] = head
     else:
         w["lm_head.weight"] = head
+    if args.arch in tiny_vision.VL_ARCHS:
+        w |= tiny_vision.vision_weights(args.arch, tiny_vision.vision_config(args.arch, args.hidden), normal)
     dtype = getattr(torch, args.dtype)
     return {k: v.to(dtype).contiguous() for k, v in w.items()}
 
@@ -341,6 +351,10 @@ def write(out: str, args: argparse.Namespace) -> None:
         "tokenizer_config.json": tokenizer_config(arch, args.max_positions),
         "special_tokens_map.json": {"bos_token": arch["bos"], "eos_token": arch["eos"], "pad_token": arch["eos"]},
     }
+    if args.arch in tiny_vision.VL_ARCHS:
+        files["config.json"] |= tiny_vision.model_fields(args.arch, args, tok.get_vocab())
+        files |= tiny_vision.processor_files(args.arch)
+        files["tokenizer_config.json"]["chat_template"] = tiny_vision.CHAT_TEMPLATE
     weights = random_weights(args, vocab, eos_id)
     if args.quant:
         weights = int4_formats.quantize_checkpoint(weights, args.quant, args.group_size)
