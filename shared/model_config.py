@@ -29,8 +29,12 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    # the language model of a vision-language model (its vision tower is services/visual's)
+    "Qwen2VLForConditionalGeneration": "qwen2_vl",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
 }
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 # model type -> family name, for a config.json without architectures: the family's own name, or
 # (Gemma 3's text model) another
 MODEL_TYPE_FAMILIES = {n: n for n in SUPPORTED_ARCHITECTURES.values()} | {"gemma3_text": "gemma3"}
@@ -75,6 +79,10 @@ class ModelConfig:
     query_pre_attn_scalar: float = 0.0  # the attention scale is its -1/2 power; 0: head_dim's
     local_rope_theta: float = 0.0  # the sliding-window layers' own rotary base (Gemma 3); 0: rope_theta's
     quantization: WeightQuant | None = None  # the checkpoint's int4 weights (shared/quant_config.py); None: none
+    # M-RoPE (Qwen2-VL): how many rotary frequencies each of the t, h and w position streams turns, in
+    # that order (they sum to head_dim / 2); () for ordinary rotary
+    mrope_section: tuple[int, ...] = ()
+    image_token_id: int | None = None  # the token an image's embeddings replace (vision-language models)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -94,6 +102,10 @@ class ModelConfig:
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ModelConfigError(
                 f"num_experts_per_tok {self.num_experts_per_tok} must be between 1 and the {self.num_experts} experts"
+            )
+        if self.mrope_section and sum(self.mrope_section) != self.head_dim // 2:
+            raise ModelConfigError(
+                f"mrope_section {list(self.mrope_section)} must sum to head_dim / 2 ({self.head_dim // 2})"
             )
         if self.num_experts and self.moe_intermediate_size <= 0:
             raise ModelConfigError(f"the experts' intermediate size {self.moe_intermediate_size} must be positive")
@@ -142,6 +154,8 @@ class ModelConfig:
             )
         if family == "qwen3":
             _refuse_sliding_window(raw)
+        if family in QWEN_VL_FAMILIES:  # transformers 5 saves the text model's fields under text_config
+            raw = {**raw, **(raw.get("text_config") or {})}
         moe = _moe_fields(family, raw)
         raw, gemma = _gemma(raw, family)  # Hugging Face's Gemma defaults filled in, and Gemma's own fields
         heads = int(raw["num_attention_heads"])
@@ -155,6 +169,9 @@ class ModelConfig:
             scaling["rope_type"] = scaling.pop("type")
         if scaling.get("rope_type") == "su":  # LongRoPE's name in the first Phi-3 configs
             scaling["rope_type"] = "longrope"
+        mrope_section = tuple(int(n) for n in scaling.pop("mrope_section", ()))
+        if scaling.get("rope_type") == "mrope":  # M-RoPE's frequencies are the default ones
+            scaling["rope_type"] = "default"
         if scaling.get("rope_type", "default") == "default":
             scaling = {}
         _refuse_partial_rotary(raw, rope_params, scaling)
@@ -187,13 +204,15 @@ class ModelConfig:
             eos_token_ids=eos,
             bos_token_id=raw.get("bos_token_id"),
             quantization=parse_quantization(raw, family in MOE_FAMILIES),
+            mrope_section=mrope_section,
+            image_token_id=raw.get("image_token_id"),
             **moe,
             **gemma,
         )
 
 
 def _qkv_bias(family: str, raw: dict[str, Any]) -> bool:
-    if family == "qwen2":
+    if family in ("qwen2", *QWEN_VL_FAMILIES):
         return True
     if family == "qwen2_moe":  # transformers' default, and what Qwen1.5-MoE's config.json leaves out
         return bool(raw.get("qkv_bias", True))

@@ -8,6 +8,7 @@ from shared.messages import GenerateReq, SamplingParams
 
 if TYPE_CHECKING:
     from services.worker.grammar import GrammarState
+    from services.worker.mrope_index import RopePositions
 
 PLACEHOLDER = -1  # a token sampled by a step still in flight
 
@@ -32,6 +33,7 @@ class Req:
         "params",
         "prompt_len",
         "rid",
+        "rope",
         "row",
         "tokens",
         "unresolved",
@@ -63,6 +65,7 @@ class Req:
         self.unresolved = 0  # placeholder tokens of steps still in flight
         self.closing = False  # its last token is in flight; it is scheduled no more
         self.grammar: GrammarState | None = None  # structured output: what its tokens must spell
+        self.rope: RopePositions | None = None  # M-RoPE's positions where its prompt has images; None: its own
 
     @property
     def output_len(self) -> int:

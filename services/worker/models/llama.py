@@ -100,15 +100,19 @@ class LlamaModel:
         out_slots: torch.Tensor,
         qkv_out: torch.Tensor | None = None,
         store: bool = True,
+        embeds: torch.Tensor | None = None,
+        cos_sin: torch.Tensor | None = None,
     ) -> Carry:
         """Layer i - 1's output projection and MLP (from its attention output o [T, Hq, D]), then
         layer i's norm, QKV projection, rotary embedding and KV store. Piece 0 starts at the
         embedding; piece num_layers ends after the last MLP. qkv_out [T, (Hq + 2 Hkv) D]: where
         the QKV projection goes (q, k and v are views of it), else a new tensor. store=False
-        leaves q and k unrotated and k, v out of the pool, for the backend's decode_attend."""
+        leaves q and k unrotated and k, v out of the pool, for the backend's decode_attend.
+        embeds [T, H]: piece 0's input embeddings, else input_ids looked up. cos_sin: the rotary
+        table positions index, else cos_sin_of(i) (M-RoPE's per-token rows, qwen2_vl.py)."""
         eps = self.cfg.rms_norm_eps
         if i == 0:
-            h = self.tp.embed(input_ids, self.w.embed, self.w.vocab_start)  # [T, H]
+            h = embeds if embeds is not None else self.tp.embed(input_ids, self.w.embed, self.w.vocab_start)  # [T, H]
             residual = h
             x = self.ops.rmsnorm(h, self.w.layers[0].attn_norm, eps)
         else:
@@ -121,7 +125,8 @@ class LlamaModel:
             x = self.ops.add_rmsnorm(h, residual, self.w.layers[i].attn_norm, eps)
         q, k, v = self._qkv(self.w.layers[i], x, qkv_out)
         if store:
-            self.attn.rotary_store(i, q, k, v, positions, self.cos_sin_of(i), out_slots, self.ops.rotary_)
+            table = self.cos_sin_of(i) if cos_sin is None else cos_sin
+            self.attn.rotary_store(i, q, k, v, positions, table, out_slots, self.ops.rotary_)
         return Carry(residual, q=q, k=k, v=v)
 
     def decode_folded(self, batch: ForwardBatch) -> torch.Tensor:
@@ -212,15 +217,17 @@ def load_mlp(ckpt: Checkpoint, shard: Shard, p: str) -> tuple[torch.Tensor, torc
     return ckpt.put(torch.cat([gate, up])), ckpt.put(shard.cols(ckpt.get(p + "down_proj.weight")))
 
 
-def assemble(ckpt: Checkpoint, cfg: ModelConfig, shard: Shard, layers: list[LayerWeights]) -> ModelWeights:
+def assemble(
+    ckpt: Checkpoint, cfg: ModelConfig, shard: Shard, layers: list[LayerWeights], prefix: str = "model."
+) -> ModelWeights:
     """The layers with the embedding, the output layer and the final norm by Hugging Face's
-    names, which the dense families share."""
+    names, which the dense families share (under prefix: a vision-language model's may differ)."""
     put = ckpt.put
-    embed, vocab_start = shard.vocab(ckpt.get("model.embed_tokens.weight"))
+    embed, vocab_start = shard.vocab(ckpt.get(prefix + "embed_tokens.weight"))
     embed = put(embed)
     if cfg.tie_word_embeddings or not ckpt.has("lm_head.weight"):
         lm_head = embed
     else:
         lm_head = put(shard.vocab(ckpt.get("lm_head.weight"))[0])
-    final_norm = put(ckpt.get("model.norm.weight"))
+    final_norm = put(ckpt.get(prefix + "norm.weight"))
     return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head, vocab_start=vocab_start)
