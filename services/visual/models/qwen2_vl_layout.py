@@ -2,7 +2,7 @@
 2-D rotary), the segments attention runs within (each frame of each image, as cu_seqlens), and
 Qwen2.5-VL's windows.
 
-Patches arrive as the image processor lays them out (preprocess/qwen2_vl.py): image after
+Patches arrive as the image processor lays them out (processors/qwen2_vl.py): image after
 image, frame after frame, and within a frame merge block after merge block (row-major over the
 merged grid), each block's merge x merge patches row-major. A window is a square of window_blocks
 x window_blocks merge blocks (smaller at the right and bottom edges); window attention reorders

@@ -6,7 +6,7 @@ image token.
     per_image = embeds.split(tower.token_counts(grids))
 
 pixel_values [patches, C * T * P * P] and grids ((t, h, w) in patches, one per image) are what
-preprocess/qwen2_vl.py (and Hugging Face's Qwen2VLImageProcessor) give, images concatenated in
+processors/qwen2_vl.py (and Hugging Face's Qwen2VLImageProcessor) give, images concatenated in
 any number: each frame attends only within itself (cu_seqlens), so a batch of images from many
 requests encodes in one call with each image's output as if alone. The rows of an image's output
 are its image tokens in prompt order (merge blocks row-major), what the worker scatters into the
