@@ -14,18 +14,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from services.worker.batch_builder import build_batch
 from services.worker.build import build_engine
 from services.worker.engine import Engine
-from services.worker.forward_batch import EmbedRows
 from services.worker.models.qwen2_vl import Qwen2VLModel
 from services.worker.mrope_index import rope_index
 from services.worker.request import Req
-from services.worker.scheduler import StepPlan
 from shared.config import WorkerConfig
 from shared.model_config import ModelConfig
 from tests import qwen_vl_reference as ref
 from tests.worker.engine_driver import request, run
+from tests.worker.mm_steps import MMSteps
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl")
 EXTRA = [17, 230, 5, 99]  # tokens after each prompt, fed one decode step each
@@ -71,47 +69,6 @@ def _image_embeds(model_dir: str, inputs: dict[str, torch.Tensor]) -> torch.Tens
     return torch.cat(out.pooler_output)
 
 
-class _Driver:
-    """Steps of hand-made plans through the engine's runner, keeping each position's logits."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.logits: dict[str, list[torch.Tensor]] = {}
-
-    def step(self, extends: list[tuple[Req, int]], decodes: list[Req], embeds: dict[str, torch.Tensor]) -> None:
-        """embeds: per request id, the image embeddings of all its image tokens, in order."""
-        kv = self.engine.kv
-        plan = StepPlan(
-            extends=extends,
-            extend_slots=[kv.allocate(r, n) for r, n in extends],
-            new_rows=[r for r, _ in extends if r.kv_len == 0],
-            decodes=decodes,
-            decode_slots=torch.cat([kv.allocate(r, 1) for r in decodes]) if decodes else None,
-        )
-        batch = build_batch(plan, kv.table.table, self.engine.device)
-        batch.sample_index = torch.arange(batch.num_tokens)
-        batch.embeds = self._embed_rows(extends, embeds)
-        logits = self.engine.runner.forward(batch)
-        rows = [(r, n) for r, n in extends] + [(r, 1) for r in decodes]
-        at = 0
-        for r, n in rows:
-            self.logits.setdefault(r.rid, []).append(logits[at : at + n].float())
-            at += n
-            r.kv_len += n
-
-    def _embed_rows(self, extends: list[tuple[Req, int]], embeds: dict[str, torch.Tensor]) -> EmbedRows | None:
-        rows, values, start = [], [], 0
-        image_id = self.engine.runner.model.cfg.image_token_id
-        for r, n in extends:
-            image_at = [i for i, t in enumerate(r.tokens[: r.prompt_len]) if t == image_id]
-            for k, i in enumerate(image_at):
-                if r.kv_len <= i < r.kv_len + n:
-                    rows.append(start + i - r.kv_len)
-                    values.append(embeds[r.rid][k])
-            start += n
-        return EmbedRows(torch.tensor(rows), torch.stack(values)) if rows else None
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_image_prompt_logits_match_hf(tiny_vl_models: dict[str, str], arch: str) -> None:
     model_dir = tiny_vl_models[arch]
@@ -133,7 +90,7 @@ def test_image_prompt_logits_match_hf(tiny_vl_models: dict[str, str], arch: str)
     first_image = prompt.index(cfg.image_token_id)
     cut = first_image + 5  # the first chunk ends inside the first image
     embeds = {"img": _image_embeds(model_dir, inputs)}
-    d = _Driver(engine)
+    d = MMSteps(engine)
     d.step([(a, cut), (b, len(text))], [], embeds)
     d.step([(a, len(prompt) - cut)], [], embeds)
     for tok in EXTRA:
