@@ -79,9 +79,7 @@ class ModelConfig:
     query_pre_attn_scalar: float = 0.0  # the attention scale is its -1/2 power; 0: head_dim's
     local_rope_theta: float = 0.0  # the sliding-window layers' own rotary base (Gemma 3); 0: rope_theta's
     quantization: WeightQuant | None = None  # the checkpoint's int4 weights (shared/quant_config.py); None: none
-    # M-RoPE (Qwen2-VL): how many rotary frequencies each of the t, h and w position streams turns, in
-    # that order (they sum to head_dim / 2); () for ordinary rotary
-    mrope_section: tuple[int, ...] = ()
+    mrope_section: tuple[int, ...] = ()  # M-RoPE: the rotary frequencies t, h and w positions turn; (): none
     image_token_id: int | None = None  # the token an image's embeddings replace (vision-language models)
 
     def __post_init__(self) -> None:
@@ -160,21 +158,7 @@ class ModelConfig:
         raw, gemma = _gemma(raw, family)  # Hugging Face's Gemma defaults filled in, and Gemma's own fields
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
-        rope_params = dict(raw.get("rope_parameters") or {})
-        rope_scaling = dict(raw.get("rope_scaling") or {})
-        theta = raw.get("rope_theta", rope_params.pop("rope_theta", 10000.0))
-        rope_params.pop("rope_theta", None)
-        scaling = rope_scaling or rope_params
-        if "type" in scaling and "rope_type" not in scaling:
-            scaling["rope_type"] = scaling.pop("type")
-        if scaling.get("rope_type") == "su":  # LongRoPE's name in the first Phi-3 configs
-            scaling["rope_type"] = "longrope"
-        mrope_section = tuple(int(n) for n in scaling.pop("mrope_section", ()))
-        if scaling.get("rope_type") == "mrope":  # M-RoPE's frequencies are the default ones
-            scaling["rope_type"] = "default"
-        if scaling.get("rope_type", "default") == "default":
-            scaling = {}
-        _refuse_partial_rotary(raw, rope_params, scaling)
+        theta, scaling, mrope_section = _rope(raw)
         max_pos = int(raw.get("max_position_embeddings", 2048))
         if scaling.get("rope_type") == "longrope":
             max_pos = _longrope(raw, scaling, max_pos)
@@ -195,7 +179,7 @@ class ModelConfig:
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or hidden // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
+            rope_theta=theta,
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=_qkv_bias(family, raw),
@@ -209,6 +193,26 @@ class ModelConfig:
             **moe,
             **gemma,
         )
+
+
+def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any], tuple[int, ...]]:
+    """-> (theta, scaling or {}, M-RoPE's sections or ()) from rope_theta + rope_scaling or rope_parameters."""
+    rope_params = dict(raw.get("rope_parameters") or {})
+    rope_scaling = dict(raw.get("rope_scaling") or {})
+    theta = raw.get("rope_theta", rope_params.pop("rope_theta", 10000.0))
+    rope_params.pop("rope_theta", None)
+    scaling = rope_scaling or rope_params
+    if "type" in scaling and "rope_type" not in scaling:
+        scaling["rope_type"] = scaling.pop("type")
+    if scaling.get("rope_type") == "su":  # LongRoPE's name in the first Phi-3 configs
+        scaling["rope_type"] = "longrope"
+    mrope_section = tuple(int(n) for n in scaling.pop("mrope_section", ()))
+    if scaling.get("rope_type") == "mrope":  # M-RoPE's frequencies are the default ones
+        scaling["rope_type"] = "default"
+    if scaling.get("rope_type", "default") == "default":
+        scaling = {}
+    _refuse_partial_rotary(raw, rope_params, scaling)
+    return float(theta), scaling, mrope_section
 
 
 def _qkv_bias(family: str, raw: dict[str, Any]) -> bool:

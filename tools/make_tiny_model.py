@@ -17,9 +17,8 @@ outrun it; Gemma's four norms a layer (weights near zero: they scale by 1 + w), 
 query_pre_attn_scalar unequal to head_dim, tied embeddings. gemma2 soft-caps its attention
 scores and its logits, with caps small enough to matter at these scales; gemma3 has its heads
 twice hidden / heads wide with q and k norms, a local rotary base for its sliding layers and
-linear rope scaling on its global ones. qwen2_vl and qwen2_5_vl are Qwen2's language model with
-M-RoPE sections and a vision tower, special tokens, a chat template with image placeholders and the
-processor's files (tools/tiny_vision.py).
+linear rope scaling on its global ones. qwen2_vl and qwen2_5_vl: Qwen2 with M-RoPE and a vision
+tower, its tokens, chat template and processor files (tools/tiny_vision.py).
 
 The mixtures of experts store each expert's projections as their checkpoints do: mixtral's
 block_sparse_moe.experts.{e}.w1/w2/w3 (each expert --moe-intermediate wide, which its config
@@ -63,7 +62,6 @@ CHATML = (
 
 LLAMA_TOKENS = {"specials": ["<s>", "</s>", "<|im_start|>", "<|im_end|>"], "bos": "<s>", "eos": "</s>"}
 QWEN_TOKENS = {"specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "bos": None, "eos": "<|endoftext|>"}
-QWEN_VL_TOKENS = QWEN_TOKENS | {"specials": QWEN_TOKENS["specials"] + tiny_vision.VISION_SPECIALS}
 ARCHS = {
     # specials in id order; bos (or None), eos, the extra end-of-turn token
     "llama": LLAMA_TOKENS,
@@ -75,9 +73,7 @@ ARCHS = {
     "qwen3_moe": QWEN_TOKENS,
     "gemma2": LLAMA_TOKENS,
     "gemma3": LLAMA_TOKENS,
-    "qwen2_vl": QWEN_VL_TOKENS,
-    "qwen2_5_vl": QWEN_VL_TOKENS,
-}
+} | dict.fromkeys(tiny_vision.VL_ARCHS, QWEN_TOKENS | {"specials": QWEN_TOKENS["specials"] + tiny_vision.SPECIALS})
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -88,9 +84,7 @@ ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
-    "qwen2_vl": "Qwen2VLForConditionalGeneration",
-    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-}
+} | tiny_vision.ARCHITECTURES
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
 GEMMA = ("gemma2", "gemma3")
 QKV_BIAS = ("qwen2", "qwen2_moe", *tiny_vision.VL_ARCHS)
@@ -184,7 +178,7 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
     else:
         w["lm_head.weight"] = head
     if args.arch in tiny_vision.VL_ARCHS:
-        w |= tiny_vision.vision_weights(args.arch, tiny_vision.vision_config(args.arch, args.hidden), normal)
+        w |= tiny_vision.vision_weights(args, normal)
     dtype = getattr(torch, args.dtype)
     return {k: v.to(dtype).contiguous() for k, v in w.items()}
 
@@ -352,9 +346,7 @@ def write(out: str, args: argparse.Namespace) -> None:
         "special_tokens_map.json": {"bos_token": arch["bos"], "eos_token": arch["eos"], "pad_token": arch["eos"]},
     }
     if args.arch in tiny_vision.VL_ARCHS:
-        files["config.json"] |= tiny_vision.model_fields(args.arch, args, tok.get_vocab())
-        files |= tiny_vision.processor_files(args.arch)
-        files["tokenizer_config.json"]["chat_template"] = tiny_vision.CHAT_TEMPLATE
+        tiny_vision.add_files(files, args, tok.get_vocab())
     weights = random_weights(args, vocab, eos_id)
     if args.quant:
         weights = int4_formats.quantize_checkpoint(weights, args.quant, args.group_size)

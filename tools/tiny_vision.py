@@ -17,8 +17,9 @@ from collections.abc import Callable
 import torch
 
 VL_ARCHS = ("qwen2_vl", "qwen2_5_vl")
+ARCHITECTURES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
 # in id order after Qwen's text specials, as Qwen2-VL's tokenizer has them
-VISION_SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
@@ -59,9 +60,10 @@ def vision_config(arch: str, out_hidden: int) -> dict:
     }
 
 
-def vision_weights(arch: str, cfg: dict, normal: Draw) -> dict[str, torch.Tensor]:
+def vision_weights(args: argparse.Namespace, normal: Draw) -> dict[str, torch.Tensor]:
     """The tower's tensors by Qwen's checkpoint names (visual.*)."""
-    qwen25 = arch == "qwen2_5_vl"
+    cfg = vision_config(args.arch, args.hidden)
+    qwen25 = args.arch == "qwen2_5_vl"
     width = cfg["hidden_size"] if qwen25 else cfg["embed_dim"]
     out = cfg["out_hidden_size"] if qwen25 else cfg["hidden_size"]
     inner = cfg["intermediate_size"] if qwen25 else width * cfg["mlp_ratio"]
@@ -109,6 +111,13 @@ def model_fields(arch: str, args: argparse.Namespace, token_ids: dict[str, int])
         "image_token_id": token_ids["<|image_pad|>"],
         "video_token_id": token_ids["<|video_pad|>"],
     }
+
+
+def add_files(files: dict[str, dict], args: argparse.Namespace, token_ids: dict[str, int]) -> None:
+    """The model directory's files (name -> JSON content) made a vision-language model's."""
+    files["config.json"] |= model_fields(args.arch, args, token_ids)
+    files |= processor_files(args.arch)
+    files["tokenizer_config.json"]["chat_template"] = CHAT_TEMPLATE
 
 
 def processor_files(arch: str) -> dict[str, dict]:
