@@ -22,10 +22,14 @@ from __future__ import annotations
 import torch
 
 from services.worker.forward_batch import ForwardBatch
+from services.worker.models.attention.base import AttentionBackend
 from services.worker.models.checkpoint import Checkpoint, Shard
 from services.worker.models.layers.mrope import mrope_cos_sin, section_streams
+from services.worker.models.layers.ops import LayerOps
+from services.worker.models.layers.projection import Project, plain
 from services.worker.models.llama import LlamaModel, assemble, load_attention, load_mlp
 from services.worker.models.weights import LayerWeights, ModelWeights
+from services.worker.tp.parallel import TensorParallel
 from shared.model_config import ModelConfig
 
 ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
@@ -34,8 +38,17 @@ ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGen
 class Qwen2VLModel(LlamaModel):
     folds_norms = False  # an M-RoPE decode runs forward, never decode_folded (and the QKV bias folds not)
 
-    def __init__(self, cfg: ModelConfig, *args, **kwargs) -> None:
-        super().__init__(cfg, *args, **kwargs)
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: ModelWeights,
+        ops: LayerOps,
+        attn: AttentionBackend,
+        cos_sin: torch.Tensor,
+        tp: TensorParallel,
+        project: Project = plain,
+    ) -> None:
+        super().__init__(cfg, weights, ops, attn, cos_sin, tp, project)
         if not cfg.mrope_section:
             raise ValueError("a Qwen2-VL language model needs its config's mrope_section")
         self.streams = section_streams(cfg.mrope_section, self.cos_sin.device)  # [D]
