@@ -3,13 +3,15 @@ names are the checkpoint's (``blocks.{i}.norm1.weight``, ``merger.mlp.0.bias``, 
 state dict read from the checkpoint loads into them as it is.
 
 A block: x + attn(norm1(x)), then + mlp(norm2(x)). Attention is bidirectional within segments
-(cu_seqlens: each frame, or each window) with the 2-D rotary turning q and k in float32; one
-PyTorch SDPA call per segment (the CPU path; a varlen kernel can take the same cu_seqlens).
+(each frame, or each window; Segments) with the 2-D rotary turning q and k in float32: one PyTorch
+SDPA call per segment length, the segments of that length stacked as its batch, so a batch of
+same-sized images (or a frame's equal windows) costs a few calls a block, not one a segment.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +55,17 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return (xf * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
 
 
+class Segments:
+    """The segments attention runs within, grouped by length: for each length n, the rows of its
+    segments as a [segments, n] index on the device. Built once per encode from cu_seqlens."""
+
+    def __init__(self, cu_seqlens: torch.Tensor, device: torch.device | str) -> None:
+        starts: defaultdict[int, list[int]] = defaultdict(list)
+        for s, e in itertools.pairwise(cu_seqlens.tolist()):
+            starts[e - s].append(s)
+        self.groups = [(torch.tensor(ss)[:, None] + torch.arange(n)).to(device) for n, ss in starts.items()]
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: QwenVisionConfig) -> None:
         super().__init__()
@@ -60,15 +73,15 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width)
         self.proj = nn.Linear(cfg.width, cfg.width)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Segments) -> torch.Tensor:
         """x [N, W] -> [N, W], each patch attending to the patches of its segment."""
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.heads, -1).unbind(1)  # each [N, heads, D]
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         out = torch.empty_like(q)
-        for s, e in itertools.pairwise(cu_seqlens.tolist()):
-            qs, ks, vs = (t[s:e].transpose(0, 1) for t in (q, k, v))  # [heads, L, D]
-            out[s:e] = F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1)
+        for rows in segments.groups:  # [S, L]
+            qs, ks, vs = (t[rows].transpose(1, 2) for t in (q, k, v))  # [S, heads, L, D]
+            out[rows] = F.scaled_dot_product_attention(qs, ks, vs).transpose(1, 2)
         return self.proj(out.reshape(n, -1))
 
 
@@ -107,8 +120,8 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.mlp = GatedMlp(cfg) if cfg.family == "qwen2_5_vl" else Mlp(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Segments) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, segments)
         return x + self.mlp(self.norm2(x))
 
 

@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from services.visual.models.qwen2_vl_blocks import Block, Merger
+from services.visual.models.qwen2_vl_blocks import Block, Merger, Segments
 from services.visual.models.qwen2_vl_config import QwenVisionConfig
 from services.visual.models.qwen2_vl_layout import Grid, frame_seqlens, patch_positions, windows
 
@@ -72,10 +72,11 @@ class QwenVisionTower(nn.Module):
         angles = patch_positions(grids, cfg.merge_size).to(device)[..., None].float() * self.inv_freq  # [N, 2, D/4]
         angles = angles.flatten(1)  # [N, D / 2]: row frequencies, then column ones
         table = torch.cat([angles, angles], dim=-1)  # [N, D]
-        full = frame_seqlens(grids)
+        full = in_windows = Segments(frame_seqlens(grids), device)  # each frame
         order = None
-        if cfg.window_size:
-            order, in_windows = windows(grids, cfg.merge_size, cfg.window_blocks)
+        if cfg.window_size:  # each window, the merge blocks reordered window after window
+            order, cu_windows = windows(grids, cfg.merge_size, cfg.window_blocks)
+            in_windows = Segments(cu_windows, device)
             x, table = (_by_block(a, order.to(device), cfg.merge_size) for a in (x, table))
         cos, sin = table.cos(), table.sin()
         for i, block in enumerate(self.blocks):

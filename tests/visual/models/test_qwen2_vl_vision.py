@@ -1,7 +1,7 @@
 """The Qwen2-VL and Qwen2.5-VL vision towers (services/visual/models/qwen2_vl_vision.py) against
-Hugging Face's: the tower's output for a batch of images of different sizes (Qwen2.5-VL's split
-into several windows each, some cut at the edges), each image alone equal to its rows of the
-batch, and the config read from both checkpoint layouts."""
+Hugging Face's: the tower's output for a batch of images of different sizes, two of one size
+(their frames attend as one SDPA batch; Qwen2.5-VL's split into several windows each, some cut at
+the edges), each image alone equal to its rows of the batch, and both checkpoint layouts."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from services.visual.models.qwen2_vl_vision import load_tower
 from tests import qwen_vl_reference as ref
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl")
-SIZES = ((84, 56), (70, 130), (200, 150))  # width, height: grids of 4x6, 10x6 and 10x14 patches
+SIZES = ((84, 56), (70, 130), (200, 150), (84, 56))  # width, height: 4x6, 10x6, 10x14, 4x6 patches
 
 
 def _config(model_dir: str) -> QwenVisionConfig:
