@@ -99,7 +99,6 @@ def test_image_prompt_logits_match_hf(tiny_vl_models: dict[str, str], arch: str)
         d.step([], [a, b], embeds)
     got_image = torch.cat(d.logits["img"])
     got_text = torch.cat(d.logits["txt"])
-    # the text request's last prompt position and decodes: rows len(text) - 1 .. of HF's
     torch.testing.assert_close(got_image, want_image, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got_text, want_text[: len(text) + len(EXTRA)], rtol=1e-4, atol=1e-4)
 
