@@ -7,6 +7,9 @@ The tower keeps the real patch geometry (14-pixel patches, 2 frames a temporal p
 so pixel_values have their real width (3 * 2 * 14 * 14); only its width and depth are tiny.
 Qwen2.5-VL's window (56 pixels: 2x2 merged patches) is small enough that test images span several
 windows, and two of its four blocks attend fully (fullatt_block_indexes).
+
+transformers 5's AutoProcessor for these models also loads a video processor, which needs
+torchvision; without it, AutoImageProcessor and AutoTokenizer load the directory's parts.
 """
 
 from __future__ import annotations
