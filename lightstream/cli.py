@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 USAGE = "usage: lightstream serve [MODEL] [flags]   (lightstream serve --help: every flag)"
 DESCRIPTION = "Serve a model with the whole LightStream stack on this machine; each flag also reads its LS_* variable."
 DEMO_DIR = os.path.join(tempfile.gettempdir(), "lightstream-tiny-llama")
+# the Redis it starts: writes refused past this (docs/operations.md, Redis memory); streams hold
+# about what is in flight (shared/stream_trim.py), a few MB at hundreds of requests
+REDIS_MAXMEMORY = "1gb"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +102,7 @@ def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: s
     redis_server = None
     if not redis_url:
         try:
-            redis_server = RedisServer(appendonly=True).start()
+            redis_server = RedisServer(appendonly=True, maxmemory=REDIS_MAXMEMORY).start()
         except (OSError, RuntimeError) as e:
             return _fail(f"cannot start redis-server ({e}); install it (apt-get install redis-server) or set REDIS_URL")
         redis_url = redis_server.url
@@ -149,12 +152,14 @@ def _stack(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url:
             port=cfg.port,
             workers=cfg.dp,
             detokenizers=cfg.detokenizers,
+            visuals=cfg.visuals,
             fronts=cfg.fronts,
             log_dir=cfg.log_dir,
             worker_args=[*worker_first, *args["worker"]],
             router_args=args["router"],
             tokenizer_args=args["tokenizer"],
             detokenizer_args=args["detokenizer"],
+            visual_args=args["visual"],
             gpus_per_worker=_gpus_per_group(cfg),
         )
     )

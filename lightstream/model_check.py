@@ -13,7 +13,8 @@ import zipfile
 
 from lightstream.serve_config import ServeConfig
 from shared.model_config import ModelConfig, ModelConfigError
-from shared.quant_config import QuantConfigError
+from shared.quant_config import QuantConfigError, with_flag
+from shared.vision_config import VisionConfigError
 
 LAYOUT = (
     "a Hugging Face model directory (or a model id in the local Hugging Face cache): config.json, "
@@ -33,7 +34,8 @@ def check_model(model_dir: str, cfg: ServeConfig) -> ModelConfig:
         raise ModelCheckError(f"{model_dir}: no config.json; supported: {LAYOUT}")
     try:
         model = ModelConfig.from_dir(model_dir)
-    except (ModelConfigError, QuantConfigError) as e:
+        with_flag(model.quantization, cfg.quantization)
+    except (ModelConfigError, QuantConfigError, VisionConfigError) as e:
         raise ModelCheckError(f"{model_dir}: {e}") from None
     except (KeyError, TypeError, ValueError) as e:  # config.json that is not JSON, or lacks a field
         raise ModelCheckError(f"{model_dir}/config.json cannot be read ({type(e).__name__}: {e}); {LAYOUT}") from None
@@ -101,6 +103,8 @@ def _check_tokenizer(model_dir: str) -> None:
 
 
 def _check_settings(model: ModelConfig, cfg: ServeConfig) -> None:
+    if model.vision is not None and cfg.tp > 1:
+        raise ModelCheckError(f"--tp {cfg.tp}: a vision-language model runs on one rank per group for now (--tp 1)")
     if cfg.max_req_total_len > model.context_length:
         raise ModelCheckError(
             f"--max-model-len {cfg.max_req_total_len} is longer than the model's context ({model.context_length})"

@@ -20,7 +20,8 @@ DTYPES = {
     "float32": "float32",
     "float": "float32",
 }
-KV_DTYPES = ("auto", "int8")
+KV_DTYPES = ("auto", "int8", "fp8")
+QUANTIZATIONS = ("none", "fp8")
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,15 @@ class ServeConfig:
         1, "worker groups (data parallelism), each with its own KV pool", "--data-parallel-size", "--workers"
     )
     dtype: str = option("auto", f"weights and activations: {', '.join(DTYPES)}; auto: the model's (float32 on the CPU)")
-    kv_dtype: str = option("auto", "KV cache: auto (the model dtype) or int8", "--kv-cache-dtype")
+    kv_dtype: str = option(
+        "auto", "KV cache: auto (the model dtype), int8 or fp8 (e4m3), per-token per-head scales", "--kv-cache-dtype"
+    )
+    quantization: str = option(
+        "none",
+        "weights: none (as stored: bf16, or an FP8, AWQ or GPTQ checkpoint) or fp8 (a bf16 checkpoint's projections "
+        "quantized to e4m3 with per-channel scales at load)",
+        "-q",
+    )
     mem_fraction: float = option(0.9, "share of GPU memory for weights plus KV cache", "--gpu-memory-utilization")
     max_total_token_num: int = option(
         0, "tokens in each group's KV pool; 0: sized from free memory", "--max-total-tokens"
@@ -74,18 +83,25 @@ class ServeConfig:
     log_format: str = option("text", "every service's log: text (one line per event) or json (one object per line)")
     log_dir: str = option("", "write each service's log to DIR/<service>.log; none: this terminal")
     detokenizers: int = option(1, "detokenizer processes")
+    visuals: int = option(1, "visual processes (a vision-language model's image encoders; none for a text model)")
     fronts: int = option(1, "HTTP front-end processes sharing --port (SO_REUSEPORT)")
     worker_args: tuple[str, ...] = option((), "extra flag for each worker, e.g. --worker-arg=--cuda-graph-max-bs=64")
     router_args: tuple[str, ...] = option((), "extra flag for the router (repeatable)")
     tokenizer_args: tuple[str, ...] = option((), "extra flag for each HTTP front end (repeatable)")
     detokenizer_args: tuple[str, ...] = option((), "extra flag for each detokenizer (repeatable)")
+    visual_args: tuple[str, ...] = option((), "extra flag for each visual process (repeatable)")
 
     def __post_init__(self) -> None:
         _check(0 < self.port < 65536, f"--port must be in 1..65535, got {self.port}")
         _check(self.tp >= 1 and self.dp >= 1, f"--tp and --dp must be >= 1, got {self.tp} and {self.dp}")
         _check(self.dtype in DTYPES, f"--dtype {self.dtype!r} is not supported; supported: {', '.join(DTYPES)}")
         _check(
-            self.kv_dtype in KV_DTYPES, f"--kv-cache-dtype {self.kv_dtype!r} is not supported; supported: auto, int8"
+            self.kv_dtype in KV_DTYPES,
+            f"--kv-cache-dtype {self.kv_dtype!r} is not supported; supported: {', '.join(KV_DTYPES)}",
+        )
+        _check(
+            self.quantization in QUANTIZATIONS,
+            f"--quantization {self.quantization!r} is not supported; supported: {', '.join(QUANTIZATIONS)}",
         )
         _check(0.0 < self.mem_fraction <= 1.0, f"--mem-fraction must be in (0, 1], got {self.mem_fraction}")
         _check(self.max_total_token_num >= 0, "--max-total-token-num must be >= 0")
@@ -93,6 +109,7 @@ class ServeConfig:
         _check(self.running_max_req_size >= 1, "--max-num-seqs must be >= 1")
         _check(self.chunked_prefill_size >= 16, "--chunked-prefill-size must be >= 16")
         _check(self.detokenizers >= 1 and self.fronts >= 1, "--detokenizers and --fronts must be >= 1")
+        _check(self.visuals >= 1, "--visuals must be >= 1")
         _check(self.log_format in ("text", "json"), f"--log-format must be text or json, got {self.log_format!r}")
         _check(
             self.tool_call_parser in ("", *TOOL_CALL_PARSERS),
@@ -117,8 +134,9 @@ def _check(ok: bool, message: str) -> None:
 # passed, so a service keeps its own default or its own LS_* variable
 SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "tp": (("worker",), "--tp"),
-    "dtype": (("worker",), "--dtype"),
+    "dtype": (("worker", "visual"), "--dtype"),
     "kv_dtype": (("worker",), "--kv-dtype"),
+    "quantization": (("worker",), "--quantization"),
     "mem_fraction": (("worker",), "--mem-fraction"),
     "max_total_token_num": (("worker",), "--max-total-token-num"),
     "max_req_total_len": (("worker", "tokenizer"), "--max-req-total-len"),
@@ -126,8 +144,8 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "chunked_prefill_size": (("worker",), "--batch-max-tokens"),
     "disable_prompt_cache": (("worker",), "--disable-prompt-cache"),
     "routing_policy": (("router",), "--routing-policy"),
-    "log_format": (("worker", "router", "tokenizer", "detokenizer"), "--log-format"),
-    "model_name": (("tokenizer", "worker", "router", "detokenizer"), "--model-name"),
+    "log_format": (("worker", "router", "tokenizer", "detokenizer", "visual"), "--log-format"),
+    "model_name": (("tokenizer", "worker", "router", "detokenizer", "visual"), "--model-name"),
     "tokenizer": (("tokenizer", "detokenizer", "worker"), "--tokenizer"),
     "chat_template": (("tokenizer",), "--chat-template"),
     "tool_call_parser": (("tokenizer",), "--tool-call-parser"),
@@ -137,7 +155,7 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
 
 def service_args(cfg: ServeConfig) -> dict[str, list[str]]:
     """Each service's own flags for these settings (the pass-through flags last, so they win)."""
-    args: dict[str, list[str]] = {"worker": [], "router": [], "tokenizer": [], "detokenizer": []}
+    args: dict[str, list[str]] = {"worker": [], "router": [], "tokenizer": [], "detokenizer": [], "visual": []}
     defaults = ServeConfig()
     for name, (services, flag) in SERVICE_FLAGS.items():
         value = getattr(cfg, name)
@@ -150,4 +168,5 @@ def service_args(cfg: ServeConfig) -> dict[str, list[str]]:
     args["router"] += cfg.router_args
     args["tokenizer"] += cfg.tokenizer_args
     args["detokenizer"] += cfg.detokenizer_args
+    args["visual"] += cfg.visual_args
     return args

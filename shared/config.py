@@ -146,12 +146,29 @@ class TokenizerConfig(CommonConfig):
     fastchat_controller: str = option(
         "", "a FastChat controller to register with as a model worker (docs/fastchat.md); none: no registration"
     )
-    worker_address: str = option("", "the URL FastChat reaches this front end at; none: http://<host>:<port>")
+    worker_address: str = option(
+        "",
+        "the URL FastChat reaches this front end at; none: http://<host>:<port>, "
+        "for 0.0.0.0 this host's address on its route to the controller",
+    )
     model_names: str = option("", "names to register with FastChat, comma-separated; none: model_name")
     limit_worker_concurrency: int = option(1024, "FastChat requests served at once; the rest wait, counted as queued")
     fastchat_heartbeat_s: float = option(
         45.0, "FastChat's heartbeat interval (its controller forgets a worker after 90 s)"
     )
+    max_images_per_request: int = option(8, "a vision model's request may carry at most this many images")
+    max_image_bytes: int = option(
+        10 * 1024 * 1024, "largest image file (decoded from base64, or fetched): past it, 413"
+    )
+    max_image_pixels: int = option(
+        4096 * 4096, "largest image, in pixels (width x height), checked before it is decoded: past it, 413"
+    )
+    allowed_image_domains: tuple[str, ...] = option(
+        (),
+        "hosts an image_url may be fetched from over http(s) (repeatable; a name allows its subdomains too); "
+        "none: only data: URLs and base64 are taken",
+    )
+    image_fetch_timeout_s: float = option(5.0, "an image fetched over http(s) must arrive within this")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -188,6 +205,15 @@ class TokenizerConfig(CommonConfig):
         )
         _check(self.limit_worker_concurrency >= 1, "limit_worker_concurrency must be >= 1")
         _check(self.fastchat_heartbeat_s > 0, "fastchat_heartbeat_s must be > 0")
+        _check(self.max_images_per_request >= 1, "max_images_per_request must be >= 1")
+        _check(
+            self.max_image_bytes > 0 and self.max_image_pixels > 0, "max_image_bytes and max_image_pixels must be > 0"
+        )
+        _check(self.image_fetch_timeout_s > 0, "image_fetch_timeout_s must be > 0")
+        _check(
+            all(d and "/" not in d and d == d.strip().lower() for d in self.allowed_image_domains),
+            f"allowed_image_domains must be lower-case host names, got {self.allowed_image_domains}",
+        )
 
 
 @dataclass(frozen=True)
@@ -252,7 +278,14 @@ class WorkerConfig(CommonConfig):
     group: str = option("0", "this worker group's name; the router places requests by it; auto: the replica's name")
     device: str = option("auto", "auto, cpu or cuda")
     dtype: str = option("auto", "auto (the model's, float32 on the CPU), float32, bfloat16 or float16")
-    kv_dtype: str = option("auto", "KV cache: auto (the model dtype) or int8")
+    kv_dtype: str = option(
+        "auto", "KV cache: auto (the model dtype), int8 or fp8 (e4m3; each with per-token, per-head scales)"
+    )
+    quantization: str = option(
+        "none",
+        "weights: none (as the checkpoint stores them) or fp8 (a bf16 checkpoint's projections quantized to e4m3 "
+        "with per-channel scales at load; an FP8 checkpoint is read as FP8 either way)",
+    )
     max_total_token_num: int = option(0, "KV pool tokens; 0: sized from free memory")
     mem_fraction: float = option(0.9, "share of the device memory for weights plus KV pool")
     cpu_kv_tokens: int = option(32_768, "KV pool tokens on the CPU when max_total_token_num is 0")
@@ -296,6 +329,11 @@ class WorkerConfig(CommonConfig):
         "the KV pool (services/worker/memory/prompt_cache.py)",
         "--disable_dynamic_prompt_cache",
     )
+    drain_timeout_s: float = option(
+        30.0,
+        "on SIGTERM the group takes no new requests and those it holds get this long to finish; what is left "
+        "then goes on on another group (handed over); a second signal ends the wait",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -305,7 +343,8 @@ class WorkerConfig(CommonConfig):
             self.dtype in ("auto", "float32", "bfloat16", "float16"),
             f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}",
         )
-        _check(self.kv_dtype in ("auto", "int8"), f"kv_dtype must be auto or int8, got {self.kv_dtype}")
+        _check(self.kv_dtype in ("auto", "int8", "fp8"), f"kv_dtype must be auto, int8 or fp8, got {self.kv_dtype}")
+        _check(self.quantization in ("none", "fp8"), f"quantization must be none or fp8, got {self.quantization}")
         _check(self.max_total_token_num >= 0, "max_total_token_num must be >= 0")
         _check(0.0 < self.mem_fraction <= 1.0, "mem_fraction must be in (0, 1]")
         _check(self.batch_max_tokens >= 16, "batch_max_tokens must be >= 16")
@@ -317,6 +356,7 @@ class WorkerConfig(CommonConfig):
         _check(self.nnodes >= 1 and self.tp % self.nnodes == 0, f"nnodes must divide tp ({self.tp}), got {self.nnodes}")
         _check(0 <= self.node_rank < self.nnodes, f"node_rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
         _check(self.nnodes == 1 or bool(self.dist_init_addr), "dist_init_addr is required with nnodes > 1")
+        _check(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
         if self.dist_init_addr:
             self.dist_address  # noqa: B018 (parsed here so that a bad address stops the service at start)
 
@@ -341,7 +381,13 @@ class DetokenizerConfig(CommonConfig):
 
     model_dir: str = option("", "Hugging Face model directory (required)")
     tokenizer: str = option("", "the tokenizer's directory when it is not the model's")
+    drain_timeout_s: float = option(
+        30.0,
+        "on SIGTERM front ends stop choosing this shard and the requests it holds get this long to end; what is "
+        "left then is taken over by another shard (or this one restarted); a second signal ends the wait",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(bool(self.model_dir), "model_dir is required")
+        _check(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")

@@ -6,55 +6,30 @@ fields in declaration order; a nested struct is the array of its own fields
 in and out, and ``decode`` rejects a message from another schema version or of an unknown type.
 
 Streams (names in shared/streams.py):
+    visual inbox       VisualReq (a request with images, before the router)
     router inbox       GenerateReq, AbortReq, WorkerStatus
     worker[g] inbox    AdmitReqs, AbortReqs
     detokenizer[k]     DetokRegister, TokenBatch, Handover
     front[f]           TextBatch
     heartbeat keys     Heartbeat
+    image keys         ImageEmbedding (an image's embeddings, under its content hash)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import prod
 from typing import Any, ClassVar
 
-import msgpack
-
-from shared.wire_structs import WireError, struct_from_wire, struct_to_wire
+from shared.wire_structs import WireError, pack_envelope, unpack_envelope
+from shared.wire_values import *  # noqa: F403 (finish reasons, error kinds, constraint kinds: read from here)
+from shared.wire_values import CONSTRAINT_KINDS
 
 # 2: WorkerStatus.running as columns (RunningTable); 3: the prompt cache's counts; 4: hand-over of a
 # dead group's requests (GenerateReq.resumed and .handovers, TokenItem.handovers, Handover);
-# 5: SamplingParams.constraint
-SCHEMA_VERSION = 5
-
-# finish reasons shared by every stage; "" means still running
-FINISH_STOP = "stop"  # EOS, a stop token or a stop string
-FINISH_LENGTH = "length"  # max_new_tokens or the context limit
-FINISH_ABORT = "abort"  # the client went away or asked to stop
-FINISH_ERROR = "error"  # the pipeline failed the request; TokenItem.error says why
-FINISH_REASONS = ("", FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR)
-
-# what kind of error ended a request (finish_reason "error"), so a front end can pick the status
-ERR_FAILED = "failed"  # the pipeline failed it (a worker died, ...): 500
-ERR_OVERLOADED = "overloaded"  # the queue is full: 503 with Retry-After
-ERR_TOO_LARGE = "too_large"  # no worker group could ever hold it: 400
-ERR_DEADLINE = "deadline"  # it outlived its deadline: 504
-ERR_INVALID = "invalid"  # the worker cannot do what it asks (a grammar that does not compile): 400
-ERROR_KINDS = ("", ERR_FAILED, ERR_OVERLOADED, ERR_TOO_LARGE, ERR_DEADLINE, ERR_INVALID)
-
-# what a Constraint's text is (services/worker/grammar.py compiles each)
-CONSTRAINT_JSON_SCHEMA = "json_schema"  # a JSON schema, as JSON text
-CONSTRAINT_JSON_OBJECT = "json_object"  # any JSON object; text unused
-CONSTRAINT_REGEX = "regex"  # a regular expression the whole output matches
-CONSTRAINT_CHOICE = "choice"  # a JSON array of strings: the output is one of them
-CONSTRAINT_GRAMMAR = "grammar"  # an EBNF grammar (xgrammar's dialect of GBNF) with a root rule
-CONSTRAINT_KINDS = (
-    CONSTRAINT_JSON_SCHEMA,
-    CONSTRAINT_JSON_OBJECT,
-    CONSTRAINT_REGEX,
-    CONSTRAINT_CHOICE,
-    CONSTRAINT_GRAMMAR,
-)
+# 5: SamplingParams.constraint; 6: a group's drain (WorkerStatus.draining, .leaving); 7: images
+# (GenerateReq.images, VisualReq, ImageEmbedding); 8: ImageRef.grid (M-RoPE's image grids)
+SCHEMA_VERSION = 8
 
 
 # ---------------------------------------------------------------- nested structs
@@ -203,6 +178,45 @@ class TextItem:
     cached_tokens: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ImageRef:
+    """One image of a prompt: its content hash (the key of its embeddings) and the prompt
+    positions its embeddings fill, [offset, offset + length)."""
+
+    hash: str
+    offset: int
+    length: int
+    # the embeddings' (t, h, w) grid where the family's positions follow it (Qwen2-VL's M-RoPE); else empty
+    grid: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.offset < 0 or self.length < 1 or not self.hash:
+            raise WireError(f"ImageRef: {self.length} tokens at {self.offset}, hash {self.hash!r}")
+        if self.grid and (len(self.grid) != 3 or min(self.grid) < 1 or prod(self.grid) != self.length):
+            raise WireError(f"ImageRef: grid {self.grid} for {self.length} tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class ImageData:
+    """An image as the front end checked it, for the visual service to encode."""
+
+    hash: str
+    data: bytes  # the image file (PNG, JPEG, ...) as the client sent it
+
+
+# ---------------------------------------------------------------- visual inbox
+
+
+@dataclass(frozen=True, slots=True)
+class VisualReq:
+    """A request with images: the visual service makes sure each image's embeddings are in
+    Redis, then sends ``req`` on to the router."""
+
+    TAG: ClassVar[str] = "visual"
+    req: GenerateReq
+    images: list[ImageData]  # one per distinct hash among req.images
+
+
 # ---------------------------------------------------------------- router inbox
 
 
@@ -221,10 +235,18 @@ class GenerateReq:
     # from there by recomputation, as after a pause; handovers counts how often that happened
     resumed: int = 0
     handovers: int = 0
+    # the prompt's images, in order: each fills its positions with its embeddings (the ids there
+    # are pseudo-ids derived from the image's hash, below 0: vision_config.image_pseudo_id)
+    images: list[ImageRef] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0 <= self.resumed < max(len(self.input_ids), 1) or self.handovers < 0:
             raise WireError(f"GenerateReq: resumed {self.resumed} of {len(self.input_ids)} input ids")
+        end = 0
+        for image in self.images:
+            if image.offset < end or image.offset + image.length > len(self.input_ids) - self.resumed:
+                raise WireError(f"GenerateReq: image at {image.offset}+{image.length} overlaps or leaves the prompt")
+            end = image.offset + image.length
 
     @property
     def prompt_len(self) -> int:
@@ -256,6 +278,9 @@ class WorkerStatus:
     evictable_tokens: int = 0
     cache_locked_tokens: int = 0
     prompt_cache: bool = False  # the group keeps a prompt cache (the router's index for it means something)
+    draining: bool = False  # it is shutting down: it finishes what it holds and takes nothing new
+    # its last status: what it lists will not finish there, and goes on elsewhere (a drain that timed out)
+    leaving: bool = False
 
 
 # ---------------------------------------------------------------- worker inbox
@@ -331,19 +356,31 @@ class Heartbeat:
     info: dict[str, float] = field(default_factory=dict)
 
 
+# ---------------------------------------------------------------- image keys
+
+
+@dataclass(frozen=True, slots=True)
+class ImageEmbedding:
+    """An image's embeddings as stored in Redis under its hash: the projector's output rows."""
+
+    TAG: ClassVar[str] = "emb"
+    dtype: str  # float32, bfloat16 or float16
+    shape: list[int]  # [tokens, hidden]
+    data: bytes  # the tensor's bytes, row-major
+
+    def __post_init__(self) -> None:
+        sizes = {"float32": 4, "bfloat16": 2, "float16": 2}
+        if self.dtype not in sizes or len(self.shape) != 2:
+            raise WireError(f"ImageEmbedding: dtype {self.dtype!r}, shape {self.shape}")
+        if len(self.data) != self.shape[0] * self.shape[1] * sizes[self.dtype]:
+            raise WireError(f"ImageEmbedding: {len(self.data)} bytes for {self.shape} {self.dtype}")
+
+
 MESSAGE_TYPES: tuple[type, ...] = (
-    GenerateReq,
-    AbortReq,
-    WorkerStatus,
-    AdmitReqs,
-    AbortReqs,
-    DetokRegister,
-    Handover,
-    TokenBatch,
-    TextBatch,
-    Heartbeat,
+    *(VisualReq, GenerateReq, AbortReq, WorkerStatus, AdmitReqs, AbortReqs, DetokRegister, Handover),
+    *(TokenBatch, TextBatch, Heartbeat, ImageEmbedding),
 )
-NESTED_TYPES: tuple[type, ...] = (Constraint, SamplingParams, RunningTable, TokenItem, TextItem)
+NESTED_TYPES: tuple[type, ...] = (Constraint, SamplingParams, RunningTable, TokenItem, TextItem, ImageRef, ImageData)
 
 
 # ---------------------------------------------------------------- codec
@@ -354,27 +391,9 @@ assert len(_BY_TAG) == len(MESSAGE_TYPES), "message tags must be unique"
 
 def encode(msg: Any) -> bytes:
     """Serialise one top-level message."""
-    cls = type(msg)
-    if _BY_TAG.get(getattr(cls, "TAG", None)) is not cls:
-        raise WireError(f"{cls.__name__} is not a wire message type")
-    return msgpack.packb([SCHEMA_VERSION, cls.TAG, *struct_to_wire(msg)], use_bin_type=True)
+    return pack_envelope(SCHEMA_VERSION, _BY_TAG, msg)
 
 
 def decode(data: bytes) -> Any:
     """Parse one top-level message, checking version, type and shape."""
-    try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as e:  # msgpack raises several unrelated types
-        raise WireError(f"not msgpack: {e}") from e
-    if not isinstance(raw, list) or len(raw) < 2:
-        raise WireError(f"not a message envelope: {raw!r:.200}")
-    version, tag = raw[0], raw[1]
-    if version != SCHEMA_VERSION:
-        raise WireError(f"schema version {version!r}, this build speaks {SCHEMA_VERSION}")
-    cls = _BY_TAG.get(tag)
-    if cls is None:
-        raise WireError(f"unknown message type {tag!r}")
-    try:
-        return struct_from_wire(cls, raw[2:])
-    except (TypeError, ValueError) as e:
-        raise WireError(f"{cls.__name__}: {e}") from e
+    return unpack_envelope(SCHEMA_VERSION, _BY_TAG, data)

@@ -7,6 +7,7 @@ the end-of-sequence ids. Both spellings of rotary scaling are read: the classic
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.quant_config import WeightQuant, parse_quantization
+from shared.vision_config import VisionConfig, text_config
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ class ModelConfig:
     local_rope_theta: float = 0.0  # the sliding-window layers' own rotary base (Gemma 3); 0: rope_theta's
     quantization: WeightQuant | None = None  # the checkpoint's int4 weights (shared/quant_config.py); None: none
     mrope_section: tuple[int, ...] = ()  # M-RoPE: the rotary frequencies t, h and w positions turn; (): none
-    image_token_id: int | None = None  # the token an image's embeddings replace (vision-language models)
+    vision: VisionConfig | None = None  # a vision-language model's images (shared/vision_config.py); None: text only
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -102,18 +104,15 @@ class ModelConfig:
                 f"num_experts_per_tok {self.num_experts_per_tok} must be between 1 and the {self.num_experts} experts"
             )
         if self.mrope_section and sum(self.mrope_section) != self.head_dim // 2:
-            raise ModelConfigError(
-                f"mrope_section {list(self.mrope_section)} must sum to head_dim / 2 ({self.head_dim // 2})"
-            )
+            raise ModelConfigError(f"mrope_section {list(self.mrope_section)} does not sum to half the head_dim")
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ModelConfigError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
         if self.num_experts and self.moe_intermediate_size <= 0:
             raise ModelConfigError(f"the experts' intermediate size {self.moe_intermediate_size} must be positive")
 
     def sparse(self, layer: int) -> bool:
         """Whether layer's MLP is routed experts (else Llama's dense MLP)."""
         return self.num_experts > 0 and layer not in self.dense_layers
-
-        if self.layer_windows and len(self.layer_windows) != self.num_layers:
-            raise ModelConfigError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
 
     @property
     def context_length(self) -> int:
@@ -137,7 +136,10 @@ class ModelConfig:
         if os.path.exists(gen_path):
             with open(gen_path) as f:
                 gen = json.load(f)
-        return cls.from_dict(raw, gen)
+        vision = VisionConfig.from_dir(model_dir, raw)
+        if vision is None:
+            return cls.from_dict(raw, gen)
+        return dataclasses.replace(cls.from_dict(text_config(raw), gen), vision=vision)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
@@ -152,8 +154,6 @@ class ModelConfig:
             )
         if family == "qwen3":
             _refuse_sliding_window(raw)
-        if family in QWEN_VL_FAMILIES:  # transformers 5 saves the text model's fields under text_config
-            raw = {**raw, **(raw.get("text_config") or {})}
         moe = _moe_fields(family, raw)
         raw, gemma = _gemma(raw, family)  # Hugging Face's Gemma defaults filled in, and Gemma's own fields
         heads = int(raw["num_attention_heads"])
@@ -189,7 +189,6 @@ class ModelConfig:
             bos_token_id=raw.get("bos_token_id"),
             quantization=parse_quantization(raw, family in MOE_FAMILIES),
             mrope_section=mrope_section,
-            image_token_id=raw.get("image_token_id"),
             **moe,
             **gemma,
         )

@@ -1,6 +1,7 @@
 """Redis stream helpers: the only code in LightStream that touches streams.
 
-Writers append with ``XADD ... MAXLEN ~ N`` so no stream grows without bound. Readers
+Writers append with ``XADD ... MAXLEN ~ N`` so no stream grows without bound, and readers
+trim their stream by what every group has consumed once a second (shared/stream_trim.py). Readers
 consume through a consumer group and acknowledge an entry only after its side effect
 is done; a reader also claims the pending entries of a consumer that died (its lease,
 refreshed by every read, expired), so a restarted service picks up where its predecessor
@@ -19,6 +20,7 @@ reading: ``read`` through redis-py, ``aread`` through redis.asyncio on an event 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -30,6 +32,7 @@ import redis.asyncio as aioredis
 
 from shared.messages import WireError, decode, encode
 from shared.redis_link import RedisLink, is_nogroup, maybe
+from shared.stream_trim import trim_consumed
 from shared.streams import consumer_lease
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,8 @@ class StreamWriter:
         acks: Iterable[Entry] = (),
         once: bool = False,
         give_up: Callable[[], bool] | None = None,
+        put: Iterable[tuple[str, str, Any]] = (),
+        drop: Iterable[tuple[str, str]] = (),
     ) -> None:
         """Append several messages in one round trip, each to its own stream, in order.
 
@@ -68,10 +73,13 @@ class StreamWriter:
         neither, and its successor neither loses nor repeats the work. With ``once``, one
         attempt that never blocks long (RedisLink.call_once): it raises where the default
         would wait for Redis with backoff; with ``give_up``, the wait ends (RedisUnreachable)
-        when it says so."""
+        when it says so. ``put`` (hash, field, message) and ``drop`` (hash, field) set and
+        delete messages kept in hashes in the same round trip (shared/request_copies.py)."""
         encoded = [(stream, encode(msg)) for stream, msg in items]
         ack_list = list(acks)
-        if not encoded and not ack_list:
+        puts = [(key, name, encode(msg)) for key, name, msg in put]
+        drops = list(drop)
+        if not encoded and not ack_list and not puts and not drops:
             return
 
         def run(r: redis.Redis) -> None:
@@ -80,6 +88,10 @@ class StreamWriter:
                 pipe.xadd(stream, {FIELD: data}, maxlen=self.maxlen, approximate=True)
             for (stream, group), ids in _by_group(ack_list).items():
                 pipe.xack(stream, group, *ids)
+            for key, name, data in puts:
+                pipe.hset(key, name, data)
+            for key, name in drops:
+                pipe.hdel(key, name)
             for answer in pipe.execute(raise_on_error=False):
                 # an acknowledgement to a group this Redis lacks (a new master after a failover, a
                 # restart without persistence) is moot: the group holds nothing pending; the
@@ -121,6 +133,7 @@ class StreamReader:
         consumer: str,
         claim_idle_ms: int = 5_000,  # a consumer that has not read for this long is dead (its lease expires)
         claim_every_s: float = 1.0,
+        trim_every_s: float = 1.0,  # how often the stream is trimmed by what has been consumed
     ) -> None:
         self.link = link
         self.stream = stream
@@ -130,6 +143,8 @@ class StreamReader:
         self.claim_every_s = claim_every_s
         self.lease = consumer_lease(stream, group, consumer)
         self._next_claim = 0.0
+        self.trim_every_s = trim_every_s
+        self._next_trim = 0.0
         self._handed_out = (0, 0)  # the highest entry id this reader has returned (or dropped)
         self._unanswered = False  # a read was sent and its answer not read: the next one recovers
         self._async: aioredis.Redis | None = None  # aread's client, made on its first call
@@ -153,6 +168,8 @@ class StreamReader:
         (None: does not wait) when there is nothing. Entries in ``acks`` are acknowledged in
         the same round trip, ahead of the read."""
         acks = list(acks)
+        if self._trim_due():
+            self.link.call(lambda r: trim_consumed(r, self.stream))
         if claimed := self._claim_due():
             self.ack(acks)
             return claimed
@@ -179,6 +196,8 @@ class StreamReader:
         if self._async is None:
             self._async = self.link.target.async_client(socket_timeout=self.link.socket_timeout_s)
         ack_ids = [e.entry_id for e in acks]
+        if self._trim_due():
+            await trim_consumed(self._async, self.stream)
         while True:
             start = self._start()
             pipe = self._async.pipeline(transaction=False)
@@ -200,6 +219,14 @@ class StreamReader:
         if self._async is not None:
             await self._async.aclose()
         self._async = None
+
+    def _trim_due(self) -> bool:
+        """Whether this read trims the stream first (shared/stream_trim.py): once a trim_every_s."""
+        now = time.monotonic()
+        if now < self._next_trim:
+            return False
+        self._next_trim = now + self.trim_every_s
+        return True
 
     def _start(self) -> str:
         """Where the next read starts: ">" (new entries), or after a read that was not answered,
@@ -229,10 +256,28 @@ class StreamReader:
         self._unanswered = start != ">" and len(taken) >= count
         return self._decode_entries(taken)
 
+    def release(self) -> None:
+        """On a clean exit: give up the lease now, so another consumer of the group claims what
+        this one leaves pending at its next claim instead of after the lease's expiry. Best
+        effort: Redis away, the lease expires by itself."""
+        with contextlib.suppress(Exception):
+            self.link.call_once(lambda r: r.delete(self.lease))
+
     def ack(self, entries: Iterable[Entry]) -> None:
         ids = [e.entry_id for e in entries]
         if ids:
             self._call_group(lambda r: r.xack(self.stream, self.group, *ids))
+
+    def has_work(self) -> bool:
+        """Whether the group has entries pending or not handed out yet."""
+        groups = self._call_group(lambda r: r.xinfo_groups(self.stream)) or []
+        group = next((g for g in groups if maybe(g["name"]) == self.group), None)
+        if group is None:
+            return False
+        if int(group.get("pending", 0)):
+            return True
+        last = self.link.call(lambda r: r.xinfo_stream(self.stream))["last-generated-id"]
+        return _id_key(group["last-delivered-id"]) < _id_key(last)
 
     def pending_count(self) -> int:
         info = self._call_group(lambda r: r.xpending(self.stream, self.group))
@@ -259,6 +304,28 @@ class StreamReader:
 
     def _alive(self, consumer: str) -> bool:
         return bool(self.link.call(lambda r: r.exists(consumer_lease(self.stream, self.group, consumer))))
+
+    def take_over(self) -> tuple[list[Entry], list[Entry]]:
+        """The stream's previous reader is gone (its owner key lost: shared/stream_owner.py):
+        every entry pending in the group, whoever it was handed to, is made this consumer's.
+        -> (those entries, and the acknowledged ones from the oldest of them to the last the
+        group was handed out: what the previous reader did with its state, to be done again)."""
+        pending = self._call_group(
+            lambda r: r.xpending_range(self.stream, self.group, min="-", max="+", count=1_000_000)
+        )
+        ids = [p["message_id"] for p in pending or []]
+        if not ids:
+            return [], []
+        claim = self._call_group(
+            lambda r: r.xclaim(self.stream, self.group, self.consumer, min_idle_time=0, message_ids=ids)
+        )
+        taken = self._decode_entries(claim or [])
+        groups = self._call_group(lambda r: r.xinfo_groups(self.stream)) or []
+        last = next(maybe(g["last-delivered-id"]) for g in groups if maybe(g["name"]) == self.group)
+        held = {maybe(i) for i in ids}
+        raw = self._call_group(lambda r: r.xrange(self.stream, min=maybe(ids[0]), max=last)) or []
+        done = self._decode_entries([(i, f) for i, f in raw if maybe(i) not in held])
+        return taken, done
 
     def _claim_from(self, consumer: str) -> list[Entry]:
         """The dead consumer's pending entries, made this one's. The ids are read first and the

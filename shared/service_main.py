@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
@@ -20,6 +21,21 @@ def stop_on_signals(link: RedisLink) -> None:
     """SIGTERM and SIGINT ask the service to stop: its loops watch link.stop."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: link.stop.set())
+
+
+def drain_on_signals(link: RedisLink, drain: threading.Event) -> None:
+    """The first SIGTERM or SIGINT asks the service to drain (its loop watches ``drain``: it
+    finishes what it holds, then stops); a second one stops it at once (link.stop)."""
+
+    def on_signal(sig: int, _frame: object) -> None:
+        if drain.is_set():
+            link.stop.set()
+        else:
+            log.info("%s: draining", signal.Signals(sig).name)
+            drain.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
 
 
 def serve_collector(port: int, collector: Collector, model_name: str) -> None:

@@ -14,6 +14,15 @@ class StreamNames:
     namespace: str = "ls"
 
     @property
+    def visual(self) -> str:
+        """VisualReq: requests with images, read by every visual replica (one consumer group)."""
+        return f"{self.namespace}:visual"
+
+    def image(self, image_hash: str) -> str:
+        """An image's ImageEmbedding, under its content hash, with a time-to-live."""
+        return f"{self.namespace}:img:{image_hash}"
+
+    @property
     def router(self) -> str:
         """GenerateReq, AbortReq and WorkerStatus, read by the router."""
         return f"{self.namespace}:router"
@@ -29,6 +38,10 @@ class StreamNames:
     def front(self, front_id: str) -> str:
         """TextBatch for one front end (tokenizer replica)."""
         return f"{self.namespace}:front:{front_id}"
+
+    def placed(self, group: str) -> str:
+        """A hash: a copy of each request placed on one worker group (shared/request_copies.py)."""
+        return f"{self.namespace}:placed:{group}"
 
     def heartbeat(self, service: str, replica: str) -> str:
         return f"{self.namespace}:hb:{service}:{replica}"
@@ -51,9 +64,11 @@ GROUP_ROUTER = "router"
 GROUP_WORKER = "worker"
 GROUP_DETOK = "detokenizer"
 GROUP_FRONT = "front"
+GROUP_VISUAL = "visual"
 
 # service names as they appear in heartbeats and logs
 SERVICE_TOKENIZER = "tokenizer"
 SERVICE_ROUTER = "router"
 SERVICE_WORKER = "worker"
 SERVICE_DETOK = "detokenizer"
+SERVICE_VISUAL = "visual"

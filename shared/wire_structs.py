@@ -10,6 +10,8 @@ import types
 import typing
 from typing import Any
 
+import msgpack
+
 
 class WireError(ValueError):
     """A message that cannot be decoded: wrong version, unknown type or wrong shape."""
@@ -82,3 +84,30 @@ def struct_from_wire(cls: type, values: Any) -> Any:
     if _plan(cls)[1]:
         return cls(*values)  # fields in declaration order are the dataclass's positional arguments
     return cls(*[v if dec is None else dec(v) for (_, _, dec), v in zip(spec, values, strict=True)])
+
+
+def pack_envelope(version: int, by_tag: dict[str, type], msg: Any) -> bytes:
+    """``[version, tag, field_1, ...]`` for a message of one of the types by_tag names."""
+    cls = type(msg)
+    if by_tag.get(getattr(cls, "TAG", None)) is not cls:
+        raise WireError(f"{cls.__name__} is not a wire message type")
+    return msgpack.packb([version, cls.TAG, *struct_to_wire(msg)], use_bin_type=True)
+
+
+def unpack_envelope(version: int, by_tag: dict[str, type], data: bytes) -> Any:
+    """The message in data, checking its version, type and shape."""
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated types
+        raise WireError(f"not msgpack: {e}") from e
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise WireError(f"not a message envelope: {raw!r:.200}")
+    if raw[0] != version:
+        raise WireError(f"schema version {raw[0]!r}, this build speaks {version}")
+    cls = by_tag.get(raw[1])
+    if cls is None:
+        raise WireError(f"unknown message type {raw[1]!r}")
+    try:
+        return struct_from_wire(cls, raw[2:])
+    except (TypeError, ValueError) as e:
+        raise WireError(f"{cls.__name__}: {e}") from e

@@ -50,17 +50,17 @@ def tiny_moe_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def tiny_vl_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Qwen2-VL and Qwen2.5-VL (tools/tiny_vision.py) -> model directory, each made once per session."""
+    """Qwen2-VL and Qwen2.5-VL (tools/tiny_qwen_vl.py) -> model directory, each made once per session."""
     return _make(tmp_path_factory, VL_ARCHS)
 
 
 @pytest.fixture(scope="session")
-def tiny_int4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A tiny Llama's AWQ and GPTQ checkpoints, their dequantized twins and the unquantized one
-    (tests/int4_models.py), made once per session."""
-    from tests import int4_models
+def tiny_quant(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tiny Llama's AWQ, GPTQ and FP8 checkpoints, their dequantized twins and the unquantized one
+    (tests/quant_models.py), made once per session."""
+    from tests import quant_models
 
-    return int4_models.make(str(tmp_path_factory.mktemp("tiny-int4")))
+    return quant_models.make(str(tmp_path_factory.mktemp("tiny-quant")))
 
 
 @pytest.fixture(scope="session")
@@ -86,3 +86,19 @@ def redis_url(redis_server: RedisServer) -> str:
 
     redis.Redis.from_url(redis_server.url).flushall()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny LLaVA-1.5 (CLIP tower, MLP projector, Llama language model), made once per session."""
+    path = str(tmp_path_factory.mktemp("tiny-llava"))
+    make_tiny_model.main(["--out", path, "--arch", "llava", "--seed", "0"])
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_next(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny LLaVA-NeXT (any-resolution tiles over tiny_llava's shapes), made once per session."""
+    path = str(tmp_path_factory.mktemp("tiny-llava-next"))
+    make_tiny_model.main(["--out", path, "--arch", "llava_next", "--seed", "0"])
+    return path

@@ -11,10 +11,12 @@ the same requests with each id folded into it.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 
-from tools.workload import ID_MARGIN, VOCAB, Turn, multi_turn, shared_prefix
+from tools.structured_schemas import SCHEMAS
+from tools.workload import ID_MARGIN, VOCAB, Turn, multi_turn, random_prompts, shared_prefix, sharegpt_shaped
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -111,3 +113,25 @@ def latency_ms(seconds: list[float]) -> dict[str, float]:
 def hit_rate(prompt_tokens: int, cached_tokens: int) -> float:
     """Prompt tokens served from the prompt cache, as a share of all prompt tokens."""
     return cached_tokens / prompt_tokens if prompt_tokens else 0.0
+
+
+def open_loop_requests(args: argparse.Namespace) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length) of --workload sharegpt or shared_prefix, in sending order."""
+    if args.workload == "shared_prefix":
+        reqs = shared_prefix_requests(args, args.vocab)
+    else:
+        pairs = sharegpt_shaped(args.requests)
+        prompts = random_prompts([i for i, _ in pairs], args.vocab, seed=1)
+        reqs = [(ids, out_len) for ids, (_, out_len) in zip(prompts, pairs, strict=True)]
+    if args.max_output:
+        reqs = [(ids, min(n, args.max_output)) for ids, n in reqs]
+    if args.output_lens:  # another run's output lengths, request for request
+        with open(args.output_lens) as f:
+            lens = json.load(f)["per_request_output_tokens"]
+        reqs = [(ids, n or out_len) for (ids, out_len), n in zip(reqs, lens, strict=True)]
+    return reqs
+
+
+def schema_of(args: argparse.Namespace, k: int) -> dict | None:
+    """--json-schemas: request k's output format, the fixed set's in turn."""
+    return SCHEMAS[k % args.json_schemas] if args.json_schemas else None

@@ -1,7 +1,8 @@
 """Benchmark the engine alone (no Redis, no HTTP) on the fixed workload and at static shapes.
 
     python tools/benchmark_engine.py --out FILE.json [--shape llama3-8b] [--parts ceilings,static,offline]
-        [--requests 2000] [--static 1x1024,64x1024,256x1024] [--kv-dtype auto|int8] [--model-dir DIR]
+        [--requests 2000] [--static 1x1024,64x1024,256x1024] [--kv-dtype auto|int8|fp8] [--model-dir DIR]
+        [--quantization none|fp8]
         [--prompt-cache on|off|on,off] [--shared-prefix-rate 16]
 
 With --model-dir the weights come from that directory; otherwise they are random, on the
@@ -26,7 +27,8 @@ so neither it nor the pipeline pays kernel compiles inside a timed part.
 worker service does). --shard I/N runs only every N-th request of the offline workload
 from the I-th, so that N processes, one per GPU, make N data-parallel groups; with
 --barrier DIR they start the timed run together (each reports its start and end time).
-Prints a summary and writes everything to --out as JSON.
+Prints a summary and writes everything to --out as JSON. tools/bench_quant.py runs these parts
+for bf16, FP8 weights and FP8 KV in one job.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ if __package__ in (None, ""):
 import torch
 
 from services.worker.engine import Engine
-from services.worker.models.random_weights import SHAPES
+from services.worker.models.bench_shapes import SHAPES
+from services.worker.models.fp8_weight import Fp8Weight
 from shared.model_config import ModelConfig
 from tools import bench_prefix, bench_workloads
 from tools.bench_prefix import request, warm
@@ -148,14 +151,18 @@ def step_profile(trace: list[tuple[float, int, int]]) -> dict:
     return out
 
 
-def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
+def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 2, layer_bytes: int = 0) -> int:
     """Bytes of weights a decode step reads: every layer and the output layer (one embedding row
-    aside); a mixture of experts' every expert and router row (a batch that routes to them all)."""
+    aside); a mixture of experts' every expert and router row (a batch that routes to them all).
+    layer_bytes: the layers' bytes a weight when not dtype_bytes (1: FP8 projections, the output
+    layer still bf16; their scales, one float32 a row, left out)."""
     h, d = cfg.hidden_size, cfg.head_dim
     attention = h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * h + 2 * h
     sparse = (3 * cfg.moe_intermediate_size + 1) * h * cfg.num_experts + 3 * h * cfg.shared_expert_intermediate_size
     mlp = [sparse if cfg.sparse(i) else 3 * h * cfg.intermediate_size for i in range(cfg.num_layers)]
-    return dtype_bytes * (cfg.num_layers * attention + sum(mlp) + cfg.vocab_size * h + h)
+    return (layer_bytes or dtype_bytes) * (cfg.num_layers * attention + sum(mlp)) + dtype_bytes * (
+        cfg.vocab_size * h + h
+    )
 
 
 def static_decode(engine: Engine, cfg: ModelConfig, batch: int, context: int, steps: int, copy_bw: float) -> dict:
@@ -180,7 +187,8 @@ def static_decode(engine: Engine, cfg: ModelConfig, batch: int, context: int, st
     # with tensor parallelism each GPU reads its share of the weights (and of the KV heads:
     # the layout is the rank's already), in parallel with the others
     ranks = engine.runner.model.tp.size
-    floor_ms = 1000 * (weight_bytes(cfg) / ranks + kv_read) / copy_bw if copy_bw else None
+    layer_bytes = 1 if isinstance(engine.runner.model.w.layers[0].qkv, Fp8Weight) else 0
+    floor_ms = 1000 * (weight_bytes(cfg, layer_bytes=layer_bytes) / ranks + kv_read) / copy_bw if copy_bw else None
     graphs = engine.runner.graphs  # what the step's graph was captured with, to tell two engines' steps apart
     return {
         "batch": batch,
@@ -263,7 +271,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model-dir", default="")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--kv-dtype", default="auto")
+    ap.add_argument("--kv-dtype", default="auto", help="auto, int8 or fp8")
+    ap.add_argument("--quantization", default="none", help="none or fp8 (projections quantized at load)")
     ap.add_argument("--max-total-token-num", type=int, default=0)
     ap.add_argument("--mem-fraction", type=float, default=0.9)
     ap.add_argument("--batch-max-tokens", type=int, default=16384)

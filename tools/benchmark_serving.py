@@ -3,9 +3,12 @@
     python tools/benchmark_serving.py --url http://127.0.0.1:8000 --out FILE.json
         [--workload sharegpt|shared_prefix|multi_turn] [--requests 2000] [--request-rate inf|R]
         [--max-concurrency N] [--vocab 128256] [--plot FILE.png --rates 4,16,32] [--tokenizer DIR]
+        [--images-per-request 1 --image-size 448 --tokenizer DIR]
 
 A fixed workload of tools/workload.py as token-id prompts, max_tokens = its output lengths,
-ignore_eos, greedy, streamed through POST /v1/completions:
+ignore_eos, greedy, streamed through POST /v1/completions (with --json-schemas N, each under a
+JSON schema of tools/structured_schemas.py, ignore_eos off; --output-lens takes another run's
+output lengths as max_tokens, so an unconstrained run writes as many tokens):
   sharegpt       the ShareGPT-shaped one: the first --requests, random ids at its input lengths
   shared_prefix  groups of requests sharing a system prompt (sizes: --shared-prefix-groups, ...)
   multi_turn     conversations, closed loop: each sends its next turn, the history holding the
@@ -17,7 +20,8 @@ requests/s, input, output and total tokens/s, and TTFT, TPOT ((E2E - TTFT) / (ou
 1)), ITL (every gap between streamed chunks, pooled) and end-to-end latency, each as mean,
 median and p99, in milliseconds, and the prompt cache's hit rate when the usage carries
 prompt_tokens_details.cached_tokens. With --plot and --rates it runs each rate in turn and
-draws latency against request rate.
+draws latency against request rate. --images-per-request sends sharegpt's requests as streamed
+chats through POST /v1/chat/completions, each with its own synthetic images (tools/bench_images.py).
 
 The client (--client) is tools/http_stream.py on uvloop by default: each request's clock
 starts as its bytes go out, and the client's own Python between the wire and the clock is
@@ -43,11 +47,11 @@ if __package__ in (None, ""):
 import aiohttp
 from tqdm import tqdm
 
-from tools import bench_workloads
-from tools.bench_workloads import arrival_times, hit_rate, latency_ms, shared_prefix_requests
+from tools import bench_images, bench_workloads
+from tools.bench_workloads import arrival_times, hit_rate, latency_ms
 from tools.http_stream import HTTPStreamError, StreamClient
 from tools.serving_turns import LabelIndex, run_conversations
-from tools.workload import random_prompts, sharegpt_shaped
+from tools.structured_schemas import SCHEMAS
 
 JSON = {"content-type": "application/json"}
 
@@ -65,18 +69,22 @@ class Outcome:
     labels: list[str] = field(default_factory=list)  # the output tokens' logprob labels, when asked for
 
 
-def request_body(model: str, prompt: list[int], max_tokens: int, logprobs: bool = False) -> bytes:
+def request_body(
+    model: str, prompt: list[int], max_tokens: int, logprobs: bool = False, schema: dict | None = None
+) -> bytes:
     body: dict = {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0.0,
-        "ignore_eos": True,
+        "ignore_eos": schema is None,  # a grammar ends its output itself
         "stream": True,
         "stream_options": {"include_usage": True},
     }
     if logprobs:  # the chosen tokens' labels, to read the output ids back (multi_turn)
         body["logprobs"] = 0
+    if schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}
     return json.dumps(body).encode()
 
 
@@ -114,13 +122,15 @@ async def consume(lines: AsyncIterator[bytes], out: Outcome, start: float) -> No
         out.error = "no usage in the stream"
 
 
-async def lean_request(client: StreamClient, body: bytes, out: Outcome, timeout_s: float) -> Outcome:
+async def lean_request(
+    client: StreamClient, body: bytes, out: Outcome, timeout_s: float, path: str = "/v1/completions"
+) -> Outcome:
     """One streamed completion through tools/http_stream.py. The clock starts just before the
     request is written (a new connection's set-up counts, as it does with aiohttp)."""
     try:
         async with asyncio.timeout(timeout_s):
             start = time.perf_counter()
-            async with client.request("POST", "/v1/completions", body) as resp:
+            async with client.request("POST", path, body) as resp:
                 if resp.status != 200:
                     out.error = f"HTTP {resp.status}: {(await resp.read())[:200].decode(errors='replace')}"
                     return out
@@ -130,11 +140,13 @@ async def lean_request(client: StreamClient, body: bytes, out: Outcome, timeout_
     return out
 
 
-async def aiohttp_request(session: aiohttp.ClientSession, url: str, body: bytes, out: Outcome) -> Outcome:
+async def aiohttp_request(
+    session: aiohttp.ClientSession, url: str, body: bytes, out: Outcome, path: str = "/v1/completions"
+) -> Outcome:
     """The same through aiohttp, as vLLM's benchmark client makes it."""
     start = time.perf_counter()
     try:
-        async with session.post(url + "/v1/completions", data=body, headers=JSON) as resp:
+        async with session.post(url + path, data=body, headers=JSON) as resp:
             if resp.status != 200:
                 out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return out
@@ -144,23 +156,19 @@ async def aiohttp_request(session: aiohttp.ClientSession, url: str, body: bytes,
     return out
 
 
-def open_loop_requests(args: argparse.Namespace) -> list[tuple[list[int], int]]:
-    """(prompt ids, output length) of --workload sharegpt or shared_prefix, in sending order."""
-    if args.workload == "shared_prefix":
-        return shared_prefix_requests(args, args.vocab)
-    pairs = sharegpt_shaped(args.requests)
-    prompts = random_prompts([i for i, _ in pairs], args.vocab, seed=1)
-    return [(ids, out_len) for ids, (_, out_len) in zip(prompts, pairs, strict=True)]
-
-
 async def run(args: argparse.Namespace, rate: float) -> dict:
-    reqs = open_loop_requests(args)
+    reqs = bench_workloads.open_loop_requests(args)
     arrivals = arrival_times(len(reqs), rate)
     limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
     bar = tqdm(total=len(reqs), desc=f"rate {rate}", disable=args.quiet)
     async with _client(args) as send:
         model = args.model or await send.model_name()
-        bodies = [request_body(model, prompt, out_len) for prompt, out_len in reqs]
+        if args.images_per_request:
+            bodies, send.path = bench_images.chat_bodies(args, model, reqs), "/v1/chat/completions"
+        else:
+            bodies = [
+                request_body(model, p, n, schema=bench_workloads.schema_of(args, k)) for k, (p, n) in enumerate(reqs)
+            ]
         begin = time.perf_counter()
 
         async def scheduled(k: int) -> Outcome:
@@ -182,12 +190,14 @@ async def run(args: argparse.Namespace, rate: float) -> dict:
     res = {
         "client": args.client,
         "workload": args.workload,
+        "images_per_request": args.images_per_request,
         **summarize(outcomes, duration, rate, args.max_concurrency),
     }
     if isinstance(send, _Lean):
         res["connections_opened"] = send.client.connections_opened
     if args.per_request:  # in the workload's order; None for a request that failed
         res["per_request_ttft_ms"] = [1000 * o.ttft if o.ok else None for o in outcomes]
+        res["per_request_output_tokens"] = [o.output_tokens if o.ok else None for o in outcomes]
     return res
 
 
@@ -195,9 +205,10 @@ class _Lean:
     def __init__(self, args: argparse.Namespace) -> None:
         self.client = StreamClient(args.url)
         self.timeout_s = args.timeout_s
+        self.path = "/v1/completions"
 
     async def __call__(self, body: bytes, out: Outcome) -> Outcome:
-        return await lean_request(self.client, body, out, self.timeout_s)
+        return await lean_request(self.client, body, out, self.timeout_s, self.path)
 
     async def model_name(self) -> str:
         async with self.client.request("GET", "/v1/models") as resp:
@@ -208,9 +219,10 @@ class _Aiohttp:
     def __init__(self, args: argparse.Namespace, session: aiohttp.ClientSession) -> None:
         self.session = session
         self.url = args.url
+        self.path = "/v1/completions"
 
     async def __call__(self, body: bytes, out: Outcome) -> Outcome:
-        return await aiohttp_request(self.session, self.url, body, out)
+        return await aiohttp_request(self.session, self.url, body, out, self.path)
 
     async def model_name(self) -> str:
         async with self.session.get(self.url + "/v1/models") as resp:
@@ -324,11 +336,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="lean: tools/http_stream.py on uvloop; aiohttp: aiohttp on asyncio's loop, as vLLM's client",
     )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
-    ap.add_argument("--per-request", action="store_true", help="each request's TTFT too, in the workload's order")
+    ap.add_argument("--per-request", action="store_true", help="each request's TTFT and output tokens, in order")
+    ap.add_argument(
+        "--json-schemas",
+        type=int,
+        default=0,
+        help="request k asks for JSON under tools/structured_schemas.py's schema k mod N (1..10), ignore_eos off",
+    )
+    ap.add_argument("--max-output", type=int, default=0, help="cap on each request's output length; 0: none")
+    ap.add_argument("--output-lens", default="", help="a --per-request JSON: its output lengths as max_tokens")
     ap.add_argument("--workload", choices=("sharegpt", "shared_prefix", "multi_turn"), default="sharegpt")
     ap.add_argument("--tokenizer", default="", help="multi_turn: the served model's directory, to read output ids back")
     bench_workloads.add_args(ap)
+    bench_images.add_args(ap)
     args = ap.parse_args(argv)
+    if not 0 <= args.json_schemas <= len(SCHEMAS):
+        ap.error(f"--json-schemas {args.json_schemas}: 0 to {len(SCHEMAS)}")
+    if args.workload == "multi_turn" and (args.json_schemas or args.output_lens):
+        ap.error("--json-schemas and --output-lens are for the open-loop workloads")
+    if args.images_per_request and (args.workload != "sharegpt" or not args.tokenizer):
+        ap.error("--images-per-request: the sharegpt workload, with --tokenizer DIR (the served model's directory)")
     if args.workload == "multi_turn" and not args.tokenizer:
         ap.error("--workload multi_turn needs --tokenizer DIR (the served model's directory)")
     if args.workload == "multi_turn" and (args.rates or args.request_rate != float("inf")):

@@ -2,9 +2,11 @@
 setting and again wherever a part must start from an empty prompt cache.
 
 Random weights are drawn once and shared by every build (folding the norms into them again is
-a multiply by ones). Every build after the first gets the first one's KV pool size, so the
-settings compared in one run hold the same number of tokens. An engine is released before the
-next is built: its KV pool and CUDA graphs go back to the device.
+a multiply by ones); a build with --quantization fp8 quantizes their projections in place, so
+every build after it has FP8 weights too (tools/bench_quant.py builds the bf16 ones first).
+Every build after the first gets the first one's KV pool size, so the settings compared in one
+run hold the same number of tokens (bench_quant.py resets it: each variant sizes its own). An
+engine is released before the next is built: its KV pool and CUDA graphs go back to the device.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 
 from services.worker.build import build_engine
 from services.worker.engine import Engine
-from services.worker.models.random_weights import SHAPES
+from services.worker.models.bench_shapes import SHAPES
+from services.worker.models.fp8_weight import quantize_layers_
 from services.worker.models.registry import random_weights
 from services.worker.models.weights import ModelWeights
 from services.worker.runtime.warmup import warm_up
@@ -53,6 +56,7 @@ class EngineFactory:
             device=a.device,
             dtype=a.dtype,
             kv_dtype=a.kv_dtype,
+            quantization=a.quantization,
             max_total_token_num=self.capacity,
             mem_fraction=a.mem_fraction,
             batch_max_tokens=a.batch_max_tokens,
@@ -105,6 +109,8 @@ class EngineFactory:
             device = torch.device(a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
             self.weights = random_weights(model_cfg, dtype, device, seed=0)
+        if cfg.quantization == "fp8":
+            quantize_layers_(self.weights.layers)  # the bf16 tensors go: their memory joins the KV pool
         return build_engine(cfg, weights=self.weights, model_cfg=model_cfg), model_cfg, lambda: None
 
 

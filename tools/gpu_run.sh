@@ -4,8 +4,13 @@
 # list is tools/gpu_wheels.txt), then carry those three folders with the working tree.
 # Usage: bash tools/gpu_run.sh OUTDIR PART...
 #   PART: tests | kernels | blas | kernel-sweep | split-sweep | engine | engine-int8 | profile | offline | static | pipeline | peer | trace
+#         quant | quant-tests   (issue 47's FP8: bf16, FP8 KV and FP8 weights in one job; the FP8 GPU tests)
 #         cache-prefix | cache-turns | cache-offline | cache-routing   (the prompt cache, issue 44: each on and
 #         off, or under both router policies, in one run; cache-routing runs two groups on the one GPU)
+#         structured   (issue 48: the fixed workload under JSON schemas against unconstrained, one stack)
+#         families-tests | families | families-rest   (issue 45: each family's 1B model in bf16 against Hugging
+#         Face fp32; Qwen3-8B's decode step against Llama-3-8B's, then the issue's four benchmark families against
+#         the peer; the other six against the peer)
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 set -u
 out=${1:?OUTDIR}; shift
@@ -40,6 +45,14 @@ for part in "$@"; do
     trace) timeout 200 python3 tools/trace_lowload.py --device cuda --requests 12 --redis-server "$PWD/.redis/redis-server" \
              --out "$out/trace.json" 2>&1 | grep -v "it/s\]" | tail -2 ;;
     peer) timeout 280 python3 .peer/peer_hf.py --requests 300 --skip static_b1,static_b64 --out "$out/peer_hf.json" 2>&1 | tail -6 ;;
+    quant) timeout 590 python3 tools/bench_quant.py --variants "${VARIANTS:-bf16,kv-fp8,fp8}" --static 1x1024,64x1024 \
+             --running-max-req-size 2048 \
+             --out "$out/quant.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -20 ;;
+    quant-tests) timeout 500 python3 -m pytest -m gpu -q -s -p no:cacheprovider -rA tests/worker/models/test_fp8_product.py \
+                   tests/worker/test_cuda_path.py tests/worker/test_quant_vs_hf.py tests/kernels/test_kv_store.py \
+                   tests/kernels/test_decode_attention.py tests/kernels/test_extend_attention.py \
+                   tests/kernels/test_fp8_quant_rows.py 2>&1 \
+                   | grep -v "it/s\]\|^$\|^PASSED" | tail -40 | tee "$out/quant_tests.log" ;;
     engine-int8) timeout 300 python3 tools/benchmark_engine.py --kv-dtype int8 --parts static,offline --out "$out/engine_int8.json" 2>&1 | tail -8 ;;
     tp-tests) timeout 300 python3 -m pytest -m gpu tests/worker/test_tp_cuda.py -q -s -p no:cacheprovider -rA 2>&1 \
                 | grep -v "it/s\]\|^$" | tail -25 | tee "$out/tp_tests.log" ;;
@@ -55,6 +68,17 @@ for part in "$@"; do
                      --workload shared_prefix --policies cache_aware,round_robin --groups 2 --gpus-per-group 0 \
                      --kv-tokens 300000 2>&1 | grep -v "it/s\]" | tail -6
                    tar czf "$out/cache_logs.tgz" -C /tmp/lightstream-bench-cache logs 2>/dev/null ;;
+    structured) timeout 580 python3 tools/bench_structured.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" 2>&1 \
+                  | grep -v "it/s\]" | tail -12
+                tar czf "$out/structured_logs.tgz" -C /tmp/lightstream-bench-structured logs 2>/dev/null ;;
+    families-tests) timeout 240 python3 -m pytest -m gpu tests/worker/test_cuda_path.py -k test_1b_bf16 -q -s \
+                      -p no:cacheprovider -rA 2>&1 | grep "agreement\|passed\|failed\|Error" | tail -90 \
+                      | tee "$out/families_tests.log" ;;
+    families) timeout 580 python3 tools/bench_families.py --out "$out/families.json" --requests 16 \
+                --families qwen3,gemma2,mixtral,qwen3_moe --peer-timeout 150 2>&1 | tail -6 ;;
+    families-rest) timeout 580 python3 tools/bench_families.py --out "$out/families_rest.json" --requests 16 \
+                     --families llama,mistral,qwen2,phi3,gemma3,qwen2_moe --decode-shapes "" --peer-timeout 100 2>&1 \
+                     | tail -6 ;;
     dp) timeout 240 python3 tools/bench_data_parallel.py --groups 2 --out "$out/dp2.json" -- --running-max-req-size 2048 2>&1 | tail -3 ;;
     *) echo "unknown part $part" ;;
   esac

@@ -20,9 +20,16 @@ from shared.config import CommonConfig, ConfigError
 from shared.heartbeat import live_replicas
 from shared.inspection import latest_worker_statuses, stream_views
 from shared.redis_link import RedisLink, RedisTarget
-from shared.streams import SERVICE_DETOK, SERVICE_ROUTER, SERVICE_TOKENIZER, SERVICE_WORKER, StreamNames
+from shared.streams import (
+    SERVICE_DETOK,
+    SERVICE_ROUTER,
+    SERVICE_TOKENIZER,
+    SERVICE_VISUAL,
+    SERVICE_WORKER,
+    StreamNames,
+)
 
-SERVICES = (SERVICE_TOKENIZER, SERVICE_ROUTER, SERVICE_WORKER, SERVICE_DETOK)
+SERVICES = (SERVICE_TOKENIZER, SERVICE_VISUAL, SERVICE_ROUTER, SERVICE_WORKER, SERVICE_DETOK)
 
 
 def snapshot(link: RedisLink, names: StreamNames) -> dict[str, Any]:

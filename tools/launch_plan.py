@@ -48,7 +48,8 @@ SERVING_OPTIONS = (
     ServingOption("--max-req-total-len", int, ("tokenizer", "worker"), "prompt + output tokens per request"),
     ServingOption("--mem-fraction", float, ("worker",), "share of GPU memory for weights and KV pool"),
     ServingOption("--dtype", str, ("worker",), "auto, float32, bfloat16 or float16"),
-    ServingOption("--kv-dtype", str, ("worker",), "auto or int8"),
+    ServingOption("--kv-dtype", str, ("worker",), "auto, int8 or fp8"),
+    ServingOption("--quantization", str, ("worker",), "none or fp8 (weights quantized at load)"),
     ServingOption("--cuda-graph-max-bs", int, ("worker",), "largest decode batch run as a CUDA graph"),
     ServingOption(
         "--cuda-graph-max-tokens", int, ("worker",), "largest step with prompt tokens in CUDA graphs (but attention)"

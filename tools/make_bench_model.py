@@ -23,27 +23,59 @@ if __package__ in (None, ""):
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
-from services.worker.models.random_weights import SHAPES
+from services.worker.models.bench_shapes import SHAPES
 
 NUM_SPECIAL = 256  # Llama 3 keeps its last 256 ids for special tokens
 
 
+def byte_chars() -> list[str]:
+    """The byte-level alphabet by byte value: printable Latin-1 bytes stand for themselves, the
+    others (controls, space, ...) for the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    out, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            out.append(chr(b))
+        else:
+            out.append(chr(256 + extra))
+            extra += 1
+    return out
+
+
 def synthetic_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
+    """Tokens that are mostly whole UTF-8 text, as a real vocabulary's are: the 256 bytes, the
+    two-byte characters of Latin, Greek and Cyrillic, then merges of printable pieces. (Random
+    merges of any bytes made 96% of the tokens partial UTF-8, which no real vocabulary has and
+    which makes a grammar engine check nearly every token at every step.)"""
     rng = random.Random(seed)
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {tok: i for i, tok in enumerate(alphabet)}
-    tokens = list(alphabet)
+    enc = byte_chars()
+    assert sorted(enc) == sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {tok: i for i, tok in enumerate(enc)}
+    tokens = list(enc)
     merges = []
-    target = vocab_size - NUM_SPECIAL
-    while len(tokens) < target:
-        # favour short parts, so tokens stay a few bytes long like a real vocabulary's
-        a = tokens[min(int(rng.expovariate(1 / 2000)), len(tokens) - 1)]
-        b = tokens[min(int(rng.expovariate(1 / 2000)), len(tokens) - 1)]
-        if a + b in vocab or len(a + b) > 16:
-            continue
+
+    def add(a: str, b: str) -> None:
         vocab[a + b] = len(tokens)
         tokens.append(a + b)
         merges.append((a, b))
+
+    def part(pool: list[str]) -> str:  # favour short parts, so tokens stay a few bytes long
+        return pool[min(int(rng.expovariate(1 / 2000)), len(pool) - 1)]
+
+    ascii_pieces = [enc[b] for b in range(32, 127)]  # space and printable ASCII, then their merges
+    wide = []  # non-ASCII characters, then their merges: one token in twenty
+    for cp in range(0xC0, 0x500):
+        lead, cont = chr(cp).encode()
+        add(enc[lead], enc[cont])
+        wide.append(enc[lead] + enc[cont])
+    target = vocab_size - NUM_SPECIAL
+    while len(tokens) < target:
+        pool = wide if rng.random() < 0.05 else ascii_pieces
+        a, b = part(pool), part(pool)
+        if a + b in vocab or len(a + b) > 16:
+            continue
+        add(a, b)
+        pool.append(a + b)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -68,7 +100,6 @@ def main(argv: list[str] | None = None) -> None:
     assert tok.get_vocab_size() == cfg["vocab_size"], tok.get_vocab_size()
     bos, eos = tok.token_to_id("<|begin_of_text|>"), tok.token_to_id("<|end_of_text|>")
     cfg.update(bos_token_id=bos, eos_token_id=eos)
-    cfg.setdefault("model_type", "llama")
     tok.save(os.path.join(args.out, "tokenizer.json"))
     files = {
         "config.json": cfg,

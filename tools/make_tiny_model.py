@@ -2,11 +2,13 @@
 byte-level BPE tokenizer trained here on tools/data/corpus.txt.
 
     python tools/make_tiny_model.py --out DIR [--seed N]
-        [--arch llama|qwen2|qwen3|phi3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3|qwen2_vl|qwen2_5_vl]
+        [--arch llama|qwen2|qwen3|phi3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3]
         [--hidden 64] [--layers 2 (gemma: 4)] [--heads 4] [--kv-heads 2] [--intermediate 128]
         [--experts 4] [--top-k 2] [--moe-intermediate 48] [--shared-intermediate 96]
         [--mlp-only-layers I ...] [--vocab 1000] [--max-positions 1024] [--dtype float32]
-        [--quant awq|gptq] [--group-size 128]
+        [--quant awq|gptq|fp8|fp8-tensor|fp8-block] [--group-size 128] [--block-size 128]
+        [--arch llava|llava_next [--image-size 32] [--patch-size 8] [--vision-hidden 32] [--vision-layers 3]]
+        [--arch qwen2_vl|qwen2_5_vl]
 
 qwen3's heads are twice hidden / heads wide (its config.json gives head_dim, which need not
 be hidden / heads), and each layer has its per-head q and k norms. phi3 stores q, k and v as
@@ -17,8 +19,7 @@ outrun it; Gemma's four norms a layer (weights near zero: they scale by 1 + w), 
 query_pre_attn_scalar unequal to head_dim, tied embeddings. gemma2 soft-caps its attention
 scores and its logits, with caps small enough to matter at these scales; gemma3 has its heads
 twice hidden / heads wide with q and k norms, a local rotary base for its sliding layers and
-linear rope scaling on its global ones. qwen2_vl and qwen2_5_vl: Qwen2 with M-RoPE and a vision
-tower, its tokens, chat template and processor files (tools/tiny_vision.py).
+linear rope scaling on its global ones.
 
 The mixtures of experts store each expert's projections as their checkpoints do: mixtral's
 block_sparse_moe.experts.{e}.w1/w2/w3 (each expert --moe-intermediate wide, which its config
@@ -27,13 +28,22 @@ down_proj, qwen2_moe with a shared expert and its gate and Qwen2's QKV bias, qwe
 Qwen3's wide heads and head norms and renormalised top-k weights (norm_topk_prob, as
 Qwen3-30B-A3B's config says). --mlp-only-layers makes those layers of a Qwen MoE dense.
 
+llava and llava_next are LLaVA-1.5 and LLaVA-NeXT over the llama arch: a CLIP vision tower and
+a two-layer projector (tools/tiny_vision.py), the image processor's files, and a chat template
+that writes an image content part as <image>, in llava-hf's checkpoint layout. qwen2_vl and
+qwen2_5_vl: Qwen2 with M-RoPE and a vision tower, its tokens, chat template and processor files
+(tools/tiny_qwen_vl.py).
+
 The output layer is scaled up so the next-token distribution is peaked: greedy choices
 then do not hinge on the order of floating-point sums, which lets tests compare token
 for token with Hugging Face transformers. The end-of-sequence row is scaled further so
 greedy generations end on EOS now and then. Same arguments, same bytes. --quant writes every
 layer's projections as 4-bit AWQ or GPTQ tensors quantized from the same draws
 (models/int4_formats.py), with config.json's quantization_config (hidden and intermediate
-sizes multiples of the group size; dense archs but phi3).
+sizes multiples of the group size; dense archs but phi3), or as FP8 e4m3 (models/fp8_formats.py,
+any arch, the routed experts too): fp8 is compressed-tensors per channel with dynamic per-token
+input scales, fp8-tensor compressed-tensors per tensor with static input scales, fp8-block
+Hugging Face's fine-grained FP8 with --block-size square blocks.
 """
 
 from __future__ import annotations
@@ -48,17 +58,10 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from services.worker.models import int4_formats
-from tools import tiny_vision
-
-CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
-
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from services.worker.models import fp8_formats, int4_formats
+from tools import tiny_qwen_vl, tiny_vision
+from tools.tiny_tokenizer import tokenizer_config, train_tokenizer
 
 LLAMA_TOKENS = {"specials": ["<s>", "</s>", "<|im_start|>", "<|im_end|>"], "bos": "<s>", "eos": "</s>"}
 QWEN_TOKENS = {"specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "bos": None, "eos": "<|endoftext|>"}
@@ -73,7 +76,11 @@ ARCHS = {
     "qwen3_moe": QWEN_TOKENS,
     "gemma2": LLAMA_TOKENS,
     "gemma3": LLAMA_TOKENS,
-} | dict.fromkeys(tiny_vision.VL_ARCHS, QWEN_TOKENS | {"specials": QWEN_TOKENS["specials"] + tiny_vision.SPECIALS})
+    # LLaVA over a Llama language model: the image placeholder is a special token of the vocabulary
+    "llava": {**LLAMA_TOKENS, "specials": [*LLAMA_TOKENS["specials"], tiny_vision.IMAGE_TOKEN]},
+    "llava_next": {**LLAMA_TOKENS, "specials": [*LLAMA_TOKENS["specials"], tiny_vision.IMAGE_TOKEN]},
+} | {a: {**QWEN_TOKENS, "specials": QWEN_TOKENS["specials"] + tiny_qwen_vl.SPECIALS} for a in tiny_qwen_vl.VL_ARCHS}
+VISION = ("llava", "llava_next")
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -84,43 +91,26 @@ ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
-} | tiny_vision.ARCHITECTURES
+} | tiny_qwen_vl.ARCHITECTURES
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
 GEMMA = ("gemma2", "gemma3")
-QKV_BIAS = ("qwen2", "qwen2_moe", *tiny_vision.VL_ARCHS)
+QKV_BIAS = ("qwen2", "qwen2_moe", *tiny_qwen_vl.VL_ARCHS)
 HEAD_NORMS = ("qwen3", "qwen3_moe")
 WIDE_HEADS = (*HEAD_NORMS, "gemma3")  # heads twice hidden / heads wide
 TIED = ("qwen2", "qwen3", *GEMMA)  # the output layer is the embedding, as in the small Qwen and every Gemma checkpoint
 ROPE_THETA = {"llama": 500000.0, "qwen2": 10000.0, "qwen3": 1000000.0, "phi3": 10000.0}
 ROPE_THETA |= {"mixtral": 1000000.0, "qwen2_moe": 1000000.0, "qwen3_moe": 1000000.0}
-ROPE_THETA |= {"gemma2": 10000.0, "gemma3": 1000000.0, "qwen2_vl": 1000000.0, "qwen2_5_vl": 1000000.0}
+ROPE_THETA |= {"gemma2": 10000.0, "gemma3": 1000000.0} | dict.fromkeys(tiny_qwen_vl.VL_ARCHS, 1000000.0)
 GEMMA_WINDOW = 8
+
+
+def text_arch(args: argparse.Namespace) -> str:
+    """The language model's architecture: a vision model's is Llama."""
+    return "llama" if args.arch in VISION else args.arch
 
 
 def head_dim(args: argparse.Namespace) -> int:
     return args.hidden // args.heads * (2 if args.arch in WIDE_HEADS else 1)
-
-
-def train_tokenizer(vocab_size: int, specials: list[str], bos: str | None) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    with open(CORPUS, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    tok.train_from_iterator(lines, trainer)
-    if bos is not None:
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
-        )
-    else:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    return tok
 
 
 def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[str, torch.Tensor]:
@@ -177,8 +167,8 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
         w["model.embed_tokens.weight"] = head
     else:
         w["lm_head.weight"] = head
-    if args.arch in tiny_vision.VL_ARCHS:
-        w |= tiny_vision.vision_weights(args, normal)
+    if args.arch in tiny_qwen_vl.VL_ARCHS:
+        w |= tiny_qwen_vl.vision_weights(args, normal)
     dtype = getattr(torch, args.dtype)
     return {k: v.to(dtype).contiguous() for k, v in w.items()}
 
@@ -228,9 +218,10 @@ def moe_fields(args: argparse.Namespace) -> dict:
 
 
 def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_id: int) -> dict:
+    arch = text_arch(args)
     cfg = {
-        "architectures": [ARCHITECTURES[args.arch]],
-        "model_type": "gemma3_text" if args.arch == "gemma3" else args.arch,  # gemma3: the multimodal one
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": "gemma3_text" if arch == "gemma3" else arch,  # gemma3: the multimodal one
         "vocab_size": vocab,
         "hidden_size": args.hidden,
         "intermediate_size": args.intermediate,
@@ -241,7 +232,7 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
         "hidden_act": "silu",
         "max_position_embeddings": args.max_positions,
         "rms_norm_eps": 1e-5 if args.arch in ("llama", "phi3", "mixtral") else 1e-6,
-        "rope_theta": ROPE_THETA[args.arch],
+        "rope_theta": ROPE_THETA[arch],
         "tie_word_embeddings": args.arch in TIED,
         "attention_bias": False,
         "bos_token_id": bos_id,
@@ -249,7 +240,7 @@ def model_config(args: argparse.Namespace, vocab: int, bos_id: int | None, eos_i
         "torch_dtype": args.dtype,
         "use_cache": True,
     }
-    if args.arch == "llama":
+    if arch == "llama":
         # Llama 3.1's scaling, shrunk to the tiny context, so that path is exercised too
         cfg["rope_scaling"] = {
             "rope_type": "llama3",
@@ -317,19 +308,6 @@ def gemma_fields(args: argparse.Namespace) -> dict:
     }
 
 
-def tokenizer_config(arch: dict, max_positions: int) -> dict:
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": arch["bos"],
-        "eos_token": arch["eos"],
-        "pad_token": arch["eos"],
-        "unk_token": None,
-        "model_max_length": max_positions,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": ("{{ bos_token }}" if arch["bos"] else "") + CHATML,
-    }
-
-
 def write(out: str, args: argparse.Namespace) -> None:
     arch = ARCHS[args.arch]
     tok = train_tokenizer(args.vocab, arch["specials"], arch["bos"])
@@ -342,13 +320,23 @@ def write(out: str, args: argparse.Namespace) -> None:
     files = {
         "config.json": model_config(args, vocab, bos_id, eos_id),
         "generation_config.json": {"bos_token_id": bos_id, "eos_token_id": [eos_id, end_of_turn]},
-        "tokenizer_config.json": tokenizer_config(arch, args.max_positions),
+        "tokenizer_config.json": tokenizer_config(arch, args.max_positions, args.arch in VISION),
         "special_tokens_map.json": {"bos_token": arch["bos"], "eos_token": arch["eos"], "pad_token": arch["eos"]},
     }
-    if args.arch in tiny_vision.VL_ARCHS:
-        tiny_vision.add_files(files, args, tok.get_vocab())
+    if args.arch in tiny_qwen_vl.VL_ARCHS:
+        tiny_qwen_vl.add_files(files, args, tok.get_vocab())
     weights = random_weights(args, vocab, eos_id)
-    if args.quant:
+    if args.arch in VISION:
+        image_id = tok.token_to_id(tiny_vision.IMAGE_TOKEN)
+        files["config.json"] = tiny_vision.llava_config(args, files["config.json"], image_id)
+        files |= tiny_vision.processor_files(args)
+        dtype = weights["model.norm.weight"].dtype
+        vision = {k: v.to(dtype) for k, v in tiny_vision.vision_weights(args, args.hidden).items()}
+        weights = tiny_vision.llava_layout(weights) | vision
+    if args.quant in fp8_formats.KINDS:
+        weights = fp8_formats.quantize_checkpoint(weights, args.quant, args.block_size)
+        files["config.json"]["quantization_config"] = fp8_formats.quantization_config(args.quant, args.block_size)
+    elif args.quant:
         weights = int4_formats.quantize_checkpoint(weights, args.quant, args.group_size)
         files["config.json"]["quantization_config"] = int4_formats.quantization_config(args.quant, args.group_size)
     for name, content in files.items():
@@ -377,10 +365,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     ap.add_argument("--logit-scale", type=float, default=4.0, help="standard deviation of the logits")
     ap.add_argument("--eos-boost", type=float, default=1.8, help="extra scale of the EOS row of the output layer")
-    ap.add_argument(
-        "--quant", choices=["awq", "gptq"], default=None, help="4-bit projections, as AWQ or GPTQ store them"
-    )
-    ap.add_argument("--group-size", type=int, default=128, help="--quant's group size")
+    ap.add_argument("--quant", choices=["awq", "gptq", *fp8_formats.KINDS], help="quantized projections (docstring)")
+    ap.add_argument("--group-size", type=int, default=128, help="awq and gptq's group size")
+    ap.add_argument("--block-size", type=int, default=128, help="fp8-block's block: rows and columns")
+    tiny_vision.add_args(ap)
     return ap
 
 
@@ -390,8 +378,10 @@ def main(argv: list[str] | None = None) -> None:
         args.layers = 4 if args.arch in GEMMA else 2
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise SystemExit("--hidden must divide by --heads, and --heads by --kv-heads")
-    if args.quant and (args.arch in MOE or args.arch == "phi3"):
-        raise SystemExit("--quant: dense archs but phi3 only")
+    if args.quant in ("awq", "gptq") and (args.arch in MOE or args.arch == "phi3"):
+        raise SystemExit("--quant awq, gptq: dense archs but phi3 only")
+    if args.quant and args.arch in (*VISION, *tiny_qwen_vl.VL_ARCHS):
+        raise SystemExit("--quant: not for the vision-language archs")
     write(args.out, args)
     print(args.out)
 

@@ -4,7 +4,8 @@ Each host is a namespace with its loopback and one interface, ``eth0``, at 10.<n
 whose peer sits on a bridge in a switch namespace of its own; nothing is added to the
 machine's own network. ``cut`` and ``restore`` take a host's link down and up. ``argv``
 prefixes a command so that it runs on a host (``ip netns exec``, which execs: the process
-keeps its pid). Needs root and iproute2.
+keeps its pid); ``run`` runs a function on a host from this process (tools/netns_thread.py),
+so a test can be a client there. Needs root and iproute2.
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ import os
 import random
 import shutil
 import subprocess
+from collections.abc import Callable
+from typing import TypeVar
+
+from tools.netns_thread import HostThread
+
+T = TypeVar("T")
 
 
 def available() -> bool:
@@ -38,6 +45,7 @@ class Hosts:
         self.ns = {name: f"ls{tag}{name}" for name in names}
         self.address = {name: f"10.{self.net}.0.{k + 1}" for k, name in enumerate(names)}
         self._ports = {name: f"ls{tag}p{k}" for k, name in enumerate(names)}
+        self._threads: dict[str, HostThread] = {}
 
     def start(self) -> Hosts:
         _ip("netns", "add", self.switch)
@@ -56,6 +64,13 @@ class Hosts:
     def argv(self, host: str, command: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.ns[host], *command]
 
+    def run(self, host: str, fn: Callable[..., T], *args: object) -> T:
+        """fn(*args) on a thread whose network is the host's: its sockets, and the processes it
+        starts, are on that host. Each host has one such thread, so calls to a host run in turn."""
+        if host not in self._threads:
+            self._threads[host] = HostThread(f"/run/netns/{self.ns[host]}")
+        return self._threads[host].run(fn, *args)
+
     def cut(self, host: str) -> None:
         _ip("-n", self.switch, "link", "set", self._ports[host], "down")
 
@@ -63,11 +78,17 @@ class Hosts:
         _ip("-n", self.switch, "link", "set", self._ports[host], "up")
 
     def stop(self) -> None:
+        for thread in self._threads.values():
+            thread.close()
         for ns in [*self.ns.values(), self.switch]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
     def __enter__(self) -> Hosts:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()  # a half-made set of namespaces is removed too
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -31,7 +31,7 @@ from torch.profiler import ProfilerActivity, profile
 from services.worker.batch_builder import build_batch
 from services.worker.build import build_engine
 from services.worker.forward_batch import ForwardBatch
-from services.worker.models.random_weights import SHAPES
+from services.worker.models.bench_shapes import SHAPES
 from services.worker.models.registry import random_weights
 from services.worker.request import Req
 from services.worker.scheduler import StepPlan

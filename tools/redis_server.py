@@ -52,12 +52,23 @@ def _ephemeral_low() -> int:
 
 class RedisServer:
     def __init__(
-        self, port: int | None = None, binary: str = "redis-server", appendonly: bool = False, replicaof: int = 0
+        self,
+        port: int | None = None,
+        binary: str = "redis-server",
+        appendonly: bool = False,
+        replicaof: int = 0,
+        maxmemory: str = "",
+        bind: str = "127.0.0.1",
     ) -> None:
-        """``replicaof``: the port of a local master this server replicates (tools/redis_sentinel.py)."""
+        """``replicaof``: the port of a local master this server replicates (tools/redis_sentinel.py);
+        ``maxmemory``: Redis's bound ("1gb"), with writes refused past it (noeviction: evicting a
+        stream would lose requests silently); none: no bound. ``bind``: the address it listens on,
+        and its URL's (another host's services need this host's address: tests/integration/test_hosts.py)."""
         self.port = port or free_port()
+        self.bind = bind
         self.binary = shutil.which(binary) or binary
         self.replicaof = replicaof
+        self.maxmemory = maxmemory
         self.dir = tempfile.mkdtemp(prefix="lightstream-redis-")
         # append-only, fsync every second, as compose runs it: a restart keeps the streams
         self.appendonly = appendonly
@@ -65,7 +76,7 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.bind}:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         args = [
@@ -73,7 +84,7 @@ class RedisServer:
             "--port",
             str(self.port),
             "--bind",
-            "127.0.0.1",
+            self.bind,
             "--save",
             "",
             "--appendonly",
@@ -85,8 +96,10 @@ class RedisServer:
         ]
         if self.replicaof:
             args += ["--replicaof", "127.0.0.1", str(self.replicaof)]
+        if self.maxmemory:
+            args += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        probe = client(f"redis://127.0.0.1:{self.port}", socket_connect_timeout=0.5)  # this loop retries
+        probe = client(self.url, socket_connect_timeout=0.5)  # this loop retries
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             try:

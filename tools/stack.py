@@ -1,5 +1,6 @@
 """Run LightStream's services as local processes: redis-server (optional), detokenizer,
-router, worker group(s) and front end. Used by ``lightstream serve`` and the tests."""
+router, worker group(s), visual replicas (a vision-language model's) and front end. Used by
+``lightstream serve`` and the tests."""
 
 from __future__ import annotations
 
@@ -42,10 +43,24 @@ class StackOptions:
     router_args: list[str] = field(default_factory=list)
     worker_args: list[str] = field(default_factory=list)
     detokenizer_args: list[str] = field(default_factory=list)
+    visual_args: list[str] = field(default_factory=list)
+    visuals: int = 1  # visual replicas, when the model has a vision tower (shared/vision_config.py)
     env: dict[str, str] = field(default_factory=dict)
     # > 0: worker group g sees only GPUs g * n .. g * n + n - 1 (CUDA_VISIBLE_DEVICES), so that
     # data-parallel groups each have GPUs of their own; 0: every group sees every GPU
     gpus_per_worker: int = 0
+    # service name (router, worker-0, ...) -> what its command runs under, as another host's
+    # `ip netns exec NS` (tools/netns_hosts.py); the command is exec'd, so the pid is the service's
+    prefixes: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _visuals(opts: StackOptions) -> int:
+    """A text model has no visual replica."""
+    if opts.visuals == 0 or not os.path.exists(os.path.join(opts.model_dir, "config.json")):
+        return 0
+    from shared.model_config import ModelConfig
+
+    return opts.visuals if ModelConfig.from_dir(opts.model_dir).vision is not None else 0
 
 
 class Stack:
@@ -60,6 +75,12 @@ class Stack:
                 [*common, "--model-dir", opts.model_dir, "--replica", f"detok-{k}", *opts.detokenizer_args],
             )
         self._add("router", "services.router", [*common, "--replica", "router-0", *opts.router_args])
+        for v in range(_visuals(opts)):
+            self._add(
+                f"visual-{v}",
+                "services.visual",
+                [*common, "--model-dir", opts.model_dir, "--replica", f"visual-{v}", *opts.visual_args],
+            )
         for g in range(opts.workers):
             self._add(
                 f"worker-{g}",
@@ -121,7 +142,7 @@ class Stack:
             os.makedirs(self.opts.log_dir, exist_ok=True)
             out = open(os.path.join(self.opts.log_dir, f"{name}.log"), "ab")  # noqa: SIM115 (lives with the process)
         svc.proc = subprocess.Popen(
-            [sys.executable, "-m", svc.module, *svc.args],
+            [*self.opts.prefixes.get(name, []), sys.executable, "-m", svc.module, *svc.args],
             cwd=ROOT,
             env=env,
             stdout=out,

@@ -26,7 +26,9 @@ def main() -> None:
     # the heartbeat carries the queue figures, so front ends can refuse at once when it is full
     names = StreamNames(cfg.namespace)
     beat = HeartbeatPublisher(link, names, SERVICE_ROUTER, cfg.replica, info=lambda: service.figures.info())
-    run_beating("router", beat, service.run)
+    # on SIGTERM the step in hand is finished; the queue stays pending in the router's stream,
+    # and a successor claims it at once (the lease given up)
+    run_beating("router", beat, service.run, service.reader.release)
 
 
 if __name__ == "__main__":

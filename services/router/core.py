@@ -8,8 +8,8 @@ actions it returns.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
+from services.router.actions import Actions, RouterStats
 from services.router.group import GroupState
 from services.router.metrics import GroupFigures, RouterFigures
 from services.router.routing import Routing
@@ -22,8 +22,8 @@ from shared.messages import (
     ERR_TOO_LARGE,
     FINISH_ABORT,
     FINISH_ERROR,
+    AdmitReqs,
     GenerateReq,
-    TokenItem,
     WorkerStatus,
 )
 
@@ -34,40 +34,6 @@ EXPIRY_SCAN_EVERY_S = 0.1  # the queue is scanned for missed deadlines at most t
 MAX_HANDOVERS = 3
 
 
-@dataclass
-class Actions:
-    admits: dict[tuple[str, str], list[GenerateReq]] = field(default_factory=dict)  # (group, instance) -> reqs
-    admit_seqs: dict[tuple[str, str], int] = field(default_factory=dict)
-    aborts: dict[str, list[str]] = field(default_factory=dict)  # group -> rids
-    ended: dict[str, list[TokenItem]] = field(default_factory=dict)  # detok shard -> final items
-    released: list[str] = field(default_factory=list)  # rids that left the waiting queue
-    # requests of a dead group, each to its detokenizer shard, which sends it back to go on: (req, why)
-    handovers: list[tuple[GenerateReq, str]] = field(default_factory=list)
-
-    def end(self, detok: str, rid: str, prompt_tokens: int, reason: str, error: str = "", kind: str = "") -> None:
-        item = TokenItem(
-            rid=rid, token_ids=[], finish_reason=reason, error=error, error_kind=kind, prompt_tokens=prompt_tokens
-        )
-        self.ended.setdefault(detok, []).append(item)
-
-    def abort(self, group: str, rid: str) -> None:
-        self.aborts.setdefault(group, []).append(rid)
-
-    @property
-    def empty(self) -> bool:
-        return not (self.admits or self.aborts or self.ended or self.released or self.handovers)
-
-
-@dataclass
-class RouterStats:
-    admitted: dict[str, int] = field(default_factory=dict)  # group -> requests placed there
-    routed: dict[tuple[str, bool], int] = field(default_factory=dict)  # (group, prefix hit) -> requests placed
-    rejected: dict[str, int] = field(default_factory=dict)  # error kind -> requests
-    requeued: int = 0
-    failed: int = 0
-    aborted: int = 0
-
-
 class RouterCore:
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
@@ -75,6 +41,9 @@ class RouterCore:
         self.groups: dict[str, GroupState] = {}
         self.where: dict[str, str] = {}  # rid -> the group it runs on
         self.fenced: dict[str, str] = {}  # group -> the instance declared dead (it may only have been silent)
+        # (group, rid): requests learnt from a status (placed by a predecessor) whose copies have not
+        # been looked for (shared/request_copies.py)
+        self.uncopied: set[tuple[str, str]] = set()
         self.recent_aborts = RecentAborts()
         self.stats = RouterStats()
         self.routing = Routing(cfg)
@@ -153,7 +122,12 @@ class RouterCore:
         # status after a restart)
         self.recent_aborts.add(rid, now)
 
-    def on_status(self, st: WorkerStatus, now: float, act: Actions) -> None:
+    def first_heard(self, st: WorkerStatus) -> bool:
+        """A status from a group this router has never heard of (it restarted since, or the group
+        is new): the copies of what routers before it placed there are wanted (on_status's placed)."""
+        return st.group not in self.groups and st.group not in self.fenced
+
+    def on_status(self, st: WorkerStatus, now: float, act: Actions, placed: dict[str, AdmitReqs] | None = None) -> None:
         self._dirty = True
         g = self.groups.get(st.group)
         if g is not None and g.instance != st.instance:
@@ -161,9 +135,10 @@ class RouterCore:
             self._lose_group(g, "its worker restarted", act)
             g = None
         if g is None:
-            g = self._join(st, now, act)
+            g = self._join(st, now, act, placed or {})
         else:
             gone, learnt = g.apply(st, now)
+            act.forgotten += [(g.name, rid) for rid in gone]
             for rid in gone:
                 if self.where.get(rid) == g.name:
                     del self.where[rid]
@@ -173,6 +148,10 @@ class RouterCore:
                 self.recent_aborts.discard(rid)
                 act.abort(g.name, rid)
                 self.stats.aborted += 1
+        if st.leaving:  # a drain that ended: what it still lists goes on elsewhere
+            log.warning("worker group %s left with %d requests held", g.name, len(st.running))
+            self._lose_group(g, f"worker group {g.name} shut down", act)
+            self.fenced[g.name] = g.instance  # should it send again, what it holds is stopped there
 
     # ---------------------------------------------------------------- the clock
 
@@ -251,12 +230,13 @@ class RouterCore:
         for name, _instance in act.admits:
             self.groups[name].next_seq += 1
 
-    def _join(self, st: WorkerStatus, now: float, act: Actions) -> GroupState:
+    def _join(self, st: WorkerStatus, now: float, act: Actions, placed: dict[str, AdmitReqs]) -> GroupState:
         g = GroupState.from_status(st, now)
         self.groups[g.name] = g
         fenced = self.fenced.pop(g.name, None) == st.instance
         if fenced:
             log.warning("worker group %s is back after being declared dead", g.name)
+        self._take_placed(g, st, placed, act)
         self._adopt(g, list(g.placed), act, fenced)
         log.info("worker group %s joined: %d KV tokens, %d requests held", g.name, g.capacity, len(g.placed))
         return g
@@ -277,19 +257,54 @@ class RouterCore:
                 act.released.append(rid)
                 self._dirty = True
             self.where[rid] = g.name
+            if g.placed[rid].req is None:
+                self.uncopied.add((g.name, rid))
+
+    def _take_placed(self, g: GroupState, st: WorkerStatus, placed: dict[str, AdmitReqs], act: Actions) -> None:
+        """The copies kept of what was placed on a group this router first hears of: a request
+        the group lists gets its copy; one placed on an earlier instance (gone unseen: the group
+        restarted while no router ran) is handed over; one admitted to this instance and not
+        taken in yet is placed there as if by this router; the rest ended."""
+        lost = 0
+        for rid, admit in placed.items():
+            req = admit.reqs[0]
+            p = g.placed.get(rid)
+            if p is not None:
+                p.req = p.req or req
+            elif admit.instance == st.instance and admit.seq > st.admit_seq:
+                g.place(req, 0)
+                g.placed[rid].seq = admit.seq
+            else:
+                act.forgotten.append((g.name, rid))
+                if admit.instance != st.instance and rid not in self.where and rid not in self.waiting:
+                    act.handovers.append((req, f"worker group {g.name} restarted"))
+                    lost += 1
+        self.stats.requeued += lost
+        if lost:
+            log.warning("handing over %d requests of an earlier instance of group %s", lost, g.name)
+
+    def take_copies(self, copies: dict[str, GenerateReq]) -> None:
+        """The copies found of requests learnt from statuses (shared/request_copies.py): with
+        one, a request can be handed over should its group die."""
+        for rid, req in copies.items():
+            g = self.groups.get(self.where.get(rid, ""))
+            p = g.placed.get(rid) if g is not None else None
+            if p is not None and p.req is None:
+                p.req = req
 
     def _lose_group(self, g: GroupState, why: str, act: Actions) -> None:
         """A group died. Its status lists a request until the request's last item has gone out, so
         every request it still held is unfinished: each goes to its detokenizer shard, which
         sends it back with the output its client has had, to go on elsewhere (_go_on). One
-        learnt from a status only (this router restarted since it was placed) has no copy here:
-        it ends with an error."""
+        learnt from a status only (this router restarted since it was placed) whose copy was
+        not found in Redis ends with an error."""
         del self.groups[g.name]
         handed = 0
         for rid, p in g.placed.items():
             if self.where.get(rid) != g.name:
                 continue  # it runs elsewhere (see _adopt)
             del self.where[rid]
+            act.forgotten.append((g.name, rid))
             if p.aborted:
                 act.end(p.detok, rid, p.prompt_tokens, FINISH_ABORT)
             elif p.req is not None:

@@ -75,6 +75,7 @@ class GroupState:
     cache_locked_tokens: int = 0  # the cache's tokens running requests hold, by the last status
     # this instance keeps a prompt cache, by its statuses: the index means something
     cache_seen: bool = False
+    draining: bool = False  # shutting down, by its statuses: nothing more is placed here
     index: PrefixIndex = field(default_factory=lambda: PrefixIndex(0))
 
     @classmethod
@@ -93,6 +94,7 @@ class GroupState:
         self.evictable_tokens = st.evictable_tokens
         self.cache_locked_tokens = st.cache_locked_tokens
         self.cache_seen = st.prompt_cache
+        self.draining = st.draining
         self.acked_seq = max(self.acked_seq, st.admit_seq)
         self.index.resize(st.capacity_tokens)
         t = st.running
@@ -207,7 +209,9 @@ class GroupState:
 
     def can_take(self, req: GenerateReq, look: PrefixLookup, cfg: RouterConfig) -> bool:
         """Under its request limit and prefill budget, and with a pool that holds req to the end
-        by LightLLM's peak estimate."""
+        by LightLLM's peak estimate. A draining group takes nothing."""
+        if self.draining:
+            return False
         # requests beyond what the group runs at once would only wait there, where no other group can take them
         if len(self.placed) >= min(cfg.running_max_req_size, self.max_running):
             return False

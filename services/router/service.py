@@ -6,7 +6,9 @@ rejection), so a router that dies loses nothing: its successor claims the pendin
 entries and rebuilds its view of the worker groups from their next statuses. A request
 of a lost group (its entry acknowledged long ago) goes to its detokenizer shard as a
 Handover, and comes back on the router's stream as a new entry, held until it is admitted
-again: at every moment one stream holds it.
+again: at every moment one stream holds it. A copy of each request placed is kept in Redis
+while it runs (shared/request_copies.py), so a router that restarts can hand over the requests
+its predecessor placed as well, those of a group instance that died unseen included.
 
 While Redis is unreachable the read waits (RedisLink retries), and no status can arrive:
 the time it was away is not counted towards any group's death (RouterCore.excuse_silence).
@@ -18,13 +20,15 @@ import logging
 import time
 import uuid
 
-from services.router.core import Actions, RouterCore
+from services.router.actions import Actions
+from services.router.core import RouterCore
 from services.router.metrics import RouterFigures
 from shared.busy_poll import BusyPoll
 from shared.config import RouterConfig
 from shared.messages import AbortReq, AbortReqs, AdmitReqs, GenerateReq, Handover, TokenBatch, WorkerStatus
 from shared.redis_link import RedisLink
 from shared.redis_streams import Entry, StreamReader, StreamWriter
+from shared.request_copies import RequestCopies
 from shared.streams import GROUP_ROUTER, StreamNames
 
 log = logging.getLogger(__name__)
@@ -48,6 +52,7 @@ class RouterService:
         consumer = f"{cfg.replica}-{uuid.uuid4().hex[:8]}"
         self.reader = StreamReader(link, self.names.router, GROUP_ROUTER, consumer=consumer)
         self.writer = StreamWriter(link, cfg.stream_maxlen)
+        self.copies = RequestCopies(link, self.names)
         self.queued: dict[str, Entry] = {}  # rid -> its GenerateReq entry, unacknowledged while queued
         self.figures = RouterFigures(max_waiting=cfg.max_waiting)  # the latest snapshot, read by other threads
         self._next_log = 0.0
@@ -76,7 +81,8 @@ class RouterService:
                 self.core.on_abort(msg.rid, now, act)
                 done.append(entry)
             elif isinstance(msg, WorkerStatus):
-                self.core.on_status(msg, now, act)
+                placed = self.copies.of_group(msg.group) if self.core.first_heard(msg) else None
+                self.core.on_status(msg, now, act, placed)
                 done.append(entry)
             else:
                 log.error("unexpected %s on the router stream", type(msg).__name__)
@@ -85,6 +91,10 @@ class RouterService:
             log.warning("redis was unreachable: the worker groups' death clocks start again")
             self._excused = self.link.recovered_at
             self.core.excuse_silence(self._excused)
+        if self.core.uncopied:  # learnt from later statuses (placed by a predecessor): their copies
+            wanted, self.core.uncopied = self.core.uncopied, set()
+            for group in {g for g, _ in wanted}:
+                self.core.take_copies(self.copies.get(group, [rid for g, rid in wanted if g == group]))
         self.core.tick(now, now_unix, act)
         self._publish(act, done)
         self.figures = self.core.figures(now_unix)
@@ -100,7 +110,8 @@ class RouterService:
             out.append((self.names.detok(detok), TokenBatch("router", items)))
         out += [(self.names.detok(req.detok), Handover(req, why)) for req, why in act.handovers]
         acks = done + [e for rid in act.released if (e := self.queued.pop(rid, None)) is not None]
-        self.writer.send_many(out, acks=acks)
+        copies = self.copies.puts(act.admits, act.admit_seqs)
+        self.writer.send_many(out, acks=acks, put=copies, drop=self.copies.drops(act.forgotten))
         self.core.seal_admissions(act)
 
     def _log_figures(self, now: float) -> None:

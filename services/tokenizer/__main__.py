@@ -13,6 +13,7 @@ from services.tokenizer.app import create_app
 from services.tokenizer.drain import CLOSE_S, Drain, DrainingServer
 from services.tokenizer.generation import FrontContext
 from services.tokenizer.header_deadline import http_protocol
+from services.tokenizer.images.front import ImageFront
 from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.pipeline import Pipeline
 from services.tokenizer.tokenization import Tokenization, load_chat_template
@@ -50,15 +51,17 @@ def main() -> None:
         BusyPoll.for_host(cfg.busy_poll_ms, by="the event loop"),  # its reads are the loop's own (redis.asyncio)
         cfg.router_dead_after_s,
     )
+    tok = Tokenization(cfg.tokenizer or cfg.model_dir, cfg.tokenizer_threads, template)
     ctx = FrontContext(
         cfg=cfg,
         pipeline=pipeline,
-        tok=Tokenization(cfg.tokenizer or cfg.model_dir, cfg.tokenizer_threads, template),
+        tok=tok,
         max_total_len=max_total_len,
         model_name=cfg.served_model_name(),
         vocab_size=model.vocab_size,
         metrics=FrontMetrics(cfg.served_model_name()),
         started=time.time(),
+        images=ImageFront(cfg, model.vision, tok.token_text(model.vision.image_token_id) if model.vision else ""),
     )
     beat = HeartbeatPublisher(
         link, names, SERVICE_TOKENIZER, cfg.replica, info=lambda: {"in_flight": len(pipeline.pending)}

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 from services.tokenizer.errors import APIError
+from services.tokenizer.images.front import ImageFront, PromptImages
 from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.pipeline import PendingRequest, Pipeline, Unavailable
 from services.tokenizer.tokenization import Tokenization
@@ -37,6 +38,7 @@ class FrontContext:
     vocab_size: int  # token ids a client may send are below this
     metrics: FrontMetrics
     started: float  # unix time the front end started, for /v1/models' "created"
+    images: ImageFront  # requests' images: refused for a text-only model
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Job:
     params: SamplingParams
     stops: list[str]
     skip_special_tokens: bool
+    images: PromptImages | None = None  # the prompt's images (their positions are in prompt_ids)
 
 
 @dataclass
@@ -95,7 +98,7 @@ async def submit_all(
     submitted = time.monotonic()
     queue: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()  # every generation's items, tagged
     submits = [
-        ctx.pipeline.submit(rid, j.prompt_ids, j.params, j.stops, j.skip_special_tokens, deadline, queue, i)
+        ctx.pipeline.submit(rid, j.prompt_ids, j.params, j.stops, j.skip_special_tokens, deadline, queue, i, j.images)
         for i, (rid, j) in enumerate(zip(rids, jobs, strict=True))
     ]
     if len(submits) == 1:  # no task for a lone generation: it leaves in this turn of the loop
@@ -133,10 +136,11 @@ def _check_limits(ctx: FrontContext, job: Job, max_tokens_name: str, prompt_name
         raise APIError(400, f"{prompt_name}: the prompt is empty: it has no tokens", param=prompt_name)
     total = len(job.prompt_ids) + job.params.max_new_tokens
     if total > ctx.max_total_len:
+        of_images = f" ({job.images.tokens} of them its images')" if job.images is not None else ""
         raise APIError(
             400,
-            f"the prompt has {len(job.prompt_ids)} tokens and {max_tokens_name} is {job.params.max_new_tokens}: "
-            f"{total} tokens exceed the model's limit of {ctx.max_total_len}",
+            f"the prompt has {len(job.prompt_ids)} tokens{of_images} and {max_tokens_name} is "
+            f"{job.params.max_new_tokens}: {total} tokens exceed the model's limit of {ctx.max_total_len}",
             "context_length_exceeded",
             param=max_tokens_name,
         )

@@ -23,6 +23,7 @@ import zlib
 from dataclasses import dataclass
 
 from services.tokenizer.errors import APIError
+from services.tokenizer.images.front import PromptImages
 from services.tokenizer.watchdog import Liveness, Watchdog
 from shared.busy_poll import BusyPoll
 from shared.messages import (
@@ -36,6 +37,7 @@ from shared.messages import (
     SamplingParams,
     TextBatch,
     TextItem,
+    VisualReq,
 )
 from shared.redis_link import TRANSIENT, NotAtOnce, RedisLink, RedisUnreachable, Stopping
 from shared.redis_streams import Entry, StreamReader, StreamWriter
@@ -57,12 +59,12 @@ class Unavailable(Exception):
 class PendingRequest:
     rid: str
     detok: str
-    detok_started: float  # the shard's start time, to notice a restart
     prompt_tokens: int
     queue: asyncio.Queue[tuple[int, TextItem]]  # shared by the generations of one HTTP request
     index: int  # this generation's index among its request's, the tag of its items in the queue
     finished: bool = False
     answered: bool = False  # an item has come: the request is past the router
+    images: bool = False  # it went to the visual service first
 
 
 class Pipeline:
@@ -126,20 +128,27 @@ class Pipeline:
         deadline: float,
         queue: asyncio.Queue[tuple[int, TextItem]],
         index: int,
+        images: PromptImages | None = None,
     ) -> PendingRequest:
+        """A request with images goes to the visual service, which passes it on to the router
+        once their embeddings are in Redis; one without goes to the router."""
         if not self.live.redis:
             raise Unavailable("redis is unreachable")
         if not self.live.workers:
             raise Unavailable("no worker is alive")
         if not self.live.routers:
             raise Unavailable("the router is not alive")
+        if images is not None and not self.live.visuals:
+            raise Unavailable("no visual replica is alive (the model's images are encoded there)")
         self._refuse_early(len(input_ids) + params.max_new_tokens)
         shard = self._pick_detok(rid)
-        pending = PendingRequest(rid, shard.replica, shard.started, len(input_ids), queue, index)
+        pending = PendingRequest(rid, shard.replica, len(input_ids), queue, index, images=bool(images))
         self.pending[rid] = pending
         register = DetokRegister(rid, self.front_id, len(input_ids), stop, skip_special_tokens, deadline)
-        gen = GenerateReq(rid, self.front_id, shard.replica, input_ids, params, time.time(), deadline)
-        items = [(self.names.detok(shard.replica), register), (self.names.router, gen)]
+        refs = images.refs if images is not None else []
+        gen = GenerateReq(rid, self.front_id, shard.replica, input_ids, params, time.time(), deadline, images=refs)
+        to = (self.names.router, gen) if images is None else (self.names.visual, VisualReq(gen, images.data))
+        items = [(self.names.detok(shard.replica), register), to]
         try:
             if not self._sent_at_once(items):
                 await asyncio.get_running_loop().run_in_executor(self._io, self._send_or_give_up, items)
@@ -212,7 +221,9 @@ class Pipeline:
                 raise Unavailable(f"overloaded: {int(waiting)} requests are waiting")
 
     def _pick_detok(self, rid: str) -> Heartbeat:
-        shards = sorted(self.live.detoks)
+        """A live shard by the request id's hash; one draining (shutting down) only when all are."""
+        serving = [name for name, hb in self.live.detoks.items() if not hb.info.get("draining")]
+        shards = sorted(serving or self.live.detoks)
         if not shards:
             raise Unavailable("no detokenizer is alive")
         return self.live.detoks[shards[zlib.crc32(rid.encode()) % len(shards)]]

@@ -4,8 +4,11 @@ Every check the heartbeats are read once, on a connection with a short timeout a
 so the read also says whether Redis itself answers:
 - Redis unreachable: new requests are refused at once (503) and /health answers 503; once it
   has been away for dead_after_s, every request in flight ends with an error naming Redis.
-- No worker group alive: every request in flight ends at once; a request's detokenizer shard
-  dead or restarted (its state lost): that request ends.
+- No worker group alive: every request in flight ends at once. A request's detokenizer shard
+  gone: another shard (or the same one restarted) takes its stream over and beats in its name
+  (services/detokenizer/adoption.py); with none doing so within DETOK_TAKEOVER_S, it ends.
+- No visual replica alive: requests with images that have had no answer yet end (they wait in
+  the visual stream, or are on their way to the router); one restarted sooner claims them.
 - No router heartbeat for router_dead_after_s: requests that have had no answer yet (queued
   in the router's stream, or on their way there) end with an error. A router restarted sooner
   takes the queue over (it claims its predecessor's unacknowledged entries), so until then
@@ -25,11 +28,17 @@ from typing import Protocol, TypeVar
 from shared.heartbeat import live_replicas
 from shared.messages import Heartbeat
 from shared.redis_link import TRANSIENT, RedisLink
-from shared.streams import SERVICE_DETOK, SERVICE_ROUTER, SERVICE_WORKER, StreamNames
+from shared.streams import SERVICE_DETOK, SERVICE_ROUTER, SERVICE_VISUAL, SERVICE_WORKER, StreamNames
 
 log = logging.getLogger(__name__)
 
 Beats = dict[str, Heartbeat]  # replica name -> its latest heartbeat
+
+# a shard's death is seen within dead_after_s (3 s) of its last beat; its stream's owner key
+# lapses 5 s after it (shared/stream_owner.py), another shard looks for such streams every second
+# and beats for the one it takes, which front ends read every second: about 4 s after the death
+# is seen; 8 s (the router's grace too) leaves a loaded machine, or a restart, a margin
+DETOK_TAKEOVER_S = 8.0
 
 
 @dataclass
@@ -37,6 +46,7 @@ class Liveness:
     workers: Beats = field(default_factory=dict)
     detoks: Beats = field(default_factory=dict)
     routers: Beats = field(default_factory=dict)
+    visuals: Beats = field(default_factory=dict)  # a vision-language model's visual replicas
     redis: bool = True  # the last check reached Redis
 
     @property
@@ -48,8 +58,8 @@ class InFlight(Protocol):
     """What the watchdog reads of a request in flight (pipeline.PendingRequest)."""
 
     detok: str
-    detok_started: float
     answered: bool
+    images: bool
 
 
 Req = TypeVar("Req", bound=InFlight)
@@ -65,11 +75,13 @@ class Watchdog:
         self.redis_down_since: float | None = None  # unix time of the first of the checks that failed in a row
         self._back_at = float("-inf")  # when Redis answered again after it was away
         self._routers: Beats = {}  # kept past their keys' expiry: the router's wait is longer
+        self._detoks_gone: dict[str, float] = {}  # shard -> when its requests were first seen unserved
 
     def refresh(self, now: float) -> bool:
         """Read the heartbeats; -> whether Redis answered again after it was away."""
         try:
-            beats = {s: live_replicas(self.link, self.names, s, once=True) for s in (SERVICE_WORKER, SERVICE_DETOK)}
+            services = (SERVICE_WORKER, SERVICE_DETOK, SERVICE_VISUAL)
+            beats = {s: live_replicas(self.link, self.names, s, once=True) for s in services}
             routers = live_replicas(self.link, self.names, SERVICE_ROUTER, once=True)
         except TRANSIENT as e:
             if self.redis_down_since is None:
@@ -89,7 +101,9 @@ class Watchdog:
             workers=_fresh(beats[SERVICE_WORKER], before.workers, self.dead_after_s, now, grace),
             detoks=_fresh(beats[SERVICE_DETOK], before.detoks, self.dead_after_s, now, grace),
             routers=_fresh(self._routers, before.routers, self.router_dead_after_s, now, grace),
+            visuals=_fresh(beats[SERVICE_VISUAL], before.visuals, self.dead_after_s, now, grace),
         )
+        self._detoks_gone = {k: t for k, t in self._detoks_gone.items() if k not in self.live.detoks}
         return back
 
     def redis_lost(self, now: float) -> bool:
@@ -110,8 +124,10 @@ class Watchdog:
             shard = live.detoks.get(p.detok)
             if not live.workers:
                 out.append((p, "no worker is alive"))
-            elif shard is None or shard.started != p.detok_started:
-                out.append((p, f"detokenizer {p.detok} died"))
+            elif shard is None and now - self._detoks_gone.setdefault(p.detok, now) > DETOK_TAKEOVER_S:
+                out.append((p, f"detokenizer {p.detok} died and no other shard took its requests over"))
+            elif p.images and not p.answered and not live.visuals:
+                out.append((p, "no visual replica is alive to encode the request's images"))
             elif not live.routers and not p.answered:
                 out.append((p, f"the router is not alive (no heartbeat for {self.router_dead_after_s:g}s)"))
         return out

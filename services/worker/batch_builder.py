@@ -45,9 +45,11 @@ class _Packed:
     dec_rows: list[int] = field(default_factory=list)
     dec_lens: list[int] = field(default_factory=list)
     sample_index: list[int] = field(default_factory=list)
-    rope: tuple[list[int], list[int], list[int]] = field(default_factory=lambda: ([], [], []))  # M-RoPE's t, h, w
     from_prev: list[tuple[int, int]] = field(default_factory=list)  # (packed position, row in prev.tokens)
     num_extend: int = 0
+    image_positions: list[int] = field(default_factory=list)  # packed positions an image's rows fill
+    image_rows: list[torch.Tensor] = field(default_factory=list)  # those rows, in order, [n_i, H] each
+    rope: tuple[list[int], list[int], list[int]] = field(default_factory=lambda: ([], [], []))  # M-RoPE's t, h, w
 
 
 def build_batch(
@@ -62,13 +64,8 @@ def build_batch(
     (plan.decode_slots, which the scheduler does not record) are written into req_table at
     (row, position)."""
     mrope = any(r.rope is not None for r, _ in plan.extends) or any(r.rope is not None for r in plan.decodes)
-    if (
-        staging is not None
-        and not plan.extends
-        and not mrope
-        and plan.decode_slots is not None
-        and staging.fits(len(plan.decodes))
-    ):
+    fits = staging is not None and plan.decode_slots is not None and staging.fits(len(plan.decodes))
+    if fits and not plan.extends and not mrope:  # M-RoPE's decodes are not the graphs' input
         return _staged(plan, req_table, staging, prev)
     k = _pack(plan, prev, mrope)
     slots = list(plan.extend_slots)
@@ -109,6 +106,8 @@ def build_batch(
         sample_index=i64(k.sample_index),
         rope_positions=to_device(list(k.rope), torch.int64, device) if mrope else None,
         host=HostIndex(k.pos, k.ext_rows, k.ext_starts, k.dec_rows, k.dec_lens, k.sample_index),
+        image_positions=i64(k.image_positions) if k.image_rows else None,
+        image_embeds=torch.cat(k.image_rows) if k.image_rows else None,
     )
 
 
@@ -120,6 +119,8 @@ def _pack(plan: StepPlan, prev: PreviousTokens | None, mrope: bool) -> _Packed:
         start = len(k.ids)
         k.ids.extend(req.tokens[req.kv_len : req.kv_len + n])
         k.pos.extend(range(req.kv_len, req.kv_len + n))
+        if req.images:
+            _images(k, req, start, n)
         if mrope:
             _extend_rope(k, req, n)
         k.ext_rows.append(req.row)
@@ -141,6 +142,21 @@ def _pack(plan: StepPlan, prev: PreviousTokens | None, mrope: bool) -> _Packed:
         k.dec_rows.append(req.row)
         k.dec_lens.append(req.kv_len + 1)
     return k
+
+
+def _images(k: _Packed, req: Req, start: int, n: int) -> None:
+    """The rows of the request's images that fall in this chunk, positions [kv_len, kv_len + n):
+    a chunk may begin or end inside an image, and takes exactly its share of the rows. Their
+    ids (pseudo-ids, below 0) become 0 for the embedding lookup the rows then replace."""
+    lo, hi = req.kv_len, req.kv_len + n
+    for span in req.images:
+        a, b = max(lo, span.offset), min(hi, span.end)
+        if a >= b:
+            continue
+        k.image_positions.extend(range(start + a - lo, start + b - lo))
+        k.image_rows.append(span.rows[a - span.offset : b - span.offset])
+        for p in range(start + a - lo, start + b - lo):
+            k.ids[p] = 0
 
 
 def _extend_rope(k: _Packed, req: Req, n: int) -> None:

@@ -4,20 +4,21 @@ pool (memory/), the runtime around it (runtime/), the scheduler, the sampler and
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
 
 from services.worker.engine import Engine
 from services.worker.grammar import Grammars
-from services.worker.memory.kv_cache import KVCache, KVLayout
+from services.worker.memory.kv_cache import KV_QUANT_DTYPES, KVCache, KVLayout
 from services.worker.memory.kv_manager import KVManager
 from services.worker.memory.prompt_cache import PromptCache
 from services.worker.memory.req_table import ReqTable
 from services.worker.memory.token_allocator import TokenAllocator
 from services.worker.models.attention.base import attention_layers
 from services.worker.models.attention.torch_backend import TorchAttention
+from services.worker.models.fp8_weight import quantize_layers_
 from services.worker.models.interface import CausalLM
 from services.worker.models.layers.ops import TorchOps
 from services.worker.models.layers.rope import cos_sin_table
@@ -32,6 +33,7 @@ from services.worker.tp.channel import StepChannel
 from services.worker.tp.parallel import TensorParallel
 from shared.config import WorkerConfig
 from shared.model_config import ModelConfig
+from shared.quant_config import with_flag
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +95,18 @@ def build_model_stack(
     channel: StepChannel | None = None,
 ) -> ModelStack:
     model_cfg = model_cfg or ModelConfig.from_dir(cfg.model_dir)
+    model_cfg = replace(model_cfg, quantization=with_flag(model_cfg.quantization, cfg.quantization))
+    if model_cfg.vision is not None and tp.size > 1:
+        # each step's images' rows would have to reach the other ranks too (tp/channel.py)
+        raise ValueError("a vision-language model runs on one rank per group for now (--tp 1)")
     family = family_of(model_cfg)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, model_cfg, device)
     if weights is None and cfg.random_weights:
         log.warning("random weights (benchmark mode): outputs are meaningless")
         weights = family.random(model_cfg, dtype, device, 0, tp)
+        if cfg.quantization == "fp8":
+            quantize_layers_(weights.layers)
     if weights is None:
         weights = load_weights(cfg.model_dir, model_cfg, dtype, device, tp)
     max_total_len = min(cfg.max_req_total_len or model_cfg.context_length, model_cfg.context_length)
@@ -135,7 +143,8 @@ def _kv_pool(
         kv_heads=model_cfg.num_kv_heads // tp.size,
         head_dim=model_cfg.head_dim,
         dtype=dtype,
-        quantized=cfg.kv_dtype == "int8",
+        quantized=cfg.kv_dtype != "auto",
+        quant_dtype=KV_QUANT_DTYPES.get(cfg.kv_dtype, torch.int8),
     )
     # every rank holds the same token slots (its share of the heads of each): the smallest pool wins
     capacity = tp.agree_min(kv_capacity(cfg, layout, device), device)
@@ -143,7 +152,7 @@ def _kv_pool(
         "KV pool: %d tokens (%.2f GiB, %s), device %s, weights %s, max request length %d, rank %d of %d",
         capacity,
         capacity * layout.bytes_per_token / 2**30,
-        "int8" if layout.quantized else str(dtype).removeprefix("torch."),
+        cfg.kv_dtype if layout.quantized else str(dtype).removeprefix("torch."),
         device,
         str(dtype).removeprefix("torch."),
         max_total_len,

@@ -28,7 +28,7 @@ import torch
 from services.worker.batch_builder import PreviousTokens, build_batch
 from services.worker.grammar import Grammars, GrammarState
 from services.worker.memory.kv_manager import KVManager
-from services.worker.request import Req
+from services.worker.request import ImageSpan, Req
 from services.worker.runtime.model_runner import ModelRunner
 from services.worker.sampler import Sampler, SampleResult
 from services.worker.scheduler import Scheduler
@@ -101,9 +101,10 @@ class Engine:
 
     # ---------------------------------------------------------------- requests in
 
-    def add(self, msg: GenerateReq) -> None:
+    def add(self, msg: GenerateReq, images: list[ImageSpan] | None = None) -> None:
+        """images: the embeddings of msg.images, in order (the worker service reads them)."""
         self._admitted += 1
-        req = Req(msg, self._admitted)
+        req = Req(msg, self._admitted, images)
         if msg.params.constraint is not None:
             req.grammar = self.grammars.state(msg.params.constraint, req.prompt_len)
         self.scheduler.add(req)

@@ -27,15 +27,6 @@ class HostIndex:
 
 
 @dataclass
-class EmbedRows:
-    """Packed tokens whose input embedding is given instead of looked up: an image's tokens, whose
-    embeddings the vision tower made."""
-
-    rows: torch.Tensor  # [N] int64, packed token indices
-    values: torch.Tensor  # [N, H] in the model's dtype
-
-
-@dataclass
 class ForwardBatch:
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
@@ -63,10 +54,13 @@ class ForwardBatch:
     # are views of, laid out as the graphs' own, and its requests' table rows as int64
     staged: torch.Tensor | None = None
     sample_rows: torch.Tensor | None = None
+    # images' embeddings in the step's prompt tokens: the packed positions they replace the token
+    # embeddings of, and the rows that go there (batch_builder.py); None: no image in the step
+    image_positions: torch.Tensor | None = None  # [N] int64
+    image_embeds: torch.Tensor | None = None  # [N, H] in the model's dtype
     # M-RoPE (models/layers/mrope.py): each token's t, h and w positions, [3, T] int64; None where
     # every token's three are its position (text, and a family without M-RoPE)
     rope_positions: torch.Tensor | None = None
-    embeds: EmbedRows | None = None  # tokens whose embedding is given (images); None: every one looked up
 
     @classmethod
     def decodes(

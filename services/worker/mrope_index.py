@@ -1,16 +1,16 @@
 """M-RoPE's positions (Qwen2-VL, Qwen2.5-VL): three position streams per token, t, h and w.
 
 A text token's three positions are equal and one more than the token before's largest. An
-image's tokens (its grid of t x h x w merged patches, row-major, each an image pad token in the
-prompt) all start from the position after the text before them: t, h and w are that start plus
-the token's frame, row and column. The text after the image starts at the image's start plus
-max(h, w) (its t is 1), so an image of n tokens takes fewer than n positions, and a request's
-decode position is its KV length plus a delta (the largest prompt position + 1 - the prompt's
-length, zero or negative).
+image's tokens (its grid of t x h x w merged patches, row-major) all start from the position
+after the text before them: t, h and w are that start plus the token's frame, row and column.
+The text after the image starts at the image's start plus max(h, w) (its t is 1), so an image of
+n tokens takes fewer than n positions, and a request's decode position is its KV length plus a
+delta (the largest prompt position + 1 - the prompt's length, zero or negative).
 
-Torch-free and per request: the worker builds a request's RopePositions when the request arrives
-with its images' grids (in merged-token units: the image processor's grid_thw with h and w divided
-by the spatial merge size), and the batch builder reads each step's rows from it.
+Torch-free and per request: a request whose images carry grids (GenerateReq.images' ImageRef.grid,
+which the front end gives in language-model tokens: the image processor's grid_thw with h and w
+divided by the spatial merge size) gets its RopePositions when the worker takes it in
+(request.py), and the batch builder reads each step's rows from it.
 """
 
 from __future__ import annotations
@@ -35,30 +35,17 @@ class RopePositions:
         return tuple(list(stream[start : start + n]) + later for stream in self.prompt)  # type: ignore[return-value]
 
 
-def rope_index(input_ids: Sequence[int], image_token_id: int, grids: Sequence[Grid]) -> RopePositions:
-    """A prompt's positions, its images' grids in order. Each maximal run of image_token_id is one
-    image (a vision_start token always separates two) and must have t * h * w tokens."""
-    ids = list(input_ids)
+def rope_index(length: int, images: Sequence[tuple[int, Grid]]) -> RopePositions:
+    """A prompt's positions from its images in order, each (offset of its first token, grid): the
+    image's t * h * w tokens lie at [offset, offset + t * h * w), the other tokens are text."""
     streams: tuple[list[int], list[int], list[int]] = ([], [], [])
-    images = iter(grids)
-    seen = 0
     nxt = 0  # the position of the next text token
-    i = 0
-    while i < len(ids):
-        if ids[i] != image_token_id:
-            for s in streams:
-                s.append(nxt)
-            nxt += 1
-            i += 1
-            continue
-        try:
-            t, h, w = next(images)
-        except StopIteration:
-            raise ValueError(f"more images in the prompt than the {len(grids)} grids given") from None
-        run = t * h * w
-        if ids[i : i + run] != [image_token_id] * run or (i + run < len(ids) and ids[i + run] == image_token_id):
-            raise ValueError(f"image {seen}'s grid {(t, h, w)} does not match its image tokens in the prompt")
-        seen += 1
+    at = 0  # the next token of the prompt
+    for offset, (t, h, w) in images:
+        if offset < at or offset + t * h * w > length:
+            raise ValueError(f"an image of grid {(t, h, w)} at {offset} is not in order within {length} tokens")
+        _text(streams, nxt, offset - at)
+        nxt += offset - at
         for ft in range(t):
             for row in range(h):
                 for col in range(w):
@@ -66,8 +53,13 @@ def rope_index(input_ids: Sequence[int], image_token_id: int, grids: Sequence[Gr
                     streams[1].append(nxt + row)
                     streams[2].append(nxt + col)
         nxt += max(h, w)
-        i += run
-    if next(images, None) is not None:
-        raise ValueError(f"{len(grids)} grids for fewer images in the prompt")
-    delta = nxt - len(ids)
-    return RopePositions(prompt=(tuple(streams[0]), tuple(streams[1]), tuple(streams[2])), delta=delta)
+        at = offset + t * h * w
+    _text(streams, nxt, length - at)
+    nxt += length - at
+    return RopePositions(prompt=(tuple(streams[0]), tuple(streams[1]), tuple(streams[2])), delta=nxt - length)
+
+
+def _text(streams: tuple[list[int], list[int], list[int]], start: int, n: int) -> None:
+    """n text tokens from position start: their three positions equal."""
+    for s in streams:
+        s.extend(range(start, start + n))

@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
+from services.worker.mrope_index import RopePositions, rope_index
 from shared.messages import GenerateReq, SamplingParams
 
 if TYPE_CHECKING:
     from services.worker.grammar import GrammarState
-    from services.worker.mrope_index import RopePositions
 
 PLACEHOLDER = -1  # a token sampled by a step still in flight
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """An image's embeddings and the prompt positions [offset, offset + rows) they fill."""
+
+    offset: int
+    rows: torch.Tensor  # [length, H] on the device, in the model's dtype
+    grid: tuple[int, ...] = ()  # (t, h, w) of the rows where M-RoPE's positions follow it (ImageRef.grid)
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.rows.shape[0]
 
 
 class Req:
@@ -29,6 +45,7 @@ class Req:
         "front",
         "grammar",
         "handovers",
+        "images",
         "kv_len",
         "params",
         "prompt_len",
@@ -39,7 +56,7 @@ class Req:
         "unresolved",
     )
 
-    def __init__(self, msg: GenerateReq, admit_order: int) -> None:
+    def __init__(self, msg: GenerateReq, admit_order: int, images: list[ImageSpan] | None = None) -> None:
         self.rid = msg.rid
         self.front = msg.front
         self.detok = msg.detok
@@ -65,7 +82,13 @@ class Req:
         self.unresolved = 0  # placeholder tokens of steps still in flight
         self.closing = False  # its last token is in flight; it is scheduled no more
         self.grammar: GrammarState | None = None  # structured output: what its tokens must spell
-        self.rope: RopePositions | None = None  # M-RoPE's positions where its prompt has images; None: its own
+        # its prompt's images in order; their positions hold pseudo-ids (vision_config.image_pseudo_id),
+        # so the prompt cache keys them by image, and each step's chunk takes their rows
+        self.images: list[ImageSpan] = images or []
+        # M-RoPE's positions where its images have grids (Qwen2-VL); None: each token's three are its position
+        self.rope: RopePositions | None = None
+        if any(s.grid for s in self.images):
+            self.rope = rope_index(len(self.tokens), [(s.offset, s.grid) for s in self.images])
 
     @property
     def output_len(self) -> int:

@@ -9,6 +9,11 @@ router. A status goes out every status_interval_s and soon after any step that f
 memory or started a request's output, and doubles as the group's heartbeat. It lists a request
 until the request's last item has been sent, so the router may take its absence for its end.
 
+On SIGTERM the group drains (shared/drain.py): its statuses say so, and the router places
+nothing more on it; it runs what it holds to the end. When nothing is left, or the drain timeout
+has passed, its last status (``leaving``) lists what has not ended, and the router hands each of
+those over to go on on another group, as it does for a dead group's (docs/router.md, Failures).
+
 An entry is acknowledged after its side effect (the engine holds the request, and its
 prefill step is launched): with the next message sent, in the same transaction, or in the
 next read's round trip, whichever comes first.
@@ -22,9 +27,20 @@ import time
 import uuid
 
 from services.worker.engine import Engine
+from services.worker.image_intake import ImageIntake
 from services.worker.metrics import WorkerMetrics
 from shared.busy_poll import BusyPoll
-from shared.messages import AbortReqs, AdmitReqs, TokenBatch, TokenItem, WorkerStatus
+from shared.drain import Drain
+from shared.messages import (
+    ERR_FAILED,
+    FINISH_ERROR,
+    AbortReqs,
+    AdmitReqs,
+    GenerateReq,
+    TokenBatch,
+    TokenItem,
+    WorkerStatus,
+)
 from shared.redis_link import RedisLink, Stopping
 from shared.redis_streams import Entry, StreamReader, StreamWriter
 from shared.streams import GROUP_WORKER, StreamNames
@@ -46,8 +62,12 @@ class WorkerService:
         maxlen: int,
         metrics: WorkerMetrics | None = None,
         poll: BusyPoll | None = None,
+        drain: Drain | None = None,
+        images: ImageIntake | None = None,
     ) -> None:
         self.engine = engine
+        self.drain = drain
+        self.images = images  # a vision-language model's: requests' images' embeddings from Redis
         self.metrics = metrics or WorkerMetrics(group)
         self.link = link
         self.names = names
@@ -66,8 +86,12 @@ class WorkerService:
         self.publish_status()
         log.info("worker group %s (instance %s) serving", self.group, self.instance)
         why = "the worker is shutting down"
+        leaving = False
         try:
             while not self.link.stop.is_set():
+                if self.drain is not None and self._drain_over():
+                    leaving = True
+                    break
                 entries = self.poll.read(self.reader, 256, self._wait_ms(), acks=self._acks)
                 self._acks = []
                 self._take(entries)
@@ -88,8 +112,28 @@ class WorkerService:
             raise
         finally:
             with contextlib.suppress(Stopping):
-                self._publish_tokens(self.engine.fail_all(why))
-                self._send([], flush=True)
+                if leaving:  # what it holds goes on elsewhere: the router hands it over
+                    self.publish_status(leaving=True)
+                else:
+                    self._publish_tokens(self.engine.fail_all(why))
+                    self._send([], flush=True)
+
+    def _drain_over(self) -> bool:
+        """Draining: the first turn that sees it tells the router at once (it places nothing more
+        here); over once nothing is left or the timeout has passed."""
+        assert self.drain is not None
+        first = self.drain.draining and self.drain.began is None
+        over = self.drain.over(self.engine.has_work())
+        if first:
+            log.info("draining: %d requests held", len(self.engine.running_reqs()))
+            self.publish_status()
+        if over:
+            held = len(self.engine.running_reqs())
+            if held:
+                log.warning("drain timeout: %d requests go on on another group", held)
+            else:
+                log.info("drained")
+        return over
 
     def abandon(self, why: str) -> None:
         """The group cannot go on (a rank died): end every request it holds with an explicit
@@ -116,8 +160,7 @@ class WorkerService:
                 if msg.instance != self.instance:
                     log.warning("ignoring %d admissions addressed to instance %s", len(msg.reqs), msg.instance)
                     continue
-                for req in msg.reqs:
-                    self.engine.add(req)
+                self._admit(msg.reqs)
                 self.admit_seq = max(self.admit_seq, msg.seq)
             elif isinstance(msg, AbortReqs):
                 for rid in msg.rids:
@@ -128,6 +171,24 @@ class WorkerService:
         # next step launched, with its tokens or the next read, so nothing sits between an
         # admission and its prefill
         self._acks += entries
+
+    def _admit(self, reqs: list[GenerateReq]) -> None:
+        """Into the engine, each with its images' embeddings (one Redis round trip for all); a
+        request whose images cannot be had ends at once with an explicit error."""
+        spans = self.images.spans(reqs) if self.images is not None else {}
+        failed = []
+        for req in reqs:
+            got = spans.get(req.rid)
+            if req.images and got is None:
+                got = "the request has images, but this worker serves a text-only model"
+            if isinstance(got, str):
+                log.error("failing: %s", got, extra={"rid": req.rid})
+                item = TokenItem(req.rid, [], finish_reason=FINISH_ERROR, error=got, error_kind=ERR_FAILED)
+                failed.append((req.detok, item))
+            else:
+                self.engine.add(req, got)
+        if failed:
+            self._publish_tokens(failed)
 
     def _send(self, items: list[tuple[str, object]], flush: bool = False) -> None:
         """Send items with the acknowledgements taken in since the last send, in one transaction.
@@ -160,7 +221,7 @@ class WorkerService:
         if since >= self.status_interval_s or (self._changed and since >= CHANGE_STATUS_MIN_GAP_S):
             self.publish_status()
 
-    def publish_status(self) -> None:
+    def publish_status(self, leaving: bool = False) -> None:
         kv = self.engine.kv
         status = WorkerStatus(
             group=self.group,
@@ -174,6 +235,8 @@ class WorkerService:
             evictable_tokens=kv.evictable_tokens,
             cache_locked_tokens=kv.cache_locked_tokens,
             prompt_cache=kv.cache is not None,
+            draining=self.drain is not None and self.drain.draining,
+            leaving=leaving,
         )
         self._send([(self.names.router, status)])
         self._last_status = time.monotonic()

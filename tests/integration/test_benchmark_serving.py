@@ -11,8 +11,11 @@ import statistics
 import pytest
 
 from tests.integration.conftest import start_stack
-from tools import bench_prompt_cache, benchmark_serving
+from tools import bench_prompt_cache, bench_structured, benchmark_serving
 from tools.redis_server import RedisServer
+
+# a benchmark tool end to end on the tiny model: opt-in (pytest -m bench), to keep CI within its time
+pytestmark = pytest.mark.bench
 
 
 def _bench(url: str, out: pathlib.Path, *flags: str) -> list[dict]:
@@ -73,3 +76,34 @@ def test_the_prompt_cache_variants_run_multi_turn_through_two_groups(long_contex
         assert run["unknown_labels"] == 0 and run["ambiguous_tokens"] == 0
     assert res["ratios"]["on_over_off"]["default"]["req_per_s"] > 0
     assert json.loads((out / "prompt_cache.json").read_text())["ratios"] == res["ratios"]
+
+
+def test_the_structured_output_benchmark_compares_like_with_like(long_context_model: str, tmp_path) -> None:
+    """tools/bench_structured.py on the tiny model: every schema compiles once (the worker's log
+    has each), and the unconstrained runs write exactly the constrained runs' output tokens."""
+    flags = ["--model-dir", long_context_model, "--device", "cpu", "--vocab", "1000", "--requests", "6"]
+    out = tmp_path / "out"
+    res = bench_structured.main(
+        [
+            "--out-dir",
+            str(out),
+            "--work-dir",
+            str(tmp_path / "work"),
+            *flags,
+            "--low-load",
+            "2",
+            "--",
+            "--max-output",
+            "12",
+        ]
+    )
+    assert len(res["cold_ttft_ms"]) == 10 and all(t and t > 0 for t in res["cold_ttft_ms"])
+    assert len(res["compiles"]) == 10 and all(c["kind"] == "json_schema" and c["ms"] > 0 for c in res["compiles"])
+    runs = res["runs"]
+    for pair in (("low_json", "low_free"), ("json", "free")):
+        a, b = (runs[k] for k in pair)
+        assert a["failed"] == b["failed"] == 0, (a["errors"], b["errors"])
+        assert a["output_tok_per_s"] * a["duration_s"] == pytest.approx(b["output_tok_per_s"] * b["duration_s"])
+    assert runs["json"]["completed"] == 6 and runs["low_json"]["completed"] == 2
+    assert res["json_over_free"]["workload"]["req_per_s"] > 0
+    assert json.loads((out / "structured.json").read_text())["json_over_free"] == res["json_over_free"]

@@ -5,6 +5,7 @@ with return_details, TGI's POST /, and a 4xx naming each bad parameter."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import Iterator
 
@@ -12,6 +13,7 @@ import httpx
 import pytest
 
 from tests import hf_reference
+from tests import vision_cases as vc
 from tests.integration.api_helpers import hf_logprobs, hf_penalised_greedy
 from tests.integration.conftest import keyed_stack
 from tools.stack import Stack
@@ -211,7 +213,10 @@ def test_each_bad_parameter_gets_a_4xx_naming_it(stack: Stack) -> None:
             r = client.post(path, json={"inputs": "hi", "bogus": True})
             assert r.status_code == 400 and "bogus: unknown parameter" in r.json()["error"]
             r = client.post(path, json={"inputs": "hi", "multimodal_params": {"images": [{"url": "x"}]}})
-            assert r.status_code == 400 and "multimodal_params" in r.json()["error"]
+            assert r.status_code == 400 and "multimodal_params.images.0.type" in r.json()["error"]
+            image = {"type": "base64", "data": base64.b64encode(vc.png(vc.image(1, 8, 8))).decode()}
+            r = client.post(path, json={"inputs": "<image>hi", "multimodal_params": {"images": [image]}})
+            assert r.status_code == 400 and "text-only" in r.json()["error"]
 
 
 def test_keys_come_from_the_environment(stack: Stack) -> None:

@@ -4,10 +4,13 @@ metrics. Generation itself: test_openai_api.py."""
 
 from __future__ import annotations
 
+import base64
+
 import httpx
 import openai
 import pytest
 
+from tests import vision_cases as vc
 from tests.integration.api_helpers import delta, metric_samples
 from tests.integration.openai_helpers import AUTH, CHATS, PROMPTS, _stack, sync_client  # noqa: F401 (_stack: a fixture)
 from tools.stack import Stack
@@ -154,3 +157,16 @@ def test_metrics_count_requests_tokens_and_latencies(stack: Stack) -> None:
     if r.usage.completion_tokens > 1:
         assert delta(before, after, "lightstream_front_time_per_output_token_seconds_count") == 1
     assert after[("lightstream_front_generations_in_flight", ())] == 0
+
+
+def test_an_image_to_a_text_only_model_is_a_400_naming_it(stack: Stack) -> None:
+    png = base64.b64encode(vc.png(vc.image(1, 8, 8))).decode()
+    content = [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + png}},
+        {"type": "text", "text": "hi"},
+    ]
+    body = {"model": stack.model_name, "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    r = httpx.post(stack.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert "text-only" in error["message"] and error["param"] == "messages.0.content.0.image_url"

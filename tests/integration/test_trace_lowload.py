@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from tools import trace_lowload
+
+# a benchmark tool end to end on the tiny model: opt-in (pytest -m bench), to keep CI within its time
+pytestmark = pytest.mark.bench
 
 
 def test_trace_finds_every_hop(long_context_model: str, tmp_path) -> None:

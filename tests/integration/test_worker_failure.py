@@ -1,5 +1,5 @@
 """Killing the worker mid-generation: every waiting client gets an explicit error within
-10 seconds, and a restarted worker serves new requests."""
+10 seconds, and a restarted worker serves new requests. Stopping it (SIGTERM) drains it first."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import time
 
 import httpx
-import pytest
 
 from tests.integration.conftest import start_stack
 from tools.redis_server import RedisServer
@@ -75,26 +74,32 @@ def test_worker_killed_mid_generation(tiny_llama: str, redis_server: RedisServer
         stack.stop()
 
 
-@pytest.mark.parametrize("sig", ["TERM"])
-def test_worker_stopping_gracefully_fails_its_requests(
-    tiny_llama: str, redis_server: RedisServer, tmp_path, sig
+def test_a_lone_worker_told_to_stop_drains_then_its_requests_end_explicitly(
+    tiny_llama: str, redis_server: RedisServer, tmp_path
 ) -> None:
+    """SIGTERM drains the group (test_fault_drain.py); with a 1 s drain timeout and no other group
+    to go on, the requests still running end with an explicit error, and the group exits 0."""
     import signal
 
-    stack = start_stack(tiny_llama, redis_server, str(tmp_path))
+    stack = start_stack(tiny_llama, redis_server, str(tmp_path), env={"LS_DRAIN_TIMEOUT_S": "1"})
     try:
 
-        async def scenario() -> list:
+        async def scenario() -> tuple[list, float]:
             async with httpx.AsyncClient(base_url=stack.url, timeout=60) as client:
                 started = [asyncio.Event() for _ in range(3)]
                 streams = [asyncio.create_task(_stream_until_end(client, s)) for s in started]
                 # every stream has begun (a request whose first token had not come would get its
                 # error as the HTTP status instead of as its stream's last event)
                 await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), 30)
-                stack.kill_service("worker-0", getattr(signal, "SIG" + sig))
-                return await asyncio.gather(*streams)
+                stack.signal_service("worker-0", signal.SIGTERM)
+                stopped = time.monotonic()
+                return await asyncio.gather(*streams), stopped
 
-        for last, _ in asyncio.run(scenario()):
-            assert last["finish_reason"] == "error" and "shutting down" in last["error"]
+        results, stopped = asyncio.run(scenario())
+        for last, ended_at in results:
+            assert last["finish_reason"] == "error" and "worker" in last["error"], last
+            assert ended_at - stopped < 10.0
+        proc = stack.services["worker-0"].proc
+        assert proc is not None and proc.wait(15) == 0
     finally:
         stack.stop()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from services.worker.memory.kv_cache import quantize_int8
+from services.worker.memory.kv_cache import KV_QUANT_DTYPES, quantize_kv
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
@@ -57,7 +57,7 @@ class PooledRequests:
 
     k_pool: torch.Tensor  # [C, Hkv, D], NaN in unused slots (float pools)
     v_pool: torch.Tensor
-    k_scale: torch.Tensor | None  # [C, Hkv] float32 for an int8 pool, NaN in unused slots
+    k_scale: torch.Tensor | None  # [C, Hkv] float32 for an int8 or e4m3 pool, NaN in unused slots
     v_scale: torch.Tensor | None
     req_table: torch.Tensor  # [rows, max_context] int32
     rows: torch.Tensor  # [B] int32, each request's table row (not its batch index)
@@ -66,8 +66,10 @@ class PooledRequests:
 
 
 def _make_pooled(
-    lens: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype, quantized: bool, device: torch.device
+    lens: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype, quantized: bool | str, device: torch.device
 ) -> PooledRequests:
+    """quantized: False (a float pool), True or "int8", or "fp8" (e4m3)."""
+    quant = KV_QUANT_DTYPES["int8" if quantized is True else quantized] if quantized else None
     total = sum(lens)
     capacity = total + 7
     slots = torch.randperm(capacity, device=device)[:total].to(torch.int32)
@@ -78,9 +80,10 @@ def _make_pooled(
     rows = torch.randperm(num_rows, device=device)[: len(lens)].to(torch.int32)
     shape = (capacity, kv_heads, head_dim)
     k_scale = v_scale = None
-    if quantized:
-        k_pool = torch.randint(-127, 128, shape, dtype=torch.int8, device=device)
-        v_pool = torch.randint(-127, 128, shape, dtype=torch.int8, device=device)
+    if quant is not None:
+        # garbage in unused slots: any byte but e4m3's NaN (0x7F, 0xFF) decodes to a finite value
+        k_pool = torch.randint(0, 127, shape, dtype=torch.uint8, device=device).view(quant)
+        v_pool = torch.randint(0, 127, shape, dtype=torch.uint8, device=device).view(quant)
         k_scale = torch.full(shape[:2], float("nan"), device=device)
         v_scale = torch.full(shape[:2], float("nan"), device=device)
     else:
@@ -95,10 +98,10 @@ def _make_pooled(
         idx = s.long()
         k = torch.randn(n, kv_heads, head_dim, device=device).to(dtype)
         v = torch.randn(n, kv_heads, head_dim, device=device).to(dtype)
-        if quantized:
+        if quant is not None:
             assert k_scale is not None and v_scale is not None
-            k_pool[idx], k_scale[idx] = quantize_int8(k)
-            v_pool[idx], v_scale[idx] = quantize_int8(v)
+            k_pool[idx], k_scale[idx] = quantize_kv(k, quant)
+            v_pool[idx], v_scale[idx] = quantize_kv(v, quant)
             # what KVCache.dequantized gives the torch backend
             k = (k_pool[idx].float() * k_scale[idx][..., None]).to(dtype)
             v = (v_pool[idx].float() * v_scale[idx][..., None]).to(dtype)

@@ -16,7 +16,7 @@ def check(
     hkv: int,
     d: int,
     dtype: torch.dtype,
-    quantized: bool,
+    quantized: bool | str,
     num_splits: int,
     device: torch.device,
     pooled,

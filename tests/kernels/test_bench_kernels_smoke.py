@@ -9,6 +9,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+# a benchmark tool end to end on the tiny model: opt-in (pytest -m bench), to keep CI within its time
+pytestmark = pytest.mark.bench
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -120,10 +120,13 @@ def test_decode_new_tokens_need_a_float_pool(device, pooled) -> None:
         )
 
 
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, False), (3, True)])
-def test_decode_small_int8(dtype: torch.dtype, num_splits: int, fused: bool, device, pooled, reference, tol) -> None:
-    check(LENS, 4, 2, 32, dtype, True, num_splits, device, pooled, reference, tol, fused)
+def test_decode_small_quantized(
+    kv: str, dtype: torch.dtype, num_splits: int, fused: bool, device, pooled, reference, tol
+) -> None:
+    check(LENS, 4, 2, 32, dtype, kv, num_splits, device, pooled, reference, tol, fused)
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -212,7 +215,7 @@ def test_decode_rejects_bad_group(device) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.parametrize("quantized", [False, True, "fp8"])
 def test_decode_llama3_8b(quantized: bool, pooled, reference, tol) -> None:
     lens = [2048] * 60 + [1, 100, 1000, 2047]
     splits = choose_num_splits(len(lens), 8, 2048, torch.cuda.get_device_properties(0).multi_processor_count)

@@ -15,7 +15,7 @@ def _check(
     hkv: int,
     d: int,
     dtype: torch.dtype,
-    quantized: bool,
+    quantized: bool | str,
     device: torch.device,
     pooled,
     reference,
@@ -72,9 +72,10 @@ def test_extend_small(hq: int, hkv: int, d: int, dtype: torch.dtype, device, poo
     _check(EXT, PREFIX, hq, hkv, d, dtype, False, device, pooled, reference, tol)
 
 
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_extend_small_int8_prefix(dtype: torch.dtype, device, pooled, reference, tol) -> None:
-    _check(EXT, PREFIX, 4, 2, 32, dtype, True, device, pooled, reference, tol)
+def test_extend_small_quantized_prefix(kv: str, dtype: torch.dtype, device, pooled, reference, tol) -> None:
+    _check(EXT, PREFIX, 4, 2, 32, dtype, kv, device, pooled, reference, tol)
 
 
 @pytest.mark.parametrize(("block_m", "block_n"), [(16, 16), (64, 32)])
@@ -126,7 +127,7 @@ def test_extend_rejects_bad_blocks(device) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize(("prefix", "quantized"), [(0, False), (2048, False), (2048, True)])
+@pytest.mark.parametrize(("prefix", "quantized"), [(0, False), (2048, False), (2048, True), (2048, "fp8")])
 def test_extend_llama3_8b(prefix: int, quantized: bool, pooled, reference, tol) -> None:
     _check([4096], [prefix], 32, 8, 128, torch.bfloat16, quantized, torch.device("cuda"), pooled, reference, tol)
 

@@ -1,4 +1,5 @@
-"""store_kv and store_kv_int8 against plain indexing and kv_cache.quantize_int8."""
+"""store_kv, store_kv_int8 and store_kv_fp8 against plain indexing, kv_cache.quantize_int8 and
+kv_cache.quantize_fp8."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import pytest
 import torch
 
 from services.worker.kernels.kv_store import store_kv
+from services.worker.kernels.kv_store_fp8 import store_kv_fp8
 from services.worker.kernels.kv_store_int8 import store_kv_int8
-from services.worker.memory.kv_cache import quantize_int8
+from services.worker.memory.kv_cache import quantize_fp8, quantize_int8
 
 
 def _kv_views(t: int, hkv: int, d: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,6 +62,44 @@ def _check_store_int8(t: int, hkv: int, d: int, dtype: torch.dtype, device: torc
 @pytest.mark.parametrize(("hkv", "d"), [(2, 16), (1, 64), (3, 24)])
 def test_store_kv_small(hkv: int, d: int, dtype: torch.dtype, device: torch.device) -> None:
     _check_store(11, hkv, d, dtype, device)
+
+
+def _check_store_fp8(t: int, hkv: int, d: int, dtype: torch.dtype, device: torch.device) -> None:
+    """The stored bytes equal quantize_fp8's exactly: its values (ties, tiny values that round
+    to e4m3's subnormals or to -0.0 included) and its scales."""
+    capacity = 3 * t + 5
+    k, v = _kv_views(t, hkv, d, dtype, device)
+    k[0, 0] = 0  # an all-zero head takes the 1e-8 scale floor
+    k[1, 0, :4] = torch.tensor([1.0, -1e-5, 0.5 + 1 / 64, -0.0], dtype=dtype)  # a subnormal, a tie, -0.0
+    # 0x7F is e4m3's NaN, never written by the quantizer: it marks slots the kernel did not touch
+    k_pool = torch.full((capacity, hkv, d), 0x7F, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    v_pool = k_pool.clone()
+    k_scale = torch.full((capacity, hkv), float("nan"), device=device)
+    v_scale = torch.full_like(k_scale, float("nan"))
+    slots = torch.randperm(capacity, device=device)[:t].to(torch.int32)
+    store_kv_fp8(k, v, k_pool, v_pool, k_scale, v_scale, slots)
+    idx = slots.long()
+    for x, pool, scale in ((k, k_pool, k_scale), (v, v_pool, v_scale)):
+        ref_q, ref_s = quantize_fp8(x)
+        assert torch.equal(scale[idx], ref_s)
+        assert torch.equal(pool[idx].view(torch.uint8), ref_q.view(torch.uint8))
+        untouched = torch.ones(capacity, dtype=torch.bool, device=device)
+        untouched[idx] = False
+        assert (pool[untouched].view(torch.uint8) == 0x7F).all() and scale[untouched].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("hkv", "d"), [(2, 16), (1, 64), (3, 24)])
+def test_store_kv_fp8_small(hkv: int, d: int, dtype: torch.dtype, device: torch.device) -> None:
+    _check_store_fp8(11, hkv, d, dtype, device)
+
+
+def test_store_kv_fp8_rejects_an_int8_pool(device: torch.device) -> None:
+    k = torch.randn(2, 1, 16, device=device)
+    pool = torch.zeros(4, 1, 16, dtype=torch.int8, device=device)
+    scale = torch.ones(4, 1, device=device)
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        store_kv_fp8(k, k, pool, pool, scale, scale, torch.zeros(2, dtype=torch.int32, device=device))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -30,6 +30,7 @@ FLAGS = {
     "--api-key": "LS_API_KEYS",
     "--dtype": "LS_DTYPE",
     "--kv-cache-dtype": "LS_KV_DTYPE",
+    "--quantization": "LS_QUANTIZATION",
     "--max-num-seqs": "LS_RUNNING_MAX_REQ_SIZE",
     "--running-max-req-size": "LS_RUNNING_MAX_REQ_SIZE",
     "--chunked-prefill-size": "LS_CHUNKED_PREFILL_SIZE",
@@ -80,7 +81,8 @@ def test_the_console_script_is_the_same_entry_point() -> None:
 
 def test_both_spellings_reach_the_services_flags() -> None:
     argv = ["m", "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.5", "--max-model-len", "512"]
-    argv += ["--max-num-seqs", "8", "--dtype", "bf16", "--kv-cache-dtype", "int8", "--chunked-prefill-size", "64"]
+    argv += ["--max-num-seqs", "8", "--dtype", "bf16", "--kv-cache-dtype", "fp8", "--chunked-prefill-size", "64"]
+    argv += ["--quantization", "fp8"]
     argv += ["--served-model-name", "demo", "--api-key", "K", "--worker-arg=--cuda-graph-max-bs=0"]
     cfg = parse_config(ServeConfig, argv, {})
     assert cfg.model_dir == "m" and cfg.tp == 2 and cfg.model_name == "demo" and cfg.api_keys == ("K",)
@@ -89,7 +91,8 @@ def test_both_spellings_reach_the_services_flags() -> None:
     assert pairs == {
         "--tp": "2",
         "--dtype": "bfloat16",
-        "--kv-dtype": "int8",
+        "--kv-dtype": "fp8",
+        "--quantization": "fp8",
         "--mem-fraction": "0.5",
         "--max-req-total-len": "512",
         "--running-max-req-size": "8",
@@ -100,12 +103,13 @@ def test_both_spellings_reach_the_services_flags() -> None:
     assert args["tokenizer"] == ["--max-req-total-len", "512", "--model-name", "demo", "--api-key", "K"]
     assert args["router"] == ["--running-max-req-size", "8", "--model-name", "demo"]
     assert args["detokenizer"] == ["--model-name", "demo"]
+    assert args["visual"] == ["--dtype", "bfloat16", "--model-name", "demo"]  # the vision tower's dtype is the model's
 
 
 def test_a_setting_left_at_its_default_leaves_the_service_its_own() -> None:
     """A service then keeps its default or its own LS_* variable (LS_CPU_KV_TOKENS, say)."""
     args = service_args(parse_config(ServeConfig, ["m", "--api-key", "K"], {}))
-    assert args == {"worker": [], "router": [], "tokenizer": ["--api-key", "K"], "detokenizer": []}
+    assert args == {"worker": [], "router": [], "tokenizer": ["--api-key", "K"], "detokenizer": [], "visual": []}
 
 
 def test_variables_stand_in_for_flags() -> None:
@@ -114,7 +118,9 @@ def test_variables_stand_in_for_flags() -> None:
     assert parse_config(ServeConfig, ["--workers", "2"], {}).dp == 2  # run_local.py's spelling
 
 
-@pytest.mark.parametrize("flags", [["--dtype", "fp8"], ["--kv-cache-dtype", "fp8"], ["--tp", "0"]])
+@pytest.mark.parametrize(
+    "flags", [["--dtype", "fp8"], ["--kv-cache-dtype", "fp4"], ["--quantization", "int4"], ["--tp", "0"]]
+)
 def test_an_unsupported_value_is_refused(flags: list[str]) -> None:
     with pytest.raises(SystemExit) as e:
         parse_config(ServeConfig, flags, {})

@@ -42,7 +42,7 @@ def _published(port: str | dict[str, Any]) -> tuple[str, int]:
 
 def test_compose_yaml_is_valid_and_complete() -> None:
     services = resolved("compose.yaml")["services"]
-    assert {"redis", "model", *LIGHTSTREAM, "prometheus", "grafana"} == set(services)
+    assert {"redis", "model", *LIGHTSTREAM, "visual", "prometheus", "grafana"} == set(services)
     for name in ("redis", *LIGHTSTREAM):
         s = services[name]
         assert s["restart"] == "unless-stopped", name
@@ -68,6 +68,9 @@ def test_compose_yaml_is_valid_and_complete() -> None:
     assert worker["build"]["target"] == "cpu" and services["tokenizer"]["build"]["target"] == "light"
     for name in ("prometheus", "grafana"):
         assert services[name]["profiles"] == ["monitoring"]
+    visual = services["visual"]  # a vision model's: started with --profile vision
+    assert visual["profiles"] == ["vision"] and visual["command"] == ["python", "-m", "services.visual"]
+    assert visual["environment"]["LS_MODEL_DIR"] == "/model" and visual["build"]["target"] == "cpu"
 
 
 def test_the_gpu_override_reserves_gpus_and_mounts_the_model_read_only(tmp_path) -> None:
@@ -115,7 +118,7 @@ def test_the_monitoring_files_match_the_stack() -> None:
     services = resolved("compose.yaml")["services"]
     with open(os.path.join(ROOT, "deploy", "prometheus", "prometheus.yml")) as f:
         jobs = {j["job_name"]: j["dns_sd_configs"][0] for j in yaml.safe_load(f)["scrape_configs"]}
-    assert set(jobs) == set(LIGHTSTREAM)
+    assert set(jobs) == {*LIGHTSTREAM, "visual"}
     for name, sd in jobs.items():
         env = services[name]["environment"]
         assert sd["names"] == [name] and str(sd["port"]) == env.get("LS_METRICS_PORT", env.get("LS_PORT")), name

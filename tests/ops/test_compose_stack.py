@@ -49,9 +49,11 @@ def test_scaled_workers_form_their_own_groups_and_detokenizers_their_own_shards(
     assert {g.rsplit("-", 1)[1] for g in health["workers"]} == pids
 
 
-def test_redis_is_append_only(compose_stack: LocalCompose) -> None:
+def test_redis_is_append_only_and_bounded(compose_stack: LocalCompose) -> None:
     client = redis.Redis.from_url(compose_stack.redis_url)
     assert client.config_get("appendonly") == {"appendonly": "yes"}
+    assert client.config_get("maxmemory") == {"maxmemory": str(1 << 30)}
+    assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
 
 
 def test_every_health_check_passes(compose_stack: LocalCompose) -> None:

@@ -141,6 +141,14 @@ def test_front_end_probes_its_own_routes_and_drains_within_the_grace(rendered: R
     assert _port(c, service["spec"]["ports"][0]["targetPort"]) == int(env["LS_PORT"])
 
 
+def test_worker_groups_and_detokenizers_drain_within_the_grace(rendered: Rendered) -> None:
+    # a worker group also stops its ranks after the drain (up to 10 s); each has a margin
+    for name, after_s in (("worker", 10.0), ("detokenizer", 0.0)):
+        w, c = _container(rendered, name)
+        drain_s = float(container_env(rendered, c)["LS_DRAIN_TIMEOUT_S"])
+        assert pod_spec(w)["terminationGracePeriodSeconds"] >= drain_s + after_s + 5, name
+
+
 def test_other_services_probe_their_metrics_port(rendered: Rendered) -> None:
     for name in ("router", "worker", "detokenizer"):
         _, c = _container(rendered, name)
@@ -224,7 +232,18 @@ def test_redis_is_in_the_cluster_or_found_through_sentinels(rendered: Rendered) 
     service = rendered.get("Service", url.hostname)
     assert service["spec"]["ports"][0]["port"] == url.port
     (server,) = redis
-    assert "--appendonly" in server["spec"]["template"]["spec"]["containers"][0]["args"]
+    container = server["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert "--appendonly" in args
+    # bounded below the container's memory limit, writes refused past it rather than streams evicted
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    assert _bytes(args[args.index("--maxmemory") + 1]) < _bytes(container["resources"]["limits"]["memory"])
+
+
+def _bytes(size: str) -> int:
+    """Redis's "2gb" or Kubernetes's "4Gi" in bytes."""
+    units = {"gb": 1 << 30, "gi": 1 << 30, "mb": 1 << 20, "mi": 1 << 20}
+    return int(size[:-2]) * units[size[-2:].lower()]
 
 
 def test_volumes_are_declared_and_the_model_is_read_only(rendered: Rendered) -> None:

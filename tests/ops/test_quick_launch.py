@@ -50,6 +50,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "--cuda-graph-max-tokens": (["--cuda-graph-max-tokens", "512"], ["--worker-arg=--cuda-graph-max-tokens=512"]),
     "--dtype": (["--dtype", "bfloat16"], ["--worker-arg=--dtype=bfloat16"]),
     "--kv-dtype": (["--kv-dtype", "int8"], ["--worker-arg=--kv-dtype=int8"]),
+    "--quantization": (["--quantization", "fp8"], ["--worker-arg=--quantization=fp8"]),
     "--cuda-graph-max-bs": (["--cuda-graph-max-bs", "64"], ["--worker-arg=--cuda-graph-max-bs=64"]),
     "--max-waiting": (["--max-waiting", "77"], ["--router-arg=--max-waiting=77"]),
     "--router-token-ratio": (["--router-token-ratio", "0.5"], ["--router-arg=--router-token-ratio=0.5"]),

@@ -21,7 +21,8 @@ import heapq
 import random
 from dataclasses import dataclass, field, replace
 
-from services.router.core import Actions, RouterCore
+from services.router.actions import Actions
+from services.router.core import RouterCore
 from shared.config import RouterConfig
 from shared.messages import (
     ERR_FAILED,

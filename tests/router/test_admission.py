@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from services.router.actions import Actions
 from services.router.admission import Load, estimated_remaining, peak_tokens
-from services.router.core import Actions, RouterCore
+from services.router.core import RouterCore
 from services.router.group import SEQ_GAP
 from shared.config import RouterConfig
 from shared.messages import GenerateReq, RunningReq, RunningTable, SamplingParams, WorkerStatus

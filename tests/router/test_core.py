@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.router.core import Actions, RouterCore
+from services.router.actions import Actions
+from services.router.core import RouterCore
 from services.router.group import SEQ_GAP
 from shared.config import RouterConfig
 from shared.messages import (

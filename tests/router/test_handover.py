@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.router.core import MAX_HANDOVERS, Actions, RouterCore
+from services.router.actions import Actions
+from services.router.core import MAX_HANDOVERS, RouterCore
 from services.router.group import SEQ_GAP
 from shared.config import RouterConfig
 from shared.messages import (

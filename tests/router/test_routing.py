@@ -9,7 +9,8 @@ import zlib
 
 import pytest
 
-from services.router.core import Actions, RouterCore
+from services.router.actions import Actions
+from services.router.core import RouterCore
 from services.router.group import SEQ_GAP
 from shared.config import ConfigError, RouterConfig
 from shared.messages import GenerateReq, RunningTable, SamplingParams, WorkerStatus

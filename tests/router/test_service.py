@@ -95,6 +95,46 @@ def test_a_request_of_a_lost_group_goes_through_its_shard_and_is_held_until_admi
     assert service.core.where.get("r") == "0"
 
 
+def test_a_restarted_router_hands_over_what_its_predecessor_placed(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    ns = "t" + uuid.uuid4().hex[:8]
+    writer = StreamWriter(link)
+    first = RouterService(_cfg(redis_url, ns), link)
+    _round(first, writer, _status("w1", 100, []), _gen("r", 10, 20), _gen("s", 5, 20))
+    assert sorted(_admitted(link, first)) == ["r", "s"]
+    copies = first.names.placed("0")
+    assert sorted(link.client.hkeys(copies)) == [b"r", b"s"]
+    running = [RunningReq("r", "d", 10, 13, 17), RunningReq("s", "d", 5, 6, 19)]
+    _round(first, writer, _status("w1", 100, running, seq=1 << 20))
+    _round(first, writer, _status("w1", 100, running[:1], seq=1 << 20))  # "s" ended: its copy goes
+    assert link.client.hkeys(copies) == [b"r"]
+    # the first router dies; the second learns "r" from the group's status and its copy
+    second = RouterService(_cfg(redis_url, ns), link)
+    _round(second, writer, _status("w1", 100, running[:1], seq=1 << 20))
+    assert set(second.core.where) == {"r"}
+    assert second.core.groups["0"].placed["r"].req == _gen("r", 10, 20)
+    _round(second, writer, _status("w2", 100, []))  # the group restarted: "r" goes on elsewhere
+    shard = StreamReader(link, second.names.detok("d"), GROUP_DETOK, consumer="check")
+    (handover,) = [e.msg for e in shard.read(count=100) if isinstance(e.msg, Handover)]
+    assert handover.req == _gen("r", 10, 20) and "restarted" in handover.why
+    assert link.client.hkeys(copies) == []  # it left the group
+
+
+def test_a_group_that_died_while_no_router_ran_has_its_requests_handed_over(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    ns = "t" + uuid.uuid4().hex[:8]
+    writer = StreamWriter(link)
+    first = RouterService(_cfg(redis_url, ns), link)
+    _round(first, writer, _status("w1", 100, []), _gen("r", 10, 20))
+    # the router dies, and so does the group's instance w1, unseen; w2 is what the next router hears of
+    second = RouterService(_cfg(redis_url, ns), link)
+    _round(second, writer, _status("w2", 100, []))
+    shard = StreamReader(link, second.names.detok("d"), GROUP_DETOK, consumer="check")
+    (handover,) = [e.msg for e in shard.read(count=100) if isinstance(e.msg, Handover)]
+    assert handover.req == _gen("r", 10, 20) and second.core.stats.requeued == 1
+    assert link.client.hkeys(second.names.placed("0")) == []
+
+
 def test_the_router_serves_its_figures_to_prometheus(redis_url: str) -> None:
     link = RedisLink(redis_url)
     ns = "t" + uuid.uuid4().hex[:8]

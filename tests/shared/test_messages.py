@@ -6,6 +6,7 @@ import msgpack
 import pytest
 
 from shared import messages as m
+from shared.vision_config import image_pseudo_id
 
 SP = m.SamplingParams(
     max_new_tokens=7,
@@ -36,8 +37,23 @@ CONSTRAINED = m.GenerateReq(
 )
 RESUMED = m.GenerateReq("r2", "front-0", "detok-0", [1, 2, 3, 9, 8], SP, 1700000000.5, 1700000600.0, 2, 1)
 
+H1, H2 = "ab" * 32, "cd" * 32
+WITH_IMAGES = m.GenerateReq(
+    "r3",
+    "front-0",
+    "detok-0",
+    [1, -5, -5, 2, -7, 3],
+    SP,
+    1.0,
+    2.0,
+    images=[m.ImageRef(H1, 1, 2), m.ImageRef(H2, 4, 1, [1, 1, 1])],
+)
+
 EXAMPLES = [
     GEN,
+    WITH_IMAGES,
+    m.VisualReq(WITH_IMAGES, [m.ImageData(H1, b"\x89PNG..."), m.ImageData(H2, b"\xff\xd8")]),
+    m.ImageEmbedding("float32", [2, 3], bytes(24)),
     m.AbortReq("r1", "client disconnected"),
     m.WorkerStatus(
         group="0",
@@ -53,6 +69,7 @@ EXAMPLES = [
         evictable_tokens=500,
         cache_locked_tokens=3,
         prompt_cache=True,
+        draining=True,
     ),
     m.AdmitReqs("abc", 13, [GEN, RESUMED, CONSTRAINED]),
     m.Handover(RESUMED, "worker group 0 died"),
@@ -129,6 +146,8 @@ def test_unknown_type_and_bad_shapes_are_refused() -> None:
         0,
         0,
         False,
+        False,
+        False,
     ]
     with pytest.raises(m.WireError, match="columns of different lengths"):
         m.decode(msgpack.packb(ragged))
@@ -138,7 +157,7 @@ def test_a_resumed_request_keeps_a_prompt() -> None:
     assert RESUMED.prompt_len == 3 and GEN.prompt_len == 3
     for resumed, handovers in ((5, 1), (-1, 0), (0, -1)):
         raw = msgpack.unpackb(m.encode(RESUMED))
-        raw[-2:] = [resumed, handovers]
+        raw[-3:-1] = [resumed, handovers]  # before images
         with pytest.raises(m.WireError, match="resumed"):
             m.decode(msgpack.packb(raw))
 
@@ -155,7 +174,7 @@ def test_the_wire_layout_is_fields_in_declaration_order_nested_as_arrays() -> No
     status = m.WorkerStatus("0", "x", 100, 40, 8, 3, running, 1.5)
     columns = [["r1", "r2"], ["d0", "d1"], [5, 6], [9, 6], [7, 3], [True, False], [0, 0]]
     assert m.encode(status) == msgpack.packb(
-        [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, columns, 1.5, 0, 0, False], use_bin_type=True
+        [m.SCHEMA_VERSION, "wstat", "0", "x", 100, 40, 8, 3, columns, 1.5, 0, 0, False, False, False], use_bin_type=True
     )
     assert running.rows()[1] == m.RunningReq("r2", "d1", 6, 6, 3, False)
     gen = m.GenerateReq("r", "f", "d", [1, 2], m.SamplingParams(max_new_tokens=4), 1.0, 2.0)
@@ -179,3 +198,19 @@ def test_an_unknown_constraint_kind_is_refused() -> None:
         m.decode(msgpack.packb(raw))
     with pytest.raises(m.WireError, match="unknown kind"):
         m.Constraint("yaml", "")
+
+
+def test_images_must_lie_in_the_prompt_in_order() -> None:
+    with pytest.raises(m.WireError, match="image at 2"):
+        m.GenerateReq("r", "f", "d", [1, 2, 3], SP, 1.0, 2.0, images=[m.ImageRef(H1, 2, 2)])
+    with pytest.raises(m.WireError, match="overlaps"):
+        m.GenerateReq("r", "f", "d", [1, 2, 3, 4], SP, 1.0, 2.0, images=[m.ImageRef(H1, 0, 2), m.ImageRef(H2, 1, 1)])
+    with pytest.raises(m.WireError, match="grid"):
+        m.ImageRef(H1, 0, 4, [1, 2, 3])
+    with pytest.raises(m.WireError, match="ImageEmbedding"):
+        m.ImageEmbedding("float32", [2, 3], bytes(20))
+
+
+def test_image_pseudo_ids_are_below_placeholder_and_differ_per_image() -> None:
+    a, b = image_pseudo_id(H1), image_pseudo_id(H2)
+    assert a < -1 and b < -1 and a != b and a == image_pseudo_id(H1)

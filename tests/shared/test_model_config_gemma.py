@@ -103,7 +103,7 @@ def test_gemma3_rotary_in_transformers_5s_spelling() -> None:
 
 
 def test_the_benchmark_shapes_parse() -> None:
-    from services.worker.models.random_weights import SHAPES
+    from services.worker.models.bench_shapes import SHAPES
 
     g2, g3 = ModelConfig.from_dict(SHAPES["gemma2-9b"]), ModelConfig.from_dict(SHAPES["gemma3-12b"])
     assert g2.family == "gemma2" and g2.layer_windows[:2] == (4096, 0) and g2.num_layers == 42

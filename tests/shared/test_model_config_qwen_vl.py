@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shared.model_config import ModelConfig, ModelConfigError
+from shared.vision_config import VisionConfig, text_config
 
 QWEN25_VL_7B = {  # Qwen/Qwen2.5-VL-7B-Instruct's config.json, the fields read here
     "architectures": ["Qwen2_5_VLForConditionalGeneration"],
@@ -31,10 +32,12 @@ TEXT = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_l
 
 
 def test_released_layout() -> None:
-    cfg = ModelConfig.from_dict(QWEN25_VL_7B)
+    cfg = ModelConfig.from_dict(text_config(QWEN25_VL_7B))
     assert cfg.family == "qwen2_5_vl" and cfg.qkv_bias and cfg.head_dim == 128
     assert cfg.mrope_section == (16, 24, 24) and cfg.rope_scaling == {} and cfg.rope_theta == 1e6
-    assert cfg.image_token_id == 151655 and cfg.max_position_embeddings == 128000  # no window: not used
+    assert cfg.max_position_embeddings == 128000  # no window: not used
+    vision = VisionConfig.from_dict(QWEN25_VL_7B, {})
+    assert (vision.family, vision.image_token_id, vision.merge_size) == ("qwen2_5_vl", 151655, 2)
 
 
 def test_transformers_5_layout_reads_the_same() -> None:
@@ -43,15 +46,15 @@ def test_transformers_5_layout_reads_the_same() -> None:
     raw["text_config"] = {k: QWEN25_VL_7B[k] for k in TEXT} | {
         "rope_parameters": {"type": "mrope", "rope_type": "default", "mrope_section": [16, 24, 24], "rope_theta": 1e6}
     }
-    assert ModelConfig.from_dict(raw) == ModelConfig.from_dict(QWEN25_VL_7B)
+    assert ModelConfig.from_dict(text_config(raw)) == ModelConfig.from_dict(text_config(QWEN25_VL_7B))
 
 
 def test_qwen2_vl_is_its_own_family() -> None:
     raw = QWEN25_VL_7B | {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl"}
-    assert ModelConfig.from_dict(raw).family == "qwen2_vl"
+    assert ModelConfig.from_dict(text_config(raw)).family == "qwen2_vl"
 
 
 def test_sections_must_cover_half_the_head() -> None:
     raw = QWEN25_VL_7B | {"rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 16]}}
     with pytest.raises(ModelConfigError, match="mrope_section"):
-        ModelConfig.from_dict(raw)
+        ModelConfig.from_dict(text_config(raw))

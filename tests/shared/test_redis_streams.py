@@ -56,6 +56,16 @@ def test_dead_consumers_pending_entries_are_claimed(redis_url: str) -> None:
     assert b"dead" not in names and "dead" not in names
 
 
+def test_a_consumer_that_releases_its_lease_is_claimed_from_at_once(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    StreamWriter(link).send("s", AbortReq("queued", ""))
+    leaving = StreamReader(link, "s", "g", "leaving", claim_idle_ms=60_000)
+    assert len(leaving.read(block_ms=100)) == 1
+    leaving.release()  # a clean exit: no need to wait out the minute's lease
+    heir = StreamReader(link, "s", "g", "heir", claim_idle_ms=60_000)
+    assert [e.msg.rid for e in heir.read(block_ms=50)] == ["queued"]
+
+
 def test_a_live_consumer_is_not_robbed(redis_url: str) -> None:
     link = RedisLink(redis_url)
     writer = StreamWriter(link)

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp
 
 from services.tokenizer.app import create_app
 from services.tokenizer.generation import FrontContext
+from services.tokenizer.images.front import ImageFront, PromptImages
 from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.pipeline import Liveness, PendingRequest
 from services.tokenizer.tokenization import Tokenization
@@ -52,13 +53,14 @@ class ScriptedPipeline:
         deadline: float,
         queue: asyncio.Queue[tuple[int, TextItem]],
         index: int,
+        images: PromptImages | None = None,
     ) -> PendingRequest:
         lp = [float(index - len(self.cached))]
         known = {"logprobs": lp, "prompt_tokens": len(input_ids), "cached_tokens": self.cached[index]}
         queue.put_nowait((index, TextItem(rid, "a", [TOKEN], output_tokens=1, **known)))
         last = TextItem(rid, "b", [TOKEN], finish_reason=FINISH_LENGTH, output_tokens=2, **known)
         queue.put_nowait((index, last))
-        return PendingRequest(rid, "detok-0", 0.0, len(input_ids), queue, index)
+        return PendingRequest(rid, "detok-0", len(input_ids), queue, index)
 
     def abort(self, rid: str, reason: str) -> None:
         pass
@@ -77,7 +79,9 @@ def tok(tiny_llama: str) -> Iterator[Tokenization]:
 def front(tok: Tokenization, cached: list[int]) -> tuple[ASGIApp, FrontContext]:
     cfg = TokenizerConfig(model_dir="unused", model_name=MODEL)
     pipeline: Any = ScriptedPipeline(cached)
-    ctx = FrontContext(cfg, pipeline, tok, 512, MODEL, len(tok.hf), FrontMetrics(), time.time())
+    ctx = FrontContext(
+        cfg, pipeline, tok, 512, MODEL, len(tok.hf), FrontMetrics(), time.time(), ImageFront(cfg, None, "")
+    )
     return create_app(ctx), ctx
 
 

@@ -120,7 +120,7 @@ def test_the_pipeline_ends_every_generation_with_an_error_item(redis_server: Red
     async def run() -> list[tuple[int, TextItem]]:
         queue: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()
         for i, rid in enumerate(["a", "b"]):
-            p.pending[rid] = PendingRequest(rid, "d0", 1.0, 7, queue, i)
+            p.pending[rid] = PendingRequest(rid, "d0", 7, queue, i)
         assert p.fail_all("shutting down") == 2
         return [queue.get_nowait() for _ in range(2)]
 

@@ -75,3 +75,14 @@ def test_send_once_refuses_at_once_without_redis() -> None:
     with pytest.raises(NotAtOnce):  # the outage is known now: no second try to connect
         writer.send_many([("s", beat("x", "y"))], once=True)
     assert time.perf_counter() - t < 2
+
+
+def test_a_draining_detokenizer_gets_no_new_request_while_another_serves(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    p = pipeline(link)
+    leaving = Heartbeat("detokenizer", "d1", 1, time.time(), time.time(), {"draining": 1.0})
+    p.live.detoks = {"d0": beat("detokenizer", "d0"), "d1": leaving}
+    assert {p._pick_detok(f"r{i}").replica for i in range(50)} == {"d0"}
+    p.live.detoks = {"d1": leaving}  # the only one: still used (503 for all would be worse)
+    assert p._pick_detok("r0").replica == "d1"
+    p.stop()

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import pytest
 
 from services.tokenizer.pipeline import PendingRequest, Pipeline, Unavailable
-from services.tokenizer.watchdog import Watchdog
+from services.tokenizer.watchdog import DETOK_TAKEOVER_S, Watchdog
 from shared.messages import AbortReq, Heartbeat, SamplingParams, TextItem, encode
 from shared.redis_link import RedisLink
 from shared.redis_streams import StreamReader
-from shared.streams import SERVICE_DETOK, SERVICE_ROUTER, SERVICE_WORKER, StreamNames
+from shared.streams import SERVICE_DETOK, SERVICE_ROUTER, SERVICE_VISUAL, SERVICE_WORKER, StreamNames
 from tests.polling import until
 from tools.redis_server import RedisServer
 
@@ -24,8 +24,8 @@ NAMES = StreamNames("t")
 @dataclass
 class Req:
     detok: str = "d0"
-    detok_started: float = 1.0
     answered: bool = False
+    images: bool = False
 
 
 def beat(link: RedisLink, service: str, replica: str, at: float) -> None:
@@ -42,6 +42,21 @@ def all_alive(link: RedisLink, at: float) -> None:
 def server():
     with RedisServer() as s:
         yield s
+
+
+def test_no_visual_replica_fails_the_image_requests_it_never_passed_on(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    dog = Watchdog(link, NAMES, dead_after_s=3.0, router_dead_after_s=8.0)
+    now = time.time()
+    all_alive(link, now)
+    beat(link, SERVICE_VISUAL, "v0", now)
+    dog.refresh(now)
+    text, waiting, running = Req(), Req(images=True), Req(images=True, answered=True)
+    assert dog.live.visuals and dog.orphans([text, waiting, running], now) == []
+    all_alive(link, now + 4)
+    dog.refresh(now + 4)  # the visual replica's last beat is 4 s old: dead
+    assert dog.live.ready and not dog.live.visuals
+    assert [(r, "visual" in why) for r, why in dog.orphans([text, waiting, running], now + 4)] == [(waiting, True)]
 
 
 def test_a_router_gone_for_a_while_fails_only_what_it_never_answered(redis_url: str) -> None:
@@ -63,6 +78,28 @@ def test_a_router_gone_for_a_while_fails_only_what_it_never_answered(redis_url: 
     beat(link, SERVICE_ROUTER, "r", now + 9)  # restarted after all
     dog.refresh(now + 9)
     assert dog.live.ready and dog.orphans([waiting, running], now + 9) == []
+
+
+def test_a_dead_detokenizers_requests_wait_for_a_takeover_then_end(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    dog = Watchdog(link, NAMES, dead_after_s=3.0, router_dead_after_s=8.0)
+    now = time.time()
+    all_alive(link, now)
+    beat(link, SERVICE_DETOK, "d1", now)
+    dog.refresh(now)
+    on_d0, on_d1 = Req(detok="d0"), Req(detok="d1")
+    link.client.delete(NAMES.heartbeat(SERVICE_DETOK, "d0"))  # d0 died
+    for t in (1, 4, DETOK_TAKEOVER_S + 0.5):  # seen gone at 1 s: another shard may still take it over
+        all_alive(link, now + t)
+        link.client.delete(NAMES.heartbeat(SERVICE_DETOK, "d0"))
+        beat(link, SERVICE_DETOK, "d1", now + t)
+        dog.refresh(now + t)
+        assert dog.orphans([on_d0, on_d1], now + t) == []
+    (orphan,) = dog.orphans([on_d0, on_d1], now + 1.5 + DETOK_TAKEOVER_S)
+    assert orphan[0] is on_d0 and "no other shard took its requests over" in orphan[1]
+    all_alive(link, now + 6 + DETOK_TAKEOVER_S)  # d0 taken over (or back): served again
+    dog.refresh(now + 6 + DETOK_TAKEOVER_S)
+    assert dog.orphans([on_d0, on_d1], now + 6 + DETOK_TAKEOVER_S) == []
 
 
 def test_redis_unreachable_is_seen_refused_and_after_a_while_fails_everything(server: RedisServer) -> None:
@@ -126,7 +163,7 @@ def test_aborts_that_could_not_be_sent_go_out_once_redis_answers_again(server: R
         p.loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, TextItem]] = asyncio.Queue()
         for rid in ("a", "b"):
-            p.pending[rid] = PendingRequest(rid, "d0", 1.0, 2, queue, 0)
+            p.pending[rid] = PendingRequest(rid, "d0", 2, queue, 0)
         server.kill()
         now = time.time()
         p.check(now)  # Redis away: seen

@@ -13,3 +13,15 @@ def test_each_worker_group_can_have_gpus_of_its_own() -> None:
     assert gpus() == [None, None]  # every group sees every GPU
     assert gpus(gpus_per_worker=1) == ["0", "1"]
     assert gpus(gpus_per_worker=2) == ["0,1", "2,3"]
+
+
+def test_a_service_runs_under_its_prefix_and_the_rest_as_they_are(tmp_path) -> None:
+    # echo in place of `ip netns exec NS`: the log shows the command line the prefix was given
+    opts = StackOptions(
+        model_dir="m", redis_url="redis://x", port=1, log_dir=str(tmp_path), prefixes={"router": ["echo"]}
+    )
+    stack = Stack(opts)
+    stack.start_service("router")
+    assert stack.services["router"].proc.wait(10) == 0  # type: ignore[union-attr]
+    said = (tmp_path / "router.log").read_text().split()
+    assert said[1:] == ["-m", "services.router", *stack.services["router"].args]

@@ -1,58 +1,54 @@
-"""Qwen2-VL and Qwen2.5-VL with images, every part LightStream's own: the image processor
-(processors/qwen2_vl.py) lays out the prompt and the patches, the vision tower encodes them, M-RoPE
-positions come from the grids, and the engine's runner prefills (a chunk cut inside an image) and
-decodes greedily; the tokens equal Hugging Face's generate with its own processor's pixel_values."""
+"""Qwen2-VL and Qwen2.5-VL with images, every part LightStream's own: the front end expands the
+prompt (services/tokenizer/images), the visual service's family prepares and encodes the images
+(services/visual/families/qwen2_vl.py), and the engine takes the request with its ImageSpans as
+the worker's intake gives them (their grids make its M-RoPE positions), prefilling in chunks that
+cut through an image and decoding greedily; the tokens equal Hugging Face's generate with its own
+processor's pixel_values."""
 
 from __future__ import annotations
 
-import json
-import os
+import asyncio
+import base64
 
-import numpy as np
 import pytest
 import torch
 
-from services.visual.models.qwen2_vl_config import QwenVisionConfig
-from services.visual.models.qwen2_vl_vision import load_tower
-from services.visual.processors.qwen2_vl import QwenImageProcessor, expand_image_tokens
+from services.tokenizer.images.front import ImageFront
+from services.tokenizer.images.sources import ImageSource
+from services.visual.families import load_tower
+from services.visual.image_prep import open_rgb
 from services.worker.build import build_engine
-from services.worker.mrope_index import rope_index
-from services.worker.request import Req
-from shared.config import WorkerConfig
+from services.worker.request import ImageSpan
+from shared.config import TokenizerConfig, WorkerConfig
+from shared.messages import GenerateReq, SamplingParams
+from shared.model_config import ModelConfig
 from tests import qwen_vl_reference as ref
-from tests.worker.engine_driver import request
-from tests.worker.mm_steps import MMSteps
+from tests import vision_cases as vc
 
 NEW_TOKENS = 10
 
 
 def _ours(model_dir: str, images, text: str) -> list[int]:
-    proc = QwenImageProcessor.from_dir(model_dir)
-    with open(os.path.join(model_dir, "config.json")) as f:
-        cfg = json.load(f)
-    tower = load_tower(model_dir, QwenVisionConfig.from_model_config(cfg), torch.float32, "cpu")
-    done = [proc.preprocess(img) for img in images]
-    grids = [g for _, g in done]
-    embeds = tower.encode(torch.from_numpy(np.concatenate([p for p, _ in done])), grids)
-
+    vision = ModelConfig.from_dir(model_dir).vision
+    front = ImageFront(TokenizerConfig(model_dir=model_dir), vision, "<|image_pad|>")
+    sources = [ImageSource(base64.b64encode(vc.png(i)).decode(), f"i{n}") for n, i in enumerate(images)]
+    checked = asyncio.run(front.load(sources))
     tok = ref.tokenizer(model_dir)
     content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
     ids = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)["input_ids"]
-    image_id = cfg["image_token_id"]
-    ids = expand_image_tokens(ids, image_id, [proc.num_tokens(i.height, i.width) for i in images])
+    ids, prompt = front.expand(ids, checked, "messages")
+    assert prompt is not None
 
-    engine = build_engine(WorkerConfig(model_dir=model_dir, device="cpu"))
-    req = Req(request("r", ids, max_new_tokens=NEW_TOKENS), 0)
-    req.rope = rope_index(ids, image_id, [(t, h // 2, w // 2) for t, h, w in grids])
-    steps = MMSteps(engine)
-    cut = ids.index(image_id) + 3
-    steps.step([(req, cut)], [], {"r": embeds})
-    steps.step([(req, len(ids) - cut)], [], {"r": embeds})
-    for _ in range(NEW_TOKENS - 1):
-        req.tokens.append(int(steps.logits["r"][-1][-1].argmax()))
-        steps.step([], [req], {"r": embeds})
-    req.tokens.append(int(steps.logits["r"][-1][-1].argmax()))
-    return req.tokens[len(ids) :]
+    tower = load_tower(model_dir, vision, torch.float32, torch.device("cpu"))
+    rows = tower.encode([tower.prepare(open_rgb(vc.png(i))) for i in images])
+    spans = [ImageSpan(r.offset, x, tuple(r.grid)) for r, x in zip(prompt.refs, rows, strict=True)]
+    req = GenerateReq("r", "front", "detok", ids, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True), 0.0, 0.0)
+    engine = build_engine(WorkerConfig(model_dir=model_dir, device="cpu", batch_max_tokens=16))
+    engine.add(req, spans)
+    tokens = []
+    while engine.has_work():
+        tokens += [t for _, item in engine.step().items for t in item.token_ids]
+    return tokens
 
 
 @pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl"])

@@ -1,6 +1,7 @@
-"""Hand-made steps of requests whose prompts have images through an engine's runner: the image
-tokens' embeddings given (ForwardBatch.embeds), M-RoPE positions from each Req's rope, every
-position's logits kept. What the worker's scheduler and scatter will do, done by hand for tests."""
+"""Requests whose prompts have images, made as the front end and the worker's intake make them
+(each image's positions holding its pseudo-id, its rows and grid an ImageSpan, so the Req's
+M-RoPE positions follow), and hand-made steps of them through an engine's runner keeping every
+position's logits."""
 
 from __future__ import annotations
 
@@ -8,9 +9,26 @@ import torch
 
 from services.worker.batch_builder import build_batch
 from services.worker.engine import Engine
-from services.worker.forward_batch import EmbedRows
-from services.worker.request import Req
+from services.worker.request import ImageSpan, Req
 from services.worker.scheduler import StepPlan
+from shared.vision_config import image_pseudo_id
+from tests.worker.engine_driver import request
+
+
+def image_req(
+    rid: str, ids: list[int], image_id: int, rows: torch.Tensor, grids: list[tuple[int, int, int]], **params
+) -> Req:
+    """ids with each image as a run of image_id (as Hugging Face's processor expands them); rows
+    [image tokens, H]: every image's embeddings in order; grids: each image's (t, h, w) in tokens."""
+    ids, spans, at, used = list(ids), [], 0, 0
+    for k, (t, h, w) in enumerate(grids):
+        n = t * h * w
+        start = ids.index(image_id, at)
+        assert ids[start : start + n] == [image_id] * n, f"image {k}: its grid does not fit its tokens"
+        ids[start : start + n] = [image_pseudo_id(f"{k + 1:x}{rid.encode().hex()}".ljust(16, "0"))] * n
+        spans.append(ImageSpan(start, rows[used : used + n], (t, h, w)))
+        at, used = start + n, used + n
+    return Req(request(rid, ids, **params), 0, spans)
 
 
 class MMSteps:
@@ -20,8 +38,7 @@ class MMSteps:
         self.engine = engine
         self.logits: dict[str, list[torch.Tensor]] = {}
 
-    def step(self, extends: list[tuple[Req, int]], decodes: list[Req], embeds: dict[str, torch.Tensor]) -> None:
-        """embeds: per request id, the image embeddings of all its image tokens, in order."""
+    def step(self, extends: list[tuple[Req, int]], decodes: list[Req]) -> None:
         kv = self.engine.kv
         plan = StepPlan(
             extends=extends,
@@ -32,7 +49,6 @@ class MMSteps:
         )
         batch = build_batch(plan, kv.table.table, self.engine.device)
         batch.sample_index = torch.arange(batch.num_tokens)
-        batch.embeds = self._embed_rows(extends, embeds)
         logits = self.engine.runner.forward(batch)
         rows = [(r, n) for r, n in extends] + [(r, 1) for r in decodes]
         at = 0
@@ -40,15 +56,3 @@ class MMSteps:
             self.logits.setdefault(r.rid, []).append(logits[at : at + n].float())
             at += n
             r.kv_len += n
-
-    def _embed_rows(self, extends: list[tuple[Req, int]], embeds: dict[str, torch.Tensor]) -> EmbedRows | None:
-        rows, values, start = [], [], 0
-        image_id = self.engine.runner.model.cfg.image_token_id
-        for r, n in extends:
-            image_at = [i for i, t in enumerate(r.tokens[: r.prompt_len]) if t == image_id]
-            for k, i in enumerate(image_at):
-                if r.kv_len <= i < r.kv_len + n:
-                    rows.append(start + i - r.kv_len)
-                    values.append(embeds[r.rid][k])
-            start += n
-        return EmbedRows(torch.tensor(rows), torch.stack(values)) if rows else None

@@ -48,7 +48,7 @@ def _ids(model_dir: str) -> list[int]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8", "fp8"])
 def test_prefixes_of_every_length_give_hugging_faces_output(tiny_llama: str, kv_dtype: str, device: str) -> None:
     """A first request is cached; then prompts sharing its first token, a prefix ending inside a
     prefill chunk, the whole prompt, and the prompt with its output and more."""
@@ -56,7 +56,7 @@ def test_prefixes_of_every_length_give_hugging_faces_output(tiny_llama: str, kv_
     engine = _engine(tiny_llama, device, batch_max_tokens=16, kv_dtype=kv_dtype)
     first = request("first", ids, max_new_tokens=8, ignore_eos=True)
     out = run(engine, [first])
-    if kv_dtype == "auto":  # int8 K and V round: its own first output is checked below
+    if kv_dtype == "auto":  # int8 and e4m3 K and V round: its own first output is checked below
         assert out["first"].tokens == hf_reference.greedy(tiny_llama, ids, 8, eos=False)
     grown = ids + out["first"].tokens + [17, 23, 99]
     reqs = [

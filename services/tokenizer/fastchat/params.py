@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.tokenizer.images.sources import ImageSource
 from services.tokenizer.limits import GREEDY_TEMPERATURE, MAX_N, MAX_STOPS, MAX_TOP_LOGPROBS, TokenId
 from shared.messages import SamplingParams
 
@@ -62,10 +63,14 @@ class WorkerParams(BaseModel):
 
     @field_validator("images")
     @classmethod
-    def _no_images(cls, v: list[Any] | None) -> list[Any] | None:
-        if v:
-            raise ValueError("images are not supported: the served model is text-only")
+    def _image_strings(cls, v: list[Any] | None) -> list[Any] | None:
+        """FastChat sends each image as a string: a data: or http(s) URL, or bare base64."""
+        if any(not isinstance(x, str) for x in v or []):
+            raise ValueError("each image must be a string: a data: or http(s) URL, or base64")
         return v
+
+    def image_sources(self) -> list[ImageSource]:
+        return [ImageSource(x, f"images.{i}") for i, x in enumerate(self.images or [])]
 
     @property
     def sequences(self) -> int:

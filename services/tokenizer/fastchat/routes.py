@@ -75,8 +75,12 @@ async def _start(
         raise APIError(400, "best_of: a stream returns one sequence, must be 1", param="best_of")
     slot = await unless_disconnected(request, worker.slots.take())
     try:
-        ids = await ctx.tok.encode(params.prompt)
-        jobs = [Job(ids, params.sampling(seed), params.stops(), True) for seed in seeds(None, params.sequences)]
+        images = await ctx.images.load(params.image_sources())
+        ids, prompt_images = ctx.images.expand(await ctx.tok.encode(params.prompt), images, "prompt")
+        jobs = [
+            Job(ids, params.sampling(seed), params.stops(), True, prompt_images)
+            for seed in seeds(None, params.sequences)
+        ]
         gens = await submit_all(ctx, jobs, arrival, "max_new_tokens", "prompt")
     except BaseException:
         slot.release()

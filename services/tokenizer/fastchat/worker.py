@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 from services.tokenizer.fastchat.conversation import conversation
 from services.tokenizer.generation import FrontContext
@@ -55,7 +57,7 @@ class FastChatWorker:
         cfg = ctx.cfg
         names = [n.strip() for n in cfg.model_names.split(",")] if cfg.model_names else [ctx.model_name]
         self.model_names = list(dict.fromkeys(names))
-        self.address = cfg.worker_address or _own_address(cfg.host, cfg.port)
+        self.address = cfg.worker_address or _own_address(cfg.host, cfg.port, cfg.fastchat_controller)
         self.slots = Slots(cfg.limit_worker_concurrency)
         self.conv = conversation(ctx.tok, ctx.model_name)
         log.info("FastChat worker %s for %s, template %s", self.address, self.model_names, self.conv["name"])
@@ -70,8 +72,28 @@ class FastChatWorker:
         return {"model_names": self.model_names, "speed": 1, "queue_length": self.queue_length()}
 
 
-def _own_address(host: str, port: int) -> str:
-    reachable = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+def _own_address(host: str, port: int, controller: str = "") -> str:
+    """The URL FastChat reaches this front end at: its listening address, or where that is every
+    address, the one this host sends from towards the controller (on another host, 127.0.0.1
+    would be the controller's own loopback)."""
+    reachable = host
+    if host in ("0.0.0.0", "", "::"):
+        reachable = _source_towards(controller) if controller else "127.0.0.1"
     if ":" in reachable:
         reachable = f"[{reachable}]"
     return f"http://{reachable}:{port}"
+
+
+def _source_towards(url: str) -> str:
+    """This host's address on the route to url's host: a UDP socket's connect() only picks the
+    route and its source address, nothing is sent. 127.0.0.1 where there is no route yet (the
+    controller's name does not resolve): --worker-address then says what to advertise."""
+    parts = urlsplit(url)
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(parts.hostname, parts.port or 80, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.connect(addr)
+            return s.getsockname()[0]
+    except OSError as e:
+        log.warning("no route to the FastChat controller %s (%s): advertising 127.0.0.1; set --worker-address", url, e)
+        return "127.0.0.1"

@@ -6,11 +6,12 @@ is an error, and each message names the parameter it is about.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from services.tokenizer import constraints
+from services.tokenizer.images.sources import ImageSource
 from services.tokenizer.limits import GREEDY_TEMPERATURE, MAX_N, TokenId, check_stops, check_top_k
 from shared.messages import Constraint, SamplingParams
 
@@ -121,17 +122,41 @@ class GenerateParameters(BaseModel):
         )
 
 
+class ImageParam(BaseModel):
+    """One of LightLLM's multimodal_params.images: base64 data, or a URL to fetch."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["base64", "url"]
+    data: str
+
+
+class MultimodalParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    images: list[ImageParam] = Field(default_factory=list)
+    audios: list[Any] = Field(default_factory=list)
+
+    @field_validator("audios")
+    @classmethod
+    def _no_audio(cls, v: list[Any]) -> list[Any]:
+        if v:
+            raise ValueError("audio is not supported")
+        return v
+
+
 class GenerateBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     inputs: str
     parameters: GenerateParameters = Field(default_factory=GenerateParameters)
-    multimodal_params: dict[str, Any] | None = None
+    multimodal_params: MultimodalParams | None = None
     stream: bool = False  # read by TGI's POST / only
 
-    @field_validator("multimodal_params")
-    @classmethod
-    def _no_images(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v and v.get("images"):
-            raise ValueError("images are not supported: the served model is text-only")
-        return v
+    def image_sources(self) -> list[ImageSource]:
+        """Each image in the prompt's order: base64 data, or a URL."""
+        images = self.multimodal_params.images if self.multimodal_params is not None else []
+        return [
+            ImageSource(im.data, f"multimodal_params.images.{i}.data", im.type == "base64")
+            for i, im in enumerate(images)
+        ]

@@ -36,8 +36,11 @@ def lightllm_post_routes(ctx: FrontContext) -> dict[str, PostRoute]:
     async def start(body: GenerateBody, arrival: float) -> list[Generation]:
         p = body.parameters
         check_token_ids(p.stop_token_ids or [], ctx.vocab_size, "parameters.stop_token_ids")
-        ids = await ctx.tok.encode(body.inputs)
-        jobs = [Job(ids, p.sampling(seed), p.stops(), p.skip_special_tokens) for seed in seeds(p.seed, p.sequences)]
+        images = await ctx.images.load(body.image_sources())
+        ids, prompt_images = ctx.images.expand(await ctx.tok.encode(body.inputs), images, "inputs")
+        jobs = [
+            Job(ids, p.sampling(s), p.stops(), p.skip_special_tokens, prompt_images) for s in seeds(p.seed, p.sequences)
+        ]
         return await submit_all(ctx, jobs, arrival)
 
     async def generate(request: Request, body: GenerateBody, arrival: float) -> JSONResponse:

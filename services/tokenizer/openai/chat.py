@@ -41,17 +41,20 @@ async def chat_completions(
     body.check()
     check_token_ids(body.stop_token_ids or [], ctx.vocab_size, "stop_token_ids")
     plan = tool_plan(body.tools, body.tool_choice, ctx.cfg.tool_call_parser, body.parallel_tool_calls)
+    images = await ctx.images.load(body.image_sources())
     try:
         _, ids = await ctx.tok.encode_chat(body.chat(), body.chat_template_kwargs, plan.tools)
     except (ValueError, jinja2.TemplateError) as e:
         raise APIError(400, f"messages: the chat template refused them: {e}", param="messages") from e
+    ids, prompt_images = ctx.images.expand(ids, images, "messages")
     constraint = _answer_constraint(ctx, body, plan, ids)
     asked, name = body.max_tokens_asked()
     max_new = asked if asked is not None else ctx.max_total_len - len(ids)  # as OpenAI: up to the context
     if max_new < 1:
+        of_images = f" ({prompt_images.tokens} of them its images')" if prompt_images is not None else ""
         raise APIError(
             400,
-            f"messages: the rendered chat has {len(ids)} tokens, the model's limit is {ctx.max_total_len}",
+            f"messages: the rendered chat has {len(ids)} tokens{of_images}, the model's limit is {ctx.max_total_len}",
             "context_length_exceeded",
             param="messages",
         )
@@ -59,7 +62,7 @@ async def chat_completions(
     k = body.top_logprobs or 0
     skip = bool(body.skip_special_tokens)
     jobs = [
-        Job(ids, body.sampling(seed, max_new, bool(body.logprobs), k, constraint), body.stops(), skip)
+        Job(ids, body.sampling(seed, max_new, bool(body.logprobs), k, constraint), body.stops(), skip, prompt_images)
         for seed in seeds(body.seed, body.sequences)
     ]
     gens = await submit_all(ctx, jobs, arrival, name, "messages")

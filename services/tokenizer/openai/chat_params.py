@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from services.tokenizer.errors import APIError
+from services.tokenizer.images.sources import ImageSource
 from services.tokenizer.limits import MAX_TOP_LOGPROBS
 from services.tokenizer.openai.params import OpenAISampling
 from services.tokenizer.openai.tools import ToolCallIn, ToolChoice, ToolDef
@@ -26,24 +27,38 @@ class ChatMessage(BaseModel):
 
     @field_validator("content")
     @classmethod
-    def _text_only(cls, v: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+    def _parts(cls, v: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
         for part in v if isinstance(v, list) else []:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(
-                    f"content parts must be {{'type': 'text', 'text': str}}; {part.get('type')!r} is not supported "
-                    "(the model is text-only)"
-                )
+            kind = part.get("type")
+            if kind == "text" and isinstance(part.get("text"), str):
+                continue
+            if kind == "image_url" and isinstance(_image_url(part), str):
+                continue
+            raise ValueError(
+                "content parts must be {'type': 'text', 'text': str} or {'type': 'image_url', 'image_url': "
+                f"{{'url': str}}}}; {kind!r} is not supported"
+            )
         return v
 
     def text(self) -> str:
         c = self.content
         if isinstance(c, list):
-            return "".join(part["text"] for part in c)
+            return "".join(part["text"] for part in c if part["type"] == "text")
         return c or ""
 
+    def image_urls(self) -> list[str]:
+        c = self.content
+        return [_image_url(part) for part in c if part["type"] == "image_url"] if isinstance(c, list) else []
+
     def for_template(self) -> dict[str, Any]:
-        """The message as chat templates read it."""
-        msg: dict[str, Any] = {"role": self.role, "content": self.text()}
+        """The message as chat templates read it: content as text, or as a list of text and
+        {"type": "image"} parts, in order, where it has images (a vision model's template writes
+        each image's placeholder there)."""
+        content: str | list[dict[str, Any]] = self.text()
+        if self.image_urls():
+            assert isinstance(self.content, list)
+            content = [p if p["type"] == "text" else {"type": "image"} for p in self.content]
+        msg: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             msg["name"] = self.name
         if self.tool_calls:
@@ -51,6 +66,12 @@ class ChatMessage(BaseModel):
         if self.tool_call_id is not None:
             msg["tool_call_id"] = self.tool_call_id
         return msg
+
+
+def _image_url(part: dict[str, Any]) -> Any:
+    """An image_url part's URL: OpenAI's {"image_url": {"url": ...}}, or the URL itself."""
+    url = part.get("image_url")
+    return url.get("url") if isinstance(url, dict) else url
 
 
 class ChatCompletionRequest(OpenAISampling):
@@ -97,3 +118,13 @@ class ChatCompletionRequest(OpenAISampling):
     def chat(self) -> list[dict[str, Any]]:
         """The messages as the chat template reads them."""
         return [m.for_template() for m in self.messages]
+
+    def image_sources(self) -> list[ImageSource]:
+        """Every image's URL in the order the template meets them, with the parameter naming it."""
+        out = []
+        for i, m in enumerate(self.messages):
+            parts = m.content if isinstance(m.content, list) else []
+            for j, part in enumerate(parts):
+                if part["type"] == "image_url":
+                    out.append(ImageSource(_image_url(part), f"messages.{i}.content.{j}.image_url"))
+        return out

@@ -80,7 +80,7 @@ class _Shell:
             "parallel_tool_calls": True,
             "tool_choice": "none",
             "tools": [],
-            "text": {"format": {"type": "text"}},
+            "text": {"format": b.format_echo()},
             "truncation": b.truncation or "disabled",
             "metadata": b.metadata or {},
             "incomplete_details": {"reason": "max_output_tokens"} if finish == FINISH_LENGTH else None,

@@ -1,14 +1,18 @@
 """POST /v1/responses's body (OpenAI's Responses API), for text: the input as a string or as
-messages, instructions as the system message, max_output_tokens. What asks for more than text
-(tools, stored conversations, background runs, other output formats) is a 400 naming the field."""
+messages, instructions as the system message, max_output_tokens, and the output's format
+(``text.format``: text, json_object, or json_schema with its name, schema and strict beside the
+type, as this API spells it). What asks for more (tools, stored conversations, background
+runs) is a 400 naming the field."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.tokenizer import constraints
 from services.tokenizer.openai.params import OpenAISampling, not_supported
+from shared.messages import Constraint
 
 
 class InputMessage(BaseModel):
@@ -31,11 +35,45 @@ class InputMessage(BaseModel):
         return c if isinstance(c, str) else "".join(part["text"] for part in c)
 
 
+class TextFormat(BaseModel):
+    """text.format: the Responses API's response_format, its json_schema fields beside the type."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None  # OpenAI asks for one with json_schema; it changes nothing here
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> TextFormat:
+        if (self.type == "json_schema") != (self.schema_ is not None):
+            raise ValueError("format: schema is given exactly when type is json_schema")
+        return self
+
+    def constraint(self) -> Constraint | None:
+        if self.schema_ is not None:
+            return constraints.json_schema(self.schema_)
+        return constraints.json_object(self.type == "json_object")
+
+    def echo(self) -> dict[str, Any]:
+        """As the response object repeats it."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class TextOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # accepted; the model's to heed, not ours
+
+
 class ResponsesRequest(OpenAISampling):
     input: str | list[InputMessage]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    text: dict[str, Any] | None = None
+    text: TextOptions | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     previous_response_id: str | None = None
@@ -67,13 +105,16 @@ class ResponsesRequest(OpenAISampling):
     def _no_logprobs(cls, v: int | None) -> int | None:
         return not_supported("top_logprobs", v or None)
 
-    @field_validator("text")
-    @classmethod
-    def _text_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        fmt = (v or {}).get("format") or {"type": "text"}
-        if fmt.get("type") != "text":
-            raise ValueError(f"only the text format is supported, got {fmt.get('type')!r}")
-        return v
+    def output_constraint(self) -> Constraint | None:
+        """text.format, or vLLM's guided_* (one of them)."""
+        fmt = self.text.format if self.text is not None else None
+        return constraints.one_constraint(
+            **{"text.format": fmt.constraint() if fmt is not None else None, "guided_*": super().output_constraint()}
+        )
+
+    def format_echo(self) -> dict[str, Any]:
+        fmt = self.text.format if self.text is not None else None
+        return fmt.echo() if fmt is not None else {"type": "text"}
 
     def chat(self) -> list[dict[str, str]]:
         """The conversation as chat messages: the instructions first, as a system message."""

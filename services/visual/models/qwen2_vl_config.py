@@ -12,9 +12,8 @@ block over the patch's row and column.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-QWEN_VL_TYPES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl"}
+from shared.vision_config import QWEN_VL, VisionConfig
 
 
 @dataclass(frozen=True)
@@ -62,12 +61,11 @@ class QwenVisionConfig:
         return self.window_size // (self.patch_size * self.merge_size)
 
     @classmethod
-    def from_model_config(cls, raw: dict[str, Any]) -> QwenVisionConfig:
-        """From the whole config.json of a Qwen2-VL or Qwen2.5-VL model."""
-        family = QWEN_VL_TYPES.get(raw.get("model_type", ""))
-        if family is None:
-            raise ValueError(f"model_type {raw.get('model_type')!r} is not Qwen2-VL or Qwen2.5-VL")
-        v = raw["vision_config"]
+    def of(cls, vision: VisionConfig) -> QwenVisionConfig:
+        """From a Qwen2-VL or Qwen2.5-VL model's VisionConfig (its config.json's vision_config)."""
+        family, v = vision.family, vision.tower
+        if family not in QWEN_VL:
+            raise ValueError(f"vision family {family!r} is not Qwen2-VL or Qwen2.5-VL")
         common = {
             "family": family,
             "depth": int(v["depth"]),

@@ -1,7 +1,7 @@
 """The Qwen2-VL / Qwen2.5-VL vision tower: pixel patches -> one embedding per language-model
 image token.
 
-    tower = load_tower(model_dir, QwenVisionConfig.from_model_config(config_json), dtype, device)
+    tower = load_tower(model_dir, QwenVisionConfig.of(model_config.vision), dtype, device)
     embeds = tower.encode(pixel_values, grids)  # [sum(t * h * w) / 4, LM hidden]
     per_image = embeds.split(tower.token_counts(grids))
 
@@ -10,7 +10,7 @@ processors/qwen2_vl.py (and Hugging Face's Qwen2VLImageProcessor) give, images c
 any number: each frame attends only within itself (cu_seqlens), so a batch of images from many
 requests encodes in one call with each image's output as if alone. The rows of an image's output
 are its image tokens in prompt order (merge blocks row-major), what the worker scatters into the
-prompt's image pad tokens (ForwardBatch.embeds).
+prompt's image positions (ForwardBatch.image_embeds).
 
 Steps: patch embedding (the checkpoint's Conv3d, stride = kernel, as one matmul), the 2-D rotary
 table (half of each head's frequencies turn by the patch's row, half by its column), the blocks

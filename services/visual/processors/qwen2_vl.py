@@ -4,8 +4,7 @@ NumPy and Pillow only (no torch), so the front end can run it.
 
     proc = QwenImageProcessor.from_dir(model_dir)
     patches, grid = proc.preprocess(image)         # [t * h * w, C * T * P * P] float32, (t, h, w)
-    n = proc.num_tokens(image.height, image.width)  # t * h * w / merge^2 image pad tokens
-    ids = expand_image_tokens(ids, image_token_id, [n, ...])
+    n = proc.num_tokens(image.height, image.width)  # t * h * w / merge^2 image tokens
 
 The image, made RGB (transparency laid on white), is resized with Pillow's bicubic filter to the
 nearest multiples of patch * merge pixels (28) whose area lies within [min_pixels, max_pixels]
@@ -16,9 +15,10 @@ w) counts patches; the vision tower (services/visual/models/qwen2_vl_vision.py) 
 patches and grids of any number of images at once.
 
 A chat template puts one <|image_pad|> between <|vision_start|> and <|vision_end|> for each image;
-expand_image_tokens repeats the i-th one num_tokens times (what Hugging Face's processor does to
-the text), and the worker's M-RoPE positions (services/worker/mrope_index.py) take the grid with h
-and w divided by merge_size.
+the front end expands it to num_tokens positions (what Hugging Face's processor does to the text;
+services/tokenizer/images/families.py), and the worker's M-RoPE positions
+(services/worker/mrope_index.py) take the grid with h and w divided by merge_size. The front end
+runs this module too: it needs no torch.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,20 +125,3 @@ def rgb(image: Image.Image) -> Image.Image:
         rgba = image.convert("RGBA")
         return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
     return image.convert("RGB")
-
-
-def expand_image_tokens(ids: Sequence[int], image_token_id: int, counts: Sequence[int]) -> list[int]:
-    """The prompt with its i-th image_token_id repeated counts[i] times (one per image)."""
-    out: list[int] = []
-    images = iter(counts)
-    for t in ids:
-        if t != image_token_id:
-            out.append(t)
-            continue
-        n = next(images, None)
-        if n is None:
-            raise ValueError(f"the prompt has more image tokens than the {len(counts)} images given")
-        out.extend([image_token_id] * n)
-    if next(images, None) is not None:
-        raise ValueError(f"{len(counts)} images for fewer image tokens in the prompt")
-    return out

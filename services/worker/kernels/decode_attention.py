@@ -140,7 +140,7 @@ def decode_attention(
     **config: int,
 ) -> torch.Tensor:
     """q: [B, Hq, D] one token per request; pools: [C, Hkv, D]; rows, seq_lens: [B] int32, seq_lens
-    counting the new token (already stored). k_scale, v_scale [C, Hkv] float32 mark an int8 pool.
+    counting the new token (already stored). k_scale, v_scale [C, Hkv] float32 mark an int8 or e4m3 pool.
     num_splits is the grid's splits per request; a request whose context is short uses fewer,
     none of under split_tokens tokens (so one captured grid suits every context length).
     mid_o / mid_lse: scratch from decode_scratch (allocated when None). counts: int32 zeros, at
@@ -189,7 +189,9 @@ def decode_attention(
         if new.slots.dtype != torch.int32:
             raise ValueError(f"decode_attention: new.slots must be int32, got {new.slots.dtype}")
         if k_scale is not None or not k_pool.is_floating_point():
-            raise ValueError("decode_attention: new tokens need a float pool (int8: store_kv_int8 first)")
+            raise ValueError(
+                "decode_attention: new tokens need a float pool (int8, fp8: store_kv_int8, store_kv_fp8 first)"
+            )
         check_row_norm("decode_attention", "new.norm.src", new.norm, bsz, q.dtype)
     if bsz == 0:
         return out

@@ -222,10 +222,10 @@ def _decode_split_kernel(
         slots = tl.load(table_ptr + row * table_stride + pos, mask=nmask, other=0).to(tl.int64)  # [BLOCK_N]
         kv_mask = nmask[:, None] & dmask[None, :]
         k = tl.load(
-            k_ptr + slots[:, None] * kp_slot_stride + kvh * kp_head_stride + offs_d[None, :], mask=kv_mask, other=0
+            k_ptr + slots[:, None] * kp_slot_stride + kvh * kp_head_stride + offs_d[None, :], mask=kv_mask, other=0.0
         )
         v = tl.load(
-            v_ptr + slots[:, None] * vp_slot_stride + kvh * vp_head_stride + offs_d[None, :], mask=kv_mask, other=0
+            v_ptr + slots[:, None] * vp_slot_stride + kvh * vp_head_stride + offs_d[None, :], mask=kv_mask, other=0.0
         )
         if QUANT:
             k_s = tl.load(ks_ptr + slots * ks_slot_stride + kvh * ks_head_stride, mask=nmask, other=0.0)

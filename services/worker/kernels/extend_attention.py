@@ -255,6 +255,9 @@ def extend_config(head_dim: int, dtype: torch.dtype, is_cuda: bool, max_len: int
     return dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), cfg, strict=True))
 
 
+QUANT_POOLS = (torch.int8, torch.float8_e4m3fn)  # pools read with per-token, per-head scales
+
+
 def check_pool(
     name: str,
     q: torch.Tensor,
@@ -277,8 +280,8 @@ def check_pool(
     if (k_scale is None) != (v_scale is None):
         raise ValueError(f"{name}: give both k_scale and v_scale, or neither")
     if k_scale is not None and v_scale is not None:
-        if k_pool.dtype != torch.int8 or v_pool.dtype != torch.int8:
-            raise ValueError(f"{name}: scales given but the pools are {k_pool.dtype}, not int8")
+        if k_pool.dtype not in QUANT_POOLS or v_pool.dtype != k_pool.dtype:
+            raise ValueError(f"{name}: scales given but the pools are {k_pool.dtype}, not int8 or float8_e4m3fn")
         for s in (k_scale, v_scale):
             if s.shape != k_pool.shape[:2] or s.dtype != torch.float32:
                 raise ValueError(f"{name}: scales must be {tuple(k_pool.shape[:2])} float32, got {tuple(s.shape)}")
@@ -318,7 +321,7 @@ def extend_attention(
     """q: [E, Hq, D] packed extend tokens; k_new, v_new: [E, Hkv, D] their K/V; pools: [C, Hkv, D]
     holding each segment's prefix at req_table[row, 0:prefix_len]; rows, starts, extend_lens,
     prefix_lens: [Be] int32; max_extend_len >= every extend_lens. k_scale, v_scale [C, Hkv]
-    float32 mark an int8 pool (the prefix only: k_new / v_new are in q's dtype). window > 0: a
+    float32 mark an int8 or e4m3 pool (the prefix only: k_new / v_new are in q's dtype). window > 0: a
     query at position p sees keys in (p - window, p] only; softcap > 0: each scaled score s
     becomes softcap * tanh(s / softcap) before the softmax. config overrides BLOCK_M / BLOCK_N /
     num_warps / num_stages. Returns out [E, Hq, D]."""

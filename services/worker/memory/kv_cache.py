@@ -5,8 +5,8 @@ kept in the request-to-token table (req_table.py) and which are free by the allo
 (token_allocator.py). The slot at index ``capacity`` is scratch: padded rows of a
 CUDA-graph batch write there, so they never touch a live token.
 
-int8 mode stores each token's K and V per head as int8 with a float32 scale
-(absmax / 127), about half the bytes of bf16 per token.
+A quantized pool stores each token's K and V per head as int8 (scale absmax / 127) or as FP8
+e4m3 (scale absmax / 448) with a float32 scale: about half the bytes of bf16 per token.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ class KVLayout:
     kv_heads: int  # this rank's share of the KV heads
     head_dim: int
     dtype: torch.dtype  # the model's activation dtype
-    quantized: bool  # int8 storage with per-token, per-head scales
+    quantized: bool  # int8 or e4m3 storage with per-token, per-head scales
+    quant_dtype: torch.dtype = torch.int8  # a quantized pool's storage: int8 or float8_e4m3fn
 
     @property
     def bytes_per_token(self) -> int:
@@ -43,7 +44,7 @@ class KVCache:
         self.dummy_slot = capacity
         rows = capacity + 1
         shape = (rows, layout.kv_heads, layout.head_dim)  # [slots, kv_heads, head_dim]
-        store_dtype = torch.int8 if layout.quantized else layout.dtype
+        store_dtype = layout.quant_dtype if layout.quantized else layout.dtype
         self.k = [torch.zeros(shape, dtype=store_dtype, device=device) for _ in range(layout.num_layers)]
         self.v = [torch.zeros(shape, dtype=store_dtype, device=device) for _ in range(layout.num_layers)]
         self.k_scale: list[torch.Tensor] | None = None
@@ -66,6 +67,24 @@ class KVCache:
             k = (k.float() * self.k_scale[layer][slots][..., None]).to(self.layout.dtype)
             v = (v.float() * self.v_scale[layer][slots][..., None]).to(self.layout.dtype)
         return k, v
+
+
+KV_QUANT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}  # --kv-dtype -> a quantized pool's storage
+FP8_MAX = 448.0
+
+
+def quantize_kv(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [n, heads, dim] -> (values [n, heads, dim] in dtype, int8 or e4m3; float32 scales [n, heads])."""
+    return quantize_int8(x) if dtype == torch.int8 else quantize_fp8(x)
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [n, heads, dim] -> (e4m3 values [n, heads, dim], float32 scales [n, heads]): absmax / 448,
+    each value rounded to the nearest e4m3, ties to even."""
+    absmax = x.float().abs().amax(dim=-1)
+    scale = torch.clamp(absmax, min=1e-8) / FP8_MAX
+    q = (x.float() / scale[..., None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

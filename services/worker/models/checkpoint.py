@@ -12,7 +12,8 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from services.worker.models import int4_formats
+from services.worker.models import fp8_formats, int4_formats
+from services.worker.models.fp8_weight import Fp8Weight
 from services.worker.models.int4_weight import Int4Weight
 from services.worker.tp.parallel import TensorParallel
 from shared.quant_config import WeightQuant
@@ -64,7 +65,10 @@ def _open(path: str):
 class Checkpoint:
     """Tensor name -> tensor across all files of a checkpoint, read lazily; ``put`` moves a
     tensor to the serving device and dtype. In a checkpoint of int4 weights (quant), a projection's
-    "<name>.weight" is read as an Int4Weight from its packed tensors (models/int4_formats.py)."""
+    "<name>.weight" is read as an Int4Weight from its packed tensors (models/int4_formats.py); in
+    an FP8 one, a dense projection's as an Fp8Weight and any other FP8 tensor dequantized
+    (models/fp8_formats.py); with FP8 made at load (quant.at_load), each dense projection is
+    quantized whole, before a tensor-parallel cut, so a row-parallel share keeps its rows' scales."""
 
     def __init__(
         self,
@@ -80,20 +84,56 @@ class Checkpoint:
         self.device = device
         self.show_progress = progress
         self.quant = quant
+        self.alias: dict[str, str] = {}  # a name the family reads -> the name stored (set_text_model)
 
-    def get(self, name: str) -> torch.Tensor | Int4Weight:
+    def set_text_model(self) -> None:
+        """A vision-language checkpoint holds its language model under a prefix: llava-hf's
+        language_model.model.* and language_model.lm_head, or transformers 5's (and Qwen2-VL's
+        under transformers 4.5x) model.language_model.* (and lm_head at the top); read them by the
+        text family's names. Qwen2-VL's released checkpoints hold it under those names already
+        (model.*, the tower beside it under visual.*)."""
+        if any(n.startswith("model.layers.") for n in self.where):
+            self.alias = {}
+        elif any(n.startswith("language_model.") for n in self.where):
+            self.alias = {n.removeprefix("language_model."): n for n in self.where if n.startswith("language_model.")}
+        elif any(n.startswith("model.language_model.") for n in self.where):
+            inner = "model.language_model."
+            self.alias = {"model." + n.removeprefix(inner): n for n in self.where if n.startswith(inner)}
+        else:
+            raise WeightLoadError("no language model (language_model.* or model.language_model.*) in the checkpoint")
+
+    def get(self, name: str) -> torch.Tensor | Int4Weight | Fp8Weight:
+        name = self.alias.get(name, name)
         handle = self.where.get(name)
         stem = name.removesuffix("weight")
-        if handle is None and self.quant is not None and stem + "qweight" in self.where:
-            return int4_formats.read(self.quant.method, self.get, stem, self.quant.group_size)
+        quant = self.quant
+        if handle is None and quant is not None and stem + "qweight" in self.where:
+            return int4_formats.read(quant.method, self.get, stem, quant.group_size)
         if handle is None:
             raise WeightLoadError(f"tensor {name} missing from the checkpoint")
+        if quant is not None and quant.method == "fp8":
+            return self._fp8(name, stem, quant, handle)
         return handle.get_tensor(name)
 
-    def has(self, name: str) -> bool:
-        return name in self.where
+    def _fp8(self, name: str, stem: str, quant: WeightQuant, handle) -> torch.Tensor | Fp8Weight:
+        dense = fp8_formats.is_dense_projection(name)
+        if quant.at_load:
+            t = handle.get_tensor(name)
+            return Fp8Weight.quantize(t.to(self.device)) if dense and t.dim() == 2 else t
+        if stem + quant.scale_name not in self.where:
+            return handle.get_tensor(name)
+        if dense:
+            return fp8_formats.read(self._raw, stem, quant)
+        return fp8_formats.dequantize(handle.get_tensor(name), self._raw(stem + quant.scale_name), quant)
 
-    def put(self, t: torch.Tensor | Int4Weight) -> torch.Tensor | Int4Weight:
+    def _raw(self, name: str) -> torch.Tensor:
+        """The tensor stored under name, as stored."""
+        return self.where[name].get_tensor(name)
+
+    def has(self, name: str) -> bool:
+        return self.alias.get(name, name) in self.where
+
+    def put(self, t: torch.Tensor | Int4Weight | Fp8Weight) -> torch.Tensor | Int4Weight | Fp8Weight:
         return t.to(device=self.device, dtype=self.dtype).contiguous()
 
     def progress(self, num_layers: int) -> Iterable[int]:

@@ -80,7 +80,11 @@ class LlamaModel:
         """-> logits [S, V] (the weights' dtype) for batch.sample_index. A decode-only step leaves rotary and
         the KV store to the attention backend's decode_attend (a kernel fewer a layer)."""
         decode_only = batch.num_extends == 0
-        c = self.piece(0, None, None, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only)
+        # a vision-language model's image rows (only Llama's first piece takes them; other families have none)
+        images = {"images": (batch.image_positions, batch.image_embeds)} if batch.image_embeds is not None else {}
+        c = self.piece(
+            0, None, None, batch.input_ids, batch.positions, batch.out_slots, store=not decode_only, **images
+        )
         for i in range(self.num_layers):
             assert c.q is not None and c.k is not None and c.v is not None
             if decode_only:
@@ -100,7 +104,7 @@ class LlamaModel:
         out_slots: torch.Tensor,
         qkv_out: torch.Tensor | None = None,
         store: bool = True,
-        embeds: torch.Tensor | None = None,
+        images: tuple[torch.Tensor, torch.Tensor] | None = None,
         cos_sin: torch.Tensor | None = None,
     ) -> Carry:
         """Layer i - 1's output projection and MLP (from its attention output o [T, Hq, D]), then
@@ -108,11 +112,13 @@ class LlamaModel:
         embedding; piece num_layers ends after the last MLP. qkv_out [T, (Hq + 2 Hkv) D]: where
         the QKV projection goes (q, k and v are views of it), else a new tensor. store=False
         leaves q and k unrotated and k, v out of the pool, for the backend's decode_attend.
-        embeds [T, H]: piece 0's input embeddings, else input_ids looked up. cos_sin: the rotary
-        table positions index, else cos_sin_of(i) (M-RoPE's per-token rows, qwen2_vl.py)."""
+        images (piece 0): (packed positions [N], rows [N, H]) that replace those tokens' embeddings.
+        cos_sin: the rotary table positions index, else cos_sin_of(i) (M-RoPE's per-token rows, qwen2_vl.py)."""
         eps = self.cfg.rms_norm_eps
         if i == 0:
-            h = embeds if embeds is not None else self.tp.embed(input_ids, self.w.embed, self.w.vocab_start)  # [T, H]
+            h = self.tp.embed(input_ids, self.w.embed, self.w.vocab_start)  # [T, H]
+            if images is not None:
+                h[images[0]] = images[1].to(h.dtype)
             residual = h
             x = self.ops.rmsnorm(h, self.w.layers[0].attn_norm, eps)
         else:
@@ -217,17 +223,15 @@ def load_mlp(ckpt: Checkpoint, shard: Shard, p: str) -> tuple[torch.Tensor, torc
     return ckpt.put(torch.cat([gate, up])), ckpt.put(shard.cols(ckpt.get(p + "down_proj.weight")))
 
 
-def assemble(
-    ckpt: Checkpoint, cfg: ModelConfig, shard: Shard, layers: list[LayerWeights], prefix: str = "model."
-) -> ModelWeights:
+def assemble(ckpt: Checkpoint, cfg: ModelConfig, shard: Shard, layers: list[LayerWeights]) -> ModelWeights:
     """The layers with the embedding, the output layer and the final norm by Hugging Face's
-    names, which the dense families share (under prefix: a vision-language model's may differ)."""
+    names, which the dense families share."""
     put = ckpt.put
-    embed, vocab_start = shard.vocab(ckpt.get(prefix + "embed_tokens.weight"))
+    embed, vocab_start = shard.vocab(ckpt.get("model.embed_tokens.weight"))
     embed = put(embed)
     if cfg.tie_word_embeddings or not ckpt.has("lm_head.weight"):
         lm_head = embed
     else:
         lm_head = put(shard.vocab(ckpt.get("lm_head.weight"))[0])
-    final_norm = put(ckpt.get(prefix + "norm.weight"))
+    final_norm = put(ckpt.get("model.norm.weight"))
     return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head, vocab_start=vocab_start)

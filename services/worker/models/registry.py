@@ -31,7 +31,7 @@ GEMMA2 = Family(model=gemma2.Gemma2Model, load=gemma2.load, random=gemma2.random
 GEMMA3 = Family(model=gemma3.Gemma3Model, load=gemma3.load, random=gemma3.random_weights)
 MIXTRAL = Family(model=mixtral.MixtralModel, load=mixtral.load, random=moe.random_weights)
 QWEN2_MOE = Family(model=qwen_moe.Qwen2MoeModel, load=qwen_moe.load, random=moe.random_weights)
-QWEN2_VL = Family(model=qwen2_vl.Qwen2VLModel, load=qwen2_vl.load, random=dense_random_weights)
+QWEN2_VL = Family(model=qwen2_vl.Qwen2VLModel, load=llama.load, random=dense_random_weights)
 QWEN3_MOE = Family(model=qwen_moe.Qwen3MoeModel, load=qwen_moe.load, random=qwen_moe.qwen3_random_weights)
 
 # ModelConfig.family -> its implementation
@@ -66,8 +66,12 @@ def load_weights(
     tp: TensorParallel,
     progress: bool = True,
 ) -> ModelWeights:
-    """The checkpoint in model_dir, this rank's shard of it, on device in dtype."""
-    return family_of(cfg).load(Checkpoint(model_dir, dtype, device, progress, cfg.quantization), cfg, Shard(tp))
+    """The checkpoint in model_dir, this rank's shard of it, on device in dtype (a vision-language
+    model's: its language model's)."""
+    ckpt = Checkpoint(model_dir, dtype, device, progress, cfg.quantization)
+    if cfg.vision is not None:
+        ckpt.set_text_model()
+    return family_of(cfg).load(ckpt, cfg, Shard(tp))
 
 
 def random_weights(

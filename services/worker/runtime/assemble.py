@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 
 def wants_folding(cfg: WorkerConfig, device: torch.device, tp_size: int) -> bool:
     """Folding is for one CUDA rank with a bf16/float pool: decode_folded adds each rank's partial
-    products into the residual in place, and the int8 pool's decode kernel takes no norm."""
-    return cfg.fold_norms and device.type == "cuda" and tp_size == 1 and cfg.kv_dtype != "int8"
+    products into the residual in place, and a quantized (int8, fp8) pool's decode kernel takes no norm."""
+    return cfg.fold_norms and device.type == "cuda" and tp_size == 1 and cfg.kv_dtype == "auto"
 
 
 def make_runner(

@@ -77,7 +77,7 @@ def choose(
     projections named in accumulate are timed adding into their output, as the step runs them
     (a GEMM with beta 1 may get another kernel from a library's heuristic than one with beta 0)."""
     return {
-        # an int4 weight has its own kernel (layers/projection.py), whatever is chosen
+        # an int4 or fp8 weight has its own product (layers/projection.py), whatever is chosen
         name: _fastest(weights[:layers], batch, lt, reps, name in accumulate)
         if isinstance(weights[0], torch.Tensor)
         else DEFAULT

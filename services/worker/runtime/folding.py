@@ -38,7 +38,7 @@ def fold_norms_(model: CausalLM) -> bool:
     the norms' own weights become ones. Each product is computed in float32 and rounded once to
     the weights' dtype, as PyTorch's in-place multiply does. -> whether the model is now folded."""
     pairs = model.fold_pairs() if model.folds_norms else []
-    if not pairs or not all(isinstance(w, torch.Tensor) for _, w in pairs):  # int4 weights: a norm does not fold
+    if not pairs or not all(isinstance(w, torch.Tensor) for _, w in pairs):  # int4, fp8 weights: a norm does not fold
         return False
     for norm, weight in pairs:
         weight.mul_(norm[None, :])

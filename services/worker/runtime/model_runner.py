@@ -37,13 +37,19 @@ class ModelRunner:
         """-> logits [S, V] (the weights' dtype) for batch.sample_index."""
         if self.channel is not None:
             self.channel.send(batch)
-        if batch.rope_positions is not None or batch.embeds is not None:
-            return self.step(batch)  # M-RoPE rows and given embeddings are inputs no captured graph has
+        if batch.rope_positions is not None:
+            return self.step(batch)  # M-RoPE's per-token rotary rows are an input no captured graph has
         if self.graphs is not None and batch.num_extends == 0 and self.graphs.fits(batch.num_decodes):
             return self.graphs.replay(batch)
         # only steps with prompt tokens: a decode batch too large for the decode graphs keeps the
         # device busy far longer than its launch takes, and padding it to a bucket only adds work
         # (on an H200 at the 8B shape, 1025-2048 requests: 58-62 ms a step padded, 55.5 eager)
-        if self.pieces is not None and batch.num_extends > 0 and self.pieces.fits(batch.num_tokens):
+        # a step with images runs eagerly: the captured first piece embeds token ids only
+        if (
+            self.pieces is not None
+            and batch.image_embeds is None
+            and batch.num_extends > 0
+            and self.pieces.fits(batch.num_tokens)
+        ):
             return self.pieces.run(batch)
         return self.step(batch)

@@ -23,6 +23,7 @@ Kernels that still compile while serving are logged by services/worker/kernels/l
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -104,7 +105,8 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmupReport:
         _step(engine, report)
     add(LATE)
     _drain(engine, report)
-    for count in CONSTRAINED:
+    # no tokenizer (a benchmark's random weights): no vocabulary to compile a grammar over
+    for count in CONSTRAINED if os.path.isdir(engine.grammars.tokenizer_dir) else ():
         for _ in range(count):
             add(ALONE[1], constraint=CHOICE)
         _drain(engine, report)

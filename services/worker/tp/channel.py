@@ -49,8 +49,6 @@ class StepChannel:
     def send(self, b: ForwardBatch) -> None:
         if b.host is None:
             raise ValueError("StepChannel.send: the batch has no host index (build it with build_batch)")
-        if b.rope_positions is not None or b.embeds is not None:
-            raise ValueError("StepChannel.send: M-RoPE positions and image embeddings do not reach other ranks yet")
         h = b.host
         copies = self.table.take_mirror() if self.table is not None else []
         copy_rows = [row for row, _ in copies]

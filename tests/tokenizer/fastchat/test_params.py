@@ -52,7 +52,7 @@ def test_what_fastchats_api_server_sends_is_read_as_its_workers_read_it() -> Non
         {"repetition_penalty": 0},
         {"stop": [str(i) for i in range(17)]},
         {"use_beam_search": True},
-        {"images": ["x.png"]},
+        {"images": [{"url": "x.png"}]},  # FastChat sends each image as a string
         {"logprobs": 21},
     ],
 )
@@ -87,6 +87,14 @@ def test_the_worker_address_defaults_to_the_front_ends_own() -> None:
     assert _own_address("0.0.0.0", 8000) == "http://127.0.0.1:8000"
     assert _own_address("10.1.2.3", 21002) == "http://10.1.2.3:21002"
     assert _own_address("fd00::1", 80) == "http://[fd00::1]:80"
+
+
+def test_on_every_address_the_worker_advertises_the_one_its_controller_is_reached_from() -> None:
+    # the route to a loopback controller leaves from the loopback; to another host's, from this
+    # host's own address on that route, which is never the loopback
+    assert _own_address("0.0.0.0", 8000, "http://127.0.0.1:21001") == "http://127.0.0.1:8000"
+    assert _own_address("::", 8000, "http://[::1]:21001") == "http://[::1]:8000"
+    assert _own_address("0.0.0.0", 8000, "http://no-such-controller.invalid:21001") == "http://127.0.0.1:8000"
 
 
 def test_slots_wait_in_turn_and_a_caller_that_leaves_while_waiting_holds_none() -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 
 from services.visual.models.qwen2_vl_config import QwenVisionConfig
+from shared.vision_config import VisionConfig
+
+ARCHS = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
 
 QWEN2_VL_7B = {  # Qwen/Qwen2-VL-7B-Instruct's vision_config
     "depth": 32,
@@ -38,25 +41,27 @@ QWEN25_VL_7B = {  # Qwen/Qwen2.5-VL-7B-Instruct's
 
 
 def test_qwen2_vl_7b() -> None:
-    cfg = QwenVisionConfig.from_model_config({"model_type": "qwen2_vl", "vision_config": QWEN2_VL_7B})
+    cfg = _config("qwen2_vl", QWEN2_VL_7B)
     assert (cfg.width, cfg.mlp_width, cfg.out_width, cfg.act) == (1280, 5120, 3584, "quick_gelu")
     assert not cfg.rms_norm and cfg.window_size == 0 and cfg.patch_dim == 1176 and cfg.head_dim == 80
 
 
 def test_qwen25_vl_7b() -> None:
-    cfg = QwenVisionConfig.from_model_config({"model_type": "qwen2_5_vl", "vision_config": QWEN25_VL_7B})
+    cfg = _config("qwen2_5_vl", QWEN25_VL_7B)
     assert (cfg.width, cfg.mlp_width, cfg.out_width, cfg.act) == (1280, 3420, 3584, "silu")
     assert cfg.rms_norm and cfg.window_blocks == 4 and cfg.full_blocks == (7, 15, 23, 31)
 
 
 def test_refusals() -> None:
     with pytest.raises(ValueError, match="not Qwen2-VL"):
-        QwenVisionConfig.from_model_config({"model_type": "llava", "vision_config": QWEN2_VL_7B})
+        _config("llava", QWEN2_VL_7B)
     with pytest.raises(ValueError, match="window_size"):
-        QwenVisionConfig.from_model_config(
-            {"model_type": "qwen2_5_vl", "vision_config": QWEN25_VL_7B | {"window_size": 100}}
-        )
+        _config("qwen2_5_vl", QWEN25_VL_7B | {"window_size": 100})
     with pytest.raises(ValueError, match="fullatt_block_indexes"):
-        QwenVisionConfig.from_model_config(
-            {"model_type": "qwen2_5_vl", "vision_config": QWEN25_VL_7B | {"fullatt_block_indexes": [32]}}
-        )
+        _config("qwen2_5_vl", QWEN25_VL_7B | {"fullatt_block_indexes": [32]})
+
+
+def _config(family: str, tower: dict) -> QwenVisionConfig:
+    arch = ARCHS.get(family, "LlavaForConditionalGeneration")
+    raw = {"architectures": [arch], "image_token_id": 7, "vision_config": tower}
+    return QwenVisionConfig.of(VisionConfig.from_dict(raw, {}))

@@ -14,6 +14,7 @@ import torch
 from services.visual.models.qwen2_vl_config import QwenVisionConfig
 from services.visual.models.qwen2_vl_layout import windows
 from services.visual.models.qwen2_vl_vision import load_tower
+from shared.vision_config import VisionConfig
 from tests import qwen_vl_reference as ref
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl")
@@ -22,7 +23,7 @@ SIZES = ((84, 56), (70, 130), (200, 150), (84, 56))  # width, height: 4x6, 10x6,
 
 def _config(model_dir: str) -> QwenVisionConfig:
     with open(os.path.join(model_dir, "config.json")) as f:
-        return QwenVisionConfig.from_model_config(json.load(f))
+        return QwenVisionConfig.of(VisionConfig.from_dict(json.load(f), {}))
 
 
 def _pixels(model_dir: str) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:

@@ -1,7 +1,7 @@
 """Qwen2-VL's image processor (services/visual/processors/qwen2_vl.py) against Hugging Face's
 Qwen2VLImageProcessor: pixel_values and image_grid_thw for images of several sizes and modes
 (small ones scaled up to min_pixels, large ones down to max_pixels, elongated, transparent,
-greyscale), and the prompt's image tokens as Hugging Face's processor expands them."""
+greyscale). The prompt's expansion is the front end's (tests/tokenizer/images/test_front.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from services.visual.processors.qwen2_vl import QwenImageProcessor, expand_image_tokens
+from services.visual.processors.qwen2_vl import QwenImageProcessor
 from tests import qwen_vl_reference as ref
 
 # (width, height): within bounds, rounding both ways, under min_pixels, over max_pixels, elongated
@@ -51,20 +51,3 @@ def test_sizes_reach_every_branch_of_the_resize(model_dir: str) -> None:
     assert all(h % 28 == 0 and w % 28 == 0 and proc.min_pixels <= h * w <= proc.max_pixels for h, w in areas)
     with pytest.raises(ValueError, match="longer than wide"):
         proc.target_size(1, 201)
-
-
-def test_prompt_tokens_match_hf_expansion(model_dir: str) -> None:
-    """Two images through the chat template: expanding its two pad tokens by num_tokens gives
-    Hugging Face's processor's input_ids (text expanded, then tokenized)."""
-    proc = QwenImageProcessor.from_dir(model_dir)
-    images = [ref.image(84, 56, seed=1), ref.image(200, 150, seed=2)]
-    want = ref.prompt(model_dir, "Compare them", images)["input_ids"][0].tolist()
-    tok = ref.tokenizer(model_dir)
-    content = [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "Compare them"}]
-    ids = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)["input_ids"]
-    image_id = tok.convert_tokens_to_ids("<|image_pad|>")
-    counts = [proc.num_tokens(i.height, i.width) for i in images]
-    assert expand_image_tokens(ids, image_id, counts) == want
-    assert want.count(image_id) == sum(counts) == 6 + 35
-    with pytest.raises(ValueError):
-        expand_image_tokens(ids, image_id, counts[:1])

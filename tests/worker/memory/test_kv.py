@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.memory.kv_cache import KVCache, KVLayout, quantize_int8
+from services.worker.memory.kv_cache import KV_QUANT_DTYPES, KVCache, KVLayout, quantize_fp8, quantize_int8
 from services.worker.memory.kv_manager import KVManager
 from services.worker.memory.req_table import ReqTable
 from services.worker.memory.token_allocator import TokenAllocator
@@ -63,10 +63,29 @@ def test_a_decode_steps_slots_are_left_for_the_batch_to_record() -> None:
     assert kv.free_tokens == 10  # nothing taken by the refused call
 
 
-def test_int8_layout_holds_about_twice_the_tokens() -> None:
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_quantized_layout_holds_about_twice_the_tokens(kv: str) -> None:
     bf16 = KVLayout(32, 8, 128, torch.bfloat16, quantized=False)
-    int8 = KVLayout(32, 8, 128, torch.bfloat16, quantized=True)
-    assert bf16.bytes_per_token / int8.bytes_per_token >= 1.9
+    quant = KVLayout(32, 8, 128, torch.bfloat16, quantized=True, quant_dtype=KV_QUANT_DTYPES[kv])
+    assert bf16.bytes_per_token / quant.bytes_per_token >= 1.9
+    cache = KVCache(quant, 16, "cpu")
+    assert cache.k[0].dtype == cache.v[0].dtype == KV_QUANT_DTYPES[kv] and cache.k[0].element_size() == 1
+
+
+def test_fp8_quantization_round_trips_within_e4m3s_step() -> None:
+    """e4m3 keeps 3 mantissa bits: each value within 1/16 of its own magnitude (relative), or half
+    the smallest subnormal step of its head's scale."""
+    x = torch.randn(64, 4, 32)
+    q, scale = quantize_fp8(x)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (64, 4)
+    assert torch.equal(q.float().abs().amax(-1), torch.full((64, 4), 448.0))  # each head's absmax lands on 448
+    cache = KVCache(KVLayout(1, 4, 32, torch.float32, quantized=True, quant_dtype=torch.float8_e4m3fn), 64, "cpu")
+    slots = torch.arange(64)
+    cache.k[0][slots], cache.k_scale[0][slots] = q, scale
+    cache.v[0][slots], cache.v_scale[0][slots] = q, scale
+    k, _ = cache.dequantized(0, slots)
+    bound = x.abs() / 16 + scale[..., None] * 2.0**-10
+    assert ((k - x).abs() <= bound).all()
 
 
 def test_int8_quantization_round_trips_closely() -> None:

@@ -51,11 +51,11 @@ def _load(model_dir: str, rank: int = 0, size: int = 1):
 
 
 @pytest.mark.parametrize(("method", "size"), [("awq", 1), ("gptq", 1), ("awq-g32", 2), ("gptq-g32", 2)])
-def test_loading_equals_the_dequantized_weights(tiny_int4: dict[str, str], method: str, size: int) -> None:
+def test_loading_equals_the_dequantized_weights(tiny_quant: dict[str, str], method: str, size: int) -> None:
     """Each rank's int4 share (rows of qkv and gate_up, columns of o and down) dequantizes to
     the same rank's share of the dequantized checkpoint."""
     for rank in range(size):
-        quant, plain = _load(tiny_int4[method], rank, size), _load(tiny_int4[method + "-dequantized"], rank, size)
+        quant, plain = _load(tiny_quant[method], rank, size), _load(tiny_quant[method + "-dequantized"], rank, size)
         for got, want in zip(quant.layers, plain.layers, strict=True):
             for name in ("qkv", "o", "gate_up", "down"):
                 w = getattr(got, name)

@@ -1,9 +1,9 @@
 """The Qwen2-VL and Qwen2.5-VL language model (models/qwen2_vl.py) against Hugging Face's whole
 Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration: greedy text-only output
 through the engine, and every position's logits for a prompt with two images of different sizes
-whose embeddings (Hugging Face's own tower's) are scattered into the image tokens, with M-RoPE's
-positions from mrope_index.py, a chunk boundary inside an image, decode steps after it, and a
-text-only request in the same batches."""
+whose embeddings (Hugging Face's own tower's) fill the image positions (ImageSpans, as the worker's
+intake makes them), with M-RoPE's positions from their grids, a chunk boundary inside an image,
+decode steps after it, and a text-only request in the same batches."""
 
 from __future__ import annotations
 
@@ -17,13 +17,12 @@ from safetensors.torch import load_file, save_file
 from services.worker.build import build_engine
 from services.worker.engine import Engine
 from services.worker.models.qwen2_vl import Qwen2VLModel
-from services.worker.mrope_index import rope_index
 from services.worker.request import Req
 from shared.config import WorkerConfig
 from shared.model_config import ModelConfig
 from tests import qwen_vl_reference as ref
 from tests.worker.engine_driver import request, run
-from tests.worker.mm_steps import MMSteps
+from tests.worker.mm_steps import MMSteps, image_req
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl")
 EXTRA = [17, 230, 5, 99]  # tokens after each prompt, fed one decode step each
@@ -72,7 +71,7 @@ def _image_embeds(model_dir: str, inputs: dict[str, torch.Tensor]) -> torch.Tens
 @pytest.mark.parametrize("arch", ARCHS)
 def test_image_prompt_logits_match_hf(tiny_vl_models: dict[str, str], arch: str) -> None:
     model_dir = tiny_vl_models[arch]
-    cfg = ModelConfig.from_dir(model_dir)
+    image_id = ModelConfig.from_dir(model_dir).vision.image_token_id
     images = [ref.image(84, 56, seed=1), ref.image(70, 130, seed=2)]
     inputs = ref.prompt(model_dir, "What differs between these?", images)
     text = ref.tokenizer(model_dir)("A text-only request beside it")["input_ids"]
@@ -82,21 +81,18 @@ def test_image_prompt_logits_match_hf(tiny_vl_models: dict[str, str], arch: str)
         want_text = ref.model(model_dir)(input_ids=torch.tensor([text + EXTRA])).logits[0]
 
     engine = _engine(model_dir)
-    a = Req(request("img", prompt, max_new_tokens=8), 0)
     grids = [(t, h // 2, w // 2) for t, h, w in inputs["image_grid_thw"].tolist()]
-    a.rope = rope_index(prompt, cfg.image_token_id, grids)
-    assert a.rope.delta < 0
+    a = image_req("img", prompt, image_id, _image_embeds(model_dir, inputs), grids, max_new_tokens=8)
+    assert a.rope is not None and a.rope.delta < 0
     b = Req(request("txt", text, max_new_tokens=8), 1)
-    first_image = prompt.index(cfg.image_token_id)
-    cut = first_image + 5  # the first chunk ends inside the first image
-    embeds = {"img": _image_embeds(model_dir, inputs)}
+    cut = prompt.index(image_id) + 5  # the first chunk ends inside the first image
     d = MMSteps(engine)
-    d.step([(a, cut), (b, len(text))], [], embeds)
-    d.step([(a, len(prompt) - cut)], [], embeds)
+    d.step([(a, cut), (b, len(text))], [])
+    d.step([(a, len(prompt) - cut)], [])
     for tok in EXTRA:
         for r in (a, b):
             r.tokens.append(tok)
-        d.step([], [a, b], embeds)
+        d.step([], [a, b])
     got_image = torch.cat(d.logits["img"])
     got_text = torch.cat(d.logits["txt"])
     torch.testing.assert_close(got_image, want_image, rtol=1e-4, atol=1e-4)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from services.worker.forward_batch import ForwardBatch
-from services.worker.memory.kv_cache import quantize_int8
+from services.worker.memory.kv_cache import quantize_kv
 from services.worker.models.attention.base import AttentionBackend, LayerAttention
 
 
@@ -45,8 +45,8 @@ class TorchAttention(AttentionBackend):
         cache = self.cache
         if cache.layout.quantized:
             assert cache.k_scale is not None and cache.v_scale is not None
-            kq, ks = quantize_int8(k)
-            vq, vs = quantize_int8(v)
+            kq, ks = quantize_kv(k, cache.layout.quant_dtype)
+            vq, vs = quantize_kv(v, cache.layout.quant_dtype)
             cache.k[layer][idx] = kq
             cache.v[layer][idx] = vq
             cache.k_scale[layer][idx] = ks

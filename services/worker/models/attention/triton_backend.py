@@ -1,7 +1,7 @@
 """Attention on Triton kernels: the CUDA path.
 
 A step with prompt tokens rotates its q and k and stores its new K/V in the pool (one kernel,
-rotary_store.py; an int8 pool's store is its own kernel), runs extend attention over the
+rotary_store.py; an int8 or e4m3 pool's store is its own kernel), runs extend attention over the
 packed extend segments (prefix read from the pool, new tokens from this step's k/v) and
 split-K decode attention over the decoding requests, each into its slice of one output
 tensor. A decode-only step over a float pool (decode_attend) leaves the rotary and the store
@@ -31,6 +31,7 @@ from services.worker.kernels.decode_attention import (
 )
 from services.worker.kernels.extend_attention import extend_attention
 from services.worker.kernels.kv_store import store_kv
+from services.worker.kernels.kv_store_fp8 import store_kv_fp8
 from services.worker.kernels.kv_store_int8 import store_kv_int8
 from services.worker.kernels.rotary_store import rotary_store_
 from services.worker.memory.kv_cache import KVCache
@@ -80,7 +81,7 @@ class TritonAttention(AttentionBackend):
         rotary: Rotary,
     ) -> None:
         """One kernel rotates q and k and stores k and v (the same arithmetic as the rotary
-        kernel, TritonOps.rotary_); an int8 pool keeps the two, its store computing the scales."""
+        kernel, TritonOps.rotary_); an int8 or e4m3 pool keeps the two, its store computing the scales."""
         if self.cache.layout.quantized:
             super().rotary_store(layer, q, k, v, positions, cos_sin, slots, rotary)
             return
@@ -90,7 +91,8 @@ class TritonAttention(AttentionBackend):
         cache = self.cache
         if cache.layout.quantized:
             assert cache.k_scale is not None and cache.v_scale is not None
-            store_kv_int8(k, v, cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer], slots)
+            quantize_store = store_kv_int8 if cache.layout.quant_dtype == torch.int8 else store_kv_fp8
+            quantize_store(k, v, cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer], slots)
         else:
             store_kv(k, v, cache.k[layer], cache.v[layer], slots)
 
@@ -145,7 +147,7 @@ class TritonAttention(AttentionBackend):
         norm: RowNorm | None = None,
     ) -> torch.Tensor:
         """The decode attention kernel rotates q and k and stores k and v itself (float pools; an
-        int8 pool's store computes scales first, so it keeps rotary_store), and applies a folded
+        int8 or e4m3 pool's store computes scales first, so it keeps rotary_store), and applies a folded
         norm's factor: one kernel a layer fewer, or three with a folded norm. q, k and v are read,
         not changed in place."""
         if self.cache.layout.quantized or batch.num_extends > 0:
@@ -195,7 +197,7 @@ class TritonAttention(AttentionBackend):
         )
 
     def _scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """An int8 pool's (k, v) scales of the layer; (None, None) for a float pool."""
+        """An int8 or e4m3 pool's (k, v) scales of the layer; (None, None) for a float pool."""
         cache = self.cache
         if not cache.layout.quantized:
             return None, None

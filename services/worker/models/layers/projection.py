@@ -1,7 +1,8 @@
 """A projection x @ w.t(), as the model asks for one: by name, so that whoever runs the model
 can choose what computes each (the runtime's BLAS choice under CUDA graphs) without the
 model's code knowing. A weight-only int4 weight (models/int4_weight.py) goes to its own
-product whatever the strategy: the Triton kernel on CUDA, the reference elsewhere."""
+product whatever the strategy: the Triton kernel on CUDA, the reference elsewhere; an FP8
+weight (models/fp8_weight.py) to layers/fp8_product.py: the FP8 tensor cores, else the reference."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Protocol
 
 import torch
 
+from services.worker.models.fp8_weight import Fp8Weight
 from services.worker.models.int4_weight import Int4Weight, int4_reference
+from services.worker.models.layers.fp8_product import fp8_matmul
 
 
 class Project(Protocol):
@@ -25,6 +28,8 @@ def matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, ac
     one GEMM with beta 1 (out's old value is read by the GEMM, not by a kernel of its own)."""
     if isinstance(w, Int4Weight):
         return int4_matmul(x, w, out, accumulate)
+    if isinstance(w, Fp8Weight):
+        return fp8_matmul(x, w, out, accumulate)
     if accumulate:
         assert out is not None, "accumulate needs out"
         return out.addmm_(x, w.t())

@@ -1,0 +1,80 @@
+"""Quantize each row of activations to FP8 e4m3 with its own float32 scale, in one kernel: the
+FP8 product's per-token input (models/layers/fp8_product.py), which PyTorch would spend five
+kernels on (abs, amax, divide, clamp, convert), each a launch in every projection of a step.
+
+One program per row: a first pass over the row finds its absmax, the second writes
+round-to-nearest-even e4m3 values of x / scale with scale = max(absmax / 448, MIN_SCALE), as
+``fp8_product.quantize_tokens`` does: the same IEEE division (div_rn), each value rounded to its
+nearest e4m3 value before the conversion (kv_store_fp8's rounding), so the bytes are the
+reference's, under the interpreter too.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from services.worker.kernels.kv_store_fp8 import round_to_e4m3
+from services.worker.kernels.launch import launcher
+from services.worker.models.fp8_weight import FP8, FP8_MAX, MIN_SCALE
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _fp8_quant_rows_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    K,
+    x_row_stride,
+    q_row_stride,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_K)
+    absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs
+        x = tl.load(x_ptr + row * x_row_stride + k, mask=k < K, other=0.0).to(tl.float32)
+        absmax = tl.maximum(absmax, tl.abs(x))
+    scale = tl.maximum(tl.math.div_rn(tl.max(absmax, axis=0), FP8_MAX), MIN_SCALE)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs
+        x = tl.load(x_ptr + row * x_row_stride + k, mask=k < K, other=0.0).to(tl.float32)
+        y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
+        tl.store(q_ptr + row * q_row_stride + k, round_to_e4m3(y).to(q_ptr.dtype.element_ty), mask=k < K)
+    tl.store(s_ptr + row, scale)
+
+
+_fp8_quant_rows_launch = launcher(_fp8_quant_rows_kernel)
+
+
+def fp8_quant_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] (float32, float16 or bfloat16, last dim contiguous) -> (e4m3 [T, K] contiguous,
+    float32 scales [T, 1])."""
+    if x.dim() != 2 or x.stride(-1) != 1 or x.dtype not in DTYPES:
+        raise ValueError(
+            f"fp8_quant_rows: x must be [T, K] of {DTYPES} with a contiguous last dim, got {tuple(x.shape)} {x.dtype}"
+        )
+    t, k = x.shape
+    q = torch.empty((t, k), dtype=FP8, device=x.device)
+    s = torch.empty((t, 1), dtype=torch.float32, device=x.device)
+    if t == 0:
+        return q, s
+    _fp8_quant_rows_launch[(t,)](
+        x,
+        q,
+        s,
+        k,
+        x.stride(0),
+        q.stride(0),
+        FP8_MAX=FP8_MAX,
+        MIN_SCALE=MIN_SCALE,
+        BLOCK_K=min(2048, triton.next_power_of_2(k)),
+        num_warps=4,
+    )
+    return q, s

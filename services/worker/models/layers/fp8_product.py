@@ -1,0 +1,83 @@
+"""x @ W.t() for an Fp8Weight (models/fp8_weight.py): on the GPU's FP8 tensor cores where it has
+them, else the reference (dequantize, then PyTorch's matmul).
+
+The FP8 product quantizes x per token on the fly (each row's absmax / 448, e4m3; one Triton
+kernel, kernels/fp8_quant_rows.py, whose reference is quantize_tokens) and runs
+torch._scaled_mm with row-wise scales: x's [T, 1] and the weight's [1, N], the float32 sums
+scaled and rounded once to bf16. Everything is a plain device op with no host sync, so the
+decode and piecewise CUDA graphs capture it.
+
+torch._scaled_mm is private: it is used only on the torch versions it was tested with (row-wise
+scales since 2.5), on GPUs of compute capability 8.9 or more, for bf16 activations and widths
+that are multiples of 16 (its own requirement); anything else takes the reference, which is also
+the CPU path (so CPU results equal Hugging Face's on the dequantized weights exactly).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from services.worker.models.fp8_weight import FP8_MAX, MIN_SCALE, Fp8Weight, fp8_reference, to_fp8
+
+log = logging.getLogger(__name__)
+
+TESTED_TORCH = ((2, 5), (2, 13))  # the releases torch._scaled_mm's row-wise form was tested with, inclusive
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+@functools.cache
+def fp8_tensor_cores(device: torch.device) -> bool:
+    """Whether device runs torch._scaled_mm as it was tested: a CUDA GPU of compute capability
+    8.9 or more (Ada, Hopper, Blackwell) under a tested torch."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        return False
+    lo, hi = TESTED_TORCH
+    if not hasattr(torch, "_scaled_mm") or not lo <= _torch_version() <= hi:
+        log.warning(
+            "torch %s: FP8 products dequantize instead (torch._scaled_mm tested on %s)", torch.__version__, TESTED_TORCH
+        )
+        return False
+    return True
+
+
+def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] -> (e4m3 [T, K], float32 scales [T, 1]): each token's absmax / 448."""
+    amax = x.abs().amax(1, keepdim=True).float()
+    # divided by a tensor: PyTorch's CUDA division by a Python number multiplies by its reciprocal
+    # (off by an ulp at times), where the kernel divides exactly
+    scale = (amax / torch.full_like(amax, FP8_MAX)).clamp(min=MIN_SCALE)  # [T, 1]
+    return to_fp8(x.float() / scale), scale
+
+
+def scaled_mm_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
+    n, k = w.shape
+    return x.dtype == torch.bfloat16 and k % 16 == 0 and n % 16 == 0 and fp8_tensor_cores(x.device)
+
+
+def fp8_scaled_mm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
+    """x [T, K] bf16 @ W.t() -> [T, N] bf16 on the FP8 tensor cores (scaled_mm_fits(x, w) must hold);
+    x quantized by kernels/fp8_quant_rows.py, quantize_tokens in one launch."""
+    # imported here: the kernels compile for the device they first see
+    from services.worker.kernels.fp8_quant_rows import fp8_quant_rows
+
+    xq, xs = fp8_quant_rows(x if x.stride(-1) == 1 else x.contiguous())
+    # w.weight [N, K] row-major is the [K, N] column-major operand _scaled_mm wants
+    return torch._scaled_mm(xq, w.weight.t(), scale_a=xs, scale_b=w.scale[None, :], out_dtype=x.dtype)
+
+
+def fp8_matmul(x: torch.Tensor, w: Fp8Weight, out: torch.Tensor | None, accumulate: bool) -> torch.Tensor:
+    """x [T, K] @ W.t() -> [T, N] (into out when given; accumulate: added to out)."""
+    if x.shape[0] == 0 or not scaled_mm_fits(x, w):
+        return fp8_reference(x, w, out, accumulate)
+    y = fp8_scaled_mm(x, w)
+    if out is None:
+        assert not accumulate, "accumulate needs out"
+        return y
+    return out.add_(y) if accumulate else out.copy_(y)

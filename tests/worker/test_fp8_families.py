@@ -1,0 +1,71 @@
+"""FP8 weights in every family the worker serves, on the CPU: --quantization fp8 on each tiny
+model, and FP8 checkpoints of the mixtures of experts (their routed experts read dequantized),
+give Hugging Face's greedy tokens on the weights as served, dequantized."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from services.worker.build import build_engine
+from services.worker.models.fp8_weight import Fp8Weight
+from services.worker.tp.group import leave_group, start_group
+from shared.config import WorkerConfig
+from tests import hf_reference
+from tests.conftest import ARCHS, MOE_ARCHS
+from tests.quant_models import dequantized_copy
+from tests.worker.engine_driver import request, run
+from tests.worker.test_engine_vs_hf import PROMPTS
+from tools import make_tiny_model
+
+
+def _check(model_dir: str, reference: str, quantization: str, engine=None) -> None:
+    engine = engine or build_engine(WorkerConfig(model_dir=model_dir, quantization=quantization))
+    for layer in engine.runner.model.w.layers:
+        assert isinstance(layer.qkv, Fp8Weight) and isinstance(layer.o, Fp8Weight)
+        assert layer.gate_up is None or isinstance(layer.gate_up, Fp8Weight)  # a routed-only MoE layer has none
+        assert layer.experts is None or not isinstance(layer.experts.w13, Fp8Weight)
+    tok = hf_reference.tokenizer(reference)
+    reqs, want = [], {}
+    for i, text in enumerate(PROMPTS[:4]):
+        ids = tok(text)["input_ids"]
+        reqs.append(request(str(i), ids, max_new_tokens=5 + i))
+        want[str(i)] = hf_reference.greedy(reference, ids, 5 + i)
+    assert {rid: o.tokens for rid, o in run(engine, reqs).items()} == want
+
+
+@pytest.mark.parametrize("arch", [*ARCHS, *MOE_ARCHS])
+def test_fp8_at_load_in_every_family(arch: str, tmp_path) -> None:
+    model_dir = str(tmp_path / arch)
+    make_tiny_model.main(["--arch", arch, "--out", model_dir, "--seed", "3"])
+    reference = str(tmp_path / f"{arch}-dequantized")
+    dequantized_copy(model_dir, reference, at_load=True)
+    _check(model_dir, reference, "fp8")
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("mixtral", "fp8"), ("qwen3_moe", "fp8-block")])
+def test_fp8_checkpoints_of_mixtures_of_experts(arch: str, kind: str, tmp_path) -> None:
+    model_dir = str(tmp_path / arch)
+    make_tiny_model.main(["--arch", arch, "--out", model_dir, "--seed", "3", "--quant", kind, "--block-size", "32"])
+    reference = str(tmp_path / f"{arch}-dequantized")
+    dequantized_copy(model_dir, reference)
+    assert os.path.exists(os.path.join(reference, "model.safetensors"))
+    _check(model_dir, reference, "none")
+
+
+def test_fp8_over_two_tensor_parallel_ranks(tiny_quant: dict[str, str]) -> None:
+    """--quantization fp8 over two gloo ranks (rank 1 a child process): column-parallel shares cut
+    the scales, row-parallel ones keep them whole, and the tokens are HF's on the whole model's
+    FP8 weights, dequantized."""
+    cfg = WorkerConfig(model_dir=tiny_quant["plain"], device="cpu", tp=2, quantization="fp8", batch_max_tokens=16)
+    threads = torch.get_num_threads()  # joining the group divides the cores between the ranks
+    group = start_group(cfg)
+    try:
+        engine = build_engine(cfg, group.tp, channel=group.channel)
+        _check(tiny_quant["plain"], tiny_quant["fp8-at-load-dequantized"], "fp8", engine)
+    finally:
+        group.stop(join_s=20)
+        leave_group()
+        torch.set_num_threads(threads)
