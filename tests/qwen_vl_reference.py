@@ -53,11 +53,21 @@ def image(width: int, height: int, seed: int) -> Image.Image:
 def prompt(model_dir: str, text: str, images: list[Image.Image]) -> dict[str, torch.Tensor]:
     """A user turn with the images, then text, through the chat template -> input_ids [1, L],
     pixel_values, image_grid_thw and mm_token_type_ids as Hugging Face's processor gives them."""
-    tok = tokenizer(model_dir)
     content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-    chat = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False)
+    chat = tokenizer(model_dir).apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
+    return inputs(model_dir, chat, images)
+
+
+def inputs(model_dir: str, text: str, images: list[Image.Image]) -> dict[str, torch.Tensor]:
+    """text with one <|image_pad|> per image -> what Hugging Face's processor gives: each
+    <|image_pad|> repeated grid_t * grid_h * grid_w / 4 times, then tokenized."""
+    tok = tokenizer(model_dir)
+    pieces = text.split("<|image_pad|>")
+    if not images:
+        return {"input_ids": tok(text, return_tensors="pt")["input_ids"]}
     pixels = image_processor(model_dir)(images=images, return_tensors="pt")
-    pieces = chat.split("<|image_pad|>")
     counts = (pixels["image_grid_thw"].prod(-1) // 4).tolist()
     expanded = pieces[0] + "".join("<|image_pad|>" * n + rest for n, rest in zip(counts, pieces[1:], strict=True))
     ids = tok(expanded, return_tensors="pt")["input_ids"]
@@ -68,3 +78,16 @@ def prompt(model_dir: str, text: str, images: list[Image.Image]) -> dict[str, to
         "image_grid_thw": pixels["image_grid_thw"],
         "mm_token_type_ids": (ids == image_id).int(),
     }
+
+
+def greedy_text(model_dir: str, x: dict[str, torch.Tensor], max_new: int) -> str:
+    """Hugging Face's greedy continuation of inputs x, to the first end-of-sequence id (kept, as
+    LightStream keeps it), decoded without special tokens."""
+    m = model(model_dir)
+    with torch.no_grad():
+        out = m.generate(**x, max_new_tokens=max_new, do_sample=False)
+    new = out[0, x["input_ids"].shape[1] :].tolist()
+    eos = m.generation_config.eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    end = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
+    return tokenizer(model_dir).decode(new[:end], skip_special_tokens=True)
