@@ -18,6 +18,7 @@ Streams (names in shared/streams.py):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import prod
 from typing import Any, ClassVar
 
 from shared.wire_structs import WireError, pack_envelope, unpack_envelope
@@ -27,8 +28,8 @@ from shared.wire_values import CONSTRAINT_KINDS
 # 2: WorkerStatus.running as columns (RunningTable); 3: the prompt cache's counts; 4: hand-over of a
 # dead group's requests (GenerateReq.resumed and .handovers, TokenItem.handovers, Handover);
 # 5: SamplingParams.constraint; 6: a group's drain (WorkerStatus.draining, .leaving); 7: images
-# (GenerateReq.images, VisualReq, ImageEmbedding)
-SCHEMA_VERSION = 7
+# (GenerateReq.images, VisualReq, ImageEmbedding); 8: ImageRef.grid (M-RoPE's image grids)
+SCHEMA_VERSION = 8
 
 
 # ---------------------------------------------------------------- nested structs
@@ -185,10 +186,14 @@ class ImageRef:
     hash: str
     offset: int
     length: int
+    # the embeddings' (t, h, w) grid where the family's positions follow it (Qwen2-VL's M-RoPE); else empty
+    grid: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.offset < 0 or self.length < 1 or not self.hash:
             raise WireError(f"ImageRef: {self.length} tokens at {self.offset}, hash {self.hash!r}")
+        if self.grid and (len(self.grid) != 3 or min(self.grid) < 1 or prod(self.grid) != self.length):
+            raise WireError(f"ImageRef: grid {self.grid} for {self.length} tokens")
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,8 +31,12 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    # the language model of a vision-language model (its vision tower is services/visual's)
+    "Qwen2VLForConditionalGeneration": "qwen2_vl",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
 }
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 # model type -> family name, for a config.json without architectures: the family's own name, or
 # (Gemma 3's text model) another
 MODEL_TYPE_FAMILIES = {n: n for n in SUPPORTED_ARCHITECTURES.values()} | {"gemma3_text": "gemma3"}
@@ -77,6 +81,7 @@ class ModelConfig:
     query_pre_attn_scalar: float = 0.0  # the attention scale is its -1/2 power; 0: head_dim's
     local_rope_theta: float = 0.0  # the sliding-window layers' own rotary base (Gemma 3); 0: rope_theta's
     quantization: WeightQuant | None = None  # the checkpoint's int4 weights (shared/quant_config.py); None: none
+    mrope_section: tuple[int, ...] = ()  # M-RoPE: the rotary frequencies t, h and w positions turn; (): none
     vision: VisionConfig | None = None  # a vision-language model's images (shared/vision_config.py); None: text only
 
     def __post_init__(self) -> None:
@@ -98,15 +103,16 @@ class ModelConfig:
             raise ModelConfigError(
                 f"num_experts_per_tok {self.num_experts_per_tok} must be between 1 and the {self.num_experts} experts"
             )
+        if self.mrope_section and sum(self.mrope_section) != self.head_dim // 2:
+            raise ModelConfigError(f"mrope_section {list(self.mrope_section)} does not sum to half the head_dim")
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ModelConfigError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
         if self.num_experts and self.moe_intermediate_size <= 0:
             raise ModelConfigError(f"the experts' intermediate size {self.moe_intermediate_size} must be positive")
 
     def sparse(self, layer: int) -> bool:
         """Whether layer's MLP is routed experts (else Llama's dense MLP)."""
         return self.num_experts > 0 and layer not in self.dense_layers
-
-        if self.layer_windows and len(self.layer_windows) != self.num_layers:
-            raise ModelConfigError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
 
     @property
     def context_length(self) -> int:
@@ -152,18 +158,7 @@ class ModelConfig:
         raw, gemma = _gemma(raw, family)  # Hugging Face's Gemma defaults filled in, and Gemma's own fields
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
-        rope_params = dict(raw.get("rope_parameters") or {})
-        rope_scaling = dict(raw.get("rope_scaling") or {})
-        theta = raw.get("rope_theta", rope_params.pop("rope_theta", 10000.0))
-        rope_params.pop("rope_theta", None)
-        scaling = rope_scaling or rope_params
-        if "type" in scaling and "rope_type" not in scaling:
-            scaling["rope_type"] = scaling.pop("type")
-        if scaling.get("rope_type") == "su":  # LongRoPE's name in the first Phi-3 configs
-            scaling["rope_type"] = "longrope"
-        if scaling.get("rope_type", "default") == "default":
-            scaling = {}
-        _refuse_partial_rotary(raw, rope_params, scaling)
+        theta, scaling, mrope_section = _rope(raw)
         max_pos = int(raw.get("max_position_embeddings", 2048))
         if scaling.get("rope_type") == "longrope":
             max_pos = _longrope(raw, scaling, max_pos)
@@ -184,7 +179,7 @@ class ModelConfig:
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or hidden // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
+            rope_theta=theta,
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=_qkv_bias(family, raw),
@@ -193,13 +188,34 @@ class ModelConfig:
             eos_token_ids=eos,
             bos_token_id=raw.get("bos_token_id"),
             quantization=parse_quantization(raw, family in MOE_FAMILIES),
+            mrope_section=mrope_section,
             **moe,
             **gemma,
         )
 
 
+def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any], tuple[int, ...]]:
+    """-> (theta, scaling or {}, M-RoPE's sections or ()) from rope_theta + rope_scaling or rope_parameters."""
+    rope_params = dict(raw.get("rope_parameters") or {})
+    rope_scaling = dict(raw.get("rope_scaling") or {})
+    theta = raw.get("rope_theta", rope_params.pop("rope_theta", 10000.0))
+    rope_params.pop("rope_theta", None)
+    scaling = rope_scaling or rope_params
+    if "type" in scaling and "rope_type" not in scaling:
+        scaling["rope_type"] = scaling.pop("type")
+    if scaling.get("rope_type") == "su":  # LongRoPE's name in the first Phi-3 configs
+        scaling["rope_type"] = "longrope"
+    mrope_section = tuple(int(n) for n in scaling.pop("mrope_section", ()))
+    if scaling.get("rope_type") == "mrope":  # M-RoPE's frequencies are the default ones
+        scaling["rope_type"] = "default"
+    if scaling.get("rope_type", "default") == "default":
+        scaling = {}
+    _refuse_partial_rotary(raw, rope_params, scaling)
+    return float(theta), scaling, mrope_section
+
+
 def _qkv_bias(family: str, raw: dict[str, Any]) -> bool:
-    if family == "qwen2":
+    if family in ("qwen2", *QWEN_VL_FAMILIES):
         return True
     if family == "qwen2_moe":  # transformers' default, and what Qwen1.5-MoE's config.json leaves out
         return bool(raw.get("qkv_bias", True))

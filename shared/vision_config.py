@@ -2,10 +2,11 @@
 front end (how many tokens an image becomes), the visual service (its tower and projector) and
 the worker (where embeddings go) agree.
 
-A family is one entry of VISION_ARCHITECTURES; its config.json nests the language model under
-``text_config`` (parsed by shared/model_config.py as any text model) and the vision tower under
-``vision_config``; ``preprocessor_config.json`` and ``processor_config.json`` say how an image
-is resized and how many tokens it expands to.
+A family is one entry of VISION_ARCHITECTURES; its config.json nests the vision tower under
+``vision_config`` and the language model under ``text_config`` (LLaVA's, read by
+shared/model_config.py as a Llama or Mistral; Qwen2-VL's, whose released configs keep it at the
+top level, as the qwen2_vl family's); ``preprocessor_config.json`` says how an image is resized
+and how many tokens it expands to.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from typing import Any
 VISION_ARCHITECTURES = {
     "LlavaForConditionalGeneration": "llava",
     "LlavaNextForConditionalGeneration": "llava_next",
+    "Qwen2VLForConditionalGeneration": "qwen2_vl",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
 }
+QWEN_VL = ("qwen2_vl", "qwen2_5_vl")  # a tower of their own (services/visual/models/) and M-RoPE
 SELECT_STRATEGIES = ("default", "full")  # drop the CLS feature, or keep it
 
 
@@ -29,12 +33,12 @@ class VisionConfigError(ValueError):
 
 @dataclass(frozen=True)
 class VisionConfig:
-    family: str  # llava | llava_next
+    family: str  # llava | llava_next | qwen2_vl | qwen2_5_vl
     image_token_id: int  # the placeholder id the prompt's image positions carry
     tower: dict[str, Any]  # config.json's vision_config as written
-    projector_act: str  # the projector's activation between its two layers
-    feature_layer: int  # which hidden state of the tower the projector reads (-2: the one before last)
-    select_strategy: str  # default: drop the CLS position; full: keep it
+    projector_act: str = "gelu"  # LLaVA: the projector's activation between its two layers
+    feature_layer: int = -2  # LLaVA: which hidden state of the tower the projector reads (-2: the one before last)
+    select_strategy: str = "default"  # LLaVA: default drops the CLS position; full keeps it
     processor: dict[str, Any] = field(default_factory=dict)  # preprocessor_config.json
     grid_pinpoints: tuple[tuple[int, int], ...] = ()  # LLaVA-NeXT's tilings, (height, width) each
 
@@ -48,6 +52,11 @@ class VisionConfig:
             raise VisionConfigError(
                 f"LLaVA's vision tower {self.tower.get('model_type')!r} is not supported (CLIP only)"
             )
+
+    @property
+    def merge_size(self) -> int:
+        """Qwen2-VL: the side of the square of patches one language-model token merges."""
+        return int(self.tower.get("spatial_merge_size", 2))
 
     @property
     def image_size(self) -> int:
@@ -79,6 +88,11 @@ class VisionConfig:
     def from_dict(cls, raw: dict[str, Any], processor: dict[str, Any]) -> VisionConfig:
         archs = raw.get("architectures") or []
         family = next(VISION_ARCHITECTURES[a] for a in archs if a in VISION_ARCHITECTURES)
+        if family in QWEN_VL:
+            if raw.get("image_token_id") is None:
+                raise VisionConfigError("config.json gives no image_token_id")
+            tower = dict(raw.get("vision_config") or {})
+            return cls(family=family, image_token_id=int(raw["image_token_id"]), tower=tower, processor=processor)
         layer = raw.get("vision_feature_layer", -2)
         if not isinstance(layer, int):
             raise VisionConfigError(f"vision_feature_layer {layer!r}: only one layer is supported")
@@ -115,8 +129,12 @@ _TEXT_DEFAULTS = {
 
 def text_config(raw: dict[str, Any]) -> dict[str, Any]:
     """A vision-language config.json's language model (text_config) as a text model's config.json:
-    its architecture named, Hugging Face's defaults filled in, the top level's ids carried down."""
+    its architecture named, Hugging Face's defaults filled in, the top level's ids carried down.
+    Qwen2-VL's keeps its architecture, which names its language model's family (qwen2_vl), and its
+    text fields at the top level (Qwen's released configs) or under text_config (transformers 5's)."""
     archs = [a for a in raw.get("architectures") or [] if a in VISION_ARCHITECTURES]
+    if archs and VISION_ARCHITECTURES[archs[0]] in QWEN_VL:
+        return {**raw, **(raw.get("text_config") or {}), "architectures": archs}
     text = dict(raw.get("text_config") or {})
     kind = text.get("model_type", "llama")
     if kind not in _TEXT_DEFAULTS:

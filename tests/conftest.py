@@ -24,6 +24,7 @@ ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 # the mixtures of experts: built only for the sessions whose tests ask for them (tiny_moe_models),
 # so the many tests over tiny_models do not each run them too
 MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
+VL_ARCHS = ("qwen2_vl", "qwen2_5_vl")
 
 
 def _make(tmp_path_factory: pytest.TempPathFactory, archs: tuple[str, ...]) -> dict[str, str]:
@@ -45,6 +46,12 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def tiny_moe_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Mixture-of-experts arch -> model directory (4 experts, top-2), each made once per session."""
     return _make(tmp_path_factory, MOE_ARCHS)
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Qwen2-VL and Qwen2.5-VL (tools/tiny_qwen_vl.py) -> model directory, each made once per session."""
+    return _make(tmp_path_factory, VL_ARCHS)
 
 
 @pytest.fixture(scope="session")

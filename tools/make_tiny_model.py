@@ -8,6 +8,7 @@ byte-level BPE tokenizer trained here on tools/data/corpus.txt.
         [--mlp-only-layers I ...] [--vocab 1000] [--max-positions 1024] [--dtype float32]
         [--quant awq|gptq|fp8|fp8-tensor|fp8-block] [--group-size 128] [--block-size 128]
         [--arch llava|llava_next [--image-size 32] [--patch-size 8] [--vision-hidden 32] [--vision-layers 3]]
+        [--arch qwen2_vl|qwen2_5_vl]
 
 qwen3's heads are twice hidden / heads wide (its config.json gives head_dim, which need not
 be hidden / heads), and each layer has its per-head q and k norms. phi3 stores q, k and v as
@@ -29,7 +30,9 @@ Qwen3-30B-A3B's config says). --mlp-only-layers makes those layers of a Qwen MoE
 
 llava and llava_next are LLaVA-1.5 and LLaVA-NeXT over the llama arch: a CLIP vision tower and
 a two-layer projector (tools/tiny_vision.py), the image processor's files, and a chat template
-that writes an image content part as <image>, in llava-hf's checkpoint layout.
+that writes an image content part as <image>, in llava-hf's checkpoint layout. qwen2_vl and
+qwen2_5_vl: Qwen2 with M-RoPE and a vision tower, its tokens, chat template and processor files
+(tools/tiny_qwen_vl.py).
 
 The output layer is scaled up so the next-token distribution is peaked: greedy choices
 then do not hinge on the order of floating-point sums, which lets tests compare token
@@ -57,7 +60,7 @@ import torch
 from safetensors.torch import save_file
 
 from services.worker.models import fp8_formats, int4_formats
-from tools import tiny_vision
+from tools import tiny_qwen_vl, tiny_vision
 from tools.tiny_tokenizer import tokenizer_config, train_tokenizer
 
 LLAMA_TOKENS = {"specials": ["<s>", "</s>", "<|im_start|>", "<|im_end|>"], "bos": "<s>", "eos": "</s>"}
@@ -76,7 +79,7 @@ ARCHS = {
     # LLaVA over a Llama language model: the image placeholder is a special token of the vocabulary
     "llava": {**LLAMA_TOKENS, "specials": [*LLAMA_TOKENS["specials"], tiny_vision.IMAGE_TOKEN]},
     "llava_next": {**LLAMA_TOKENS, "specials": [*LLAMA_TOKENS["specials"], tiny_vision.IMAGE_TOKEN]},
-}
+} | {a: {**QWEN_TOKENS, "specials": QWEN_TOKENS["specials"] + tiny_qwen_vl.SPECIALS} for a in tiny_qwen_vl.VL_ARCHS}
 VISION = ("llava", "llava_next")
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -88,16 +91,16 @@ ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
-}
+} | tiny_qwen_vl.ARCHITECTURES
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
 GEMMA = ("gemma2", "gemma3")
-QKV_BIAS = ("qwen2", "qwen2_moe")
+QKV_BIAS = ("qwen2", "qwen2_moe", *tiny_qwen_vl.VL_ARCHS)
 HEAD_NORMS = ("qwen3", "qwen3_moe")
 WIDE_HEADS = (*HEAD_NORMS, "gemma3")  # heads twice hidden / heads wide
 TIED = ("qwen2", "qwen3", *GEMMA)  # the output layer is the embedding, as in the small Qwen and every Gemma checkpoint
 ROPE_THETA = {"llama": 500000.0, "qwen2": 10000.0, "qwen3": 1000000.0, "phi3": 10000.0}
 ROPE_THETA |= {"mixtral": 1000000.0, "qwen2_moe": 1000000.0, "qwen3_moe": 1000000.0}
-ROPE_THETA |= {"gemma2": 10000.0, "gemma3": 1000000.0}
+ROPE_THETA |= {"gemma2": 10000.0, "gemma3": 1000000.0} | dict.fromkeys(tiny_qwen_vl.VL_ARCHS, 1000000.0)
 GEMMA_WINDOW = 8
 
 
@@ -164,6 +167,8 @@ def random_weights(args: argparse.Namespace, vocab: int, eos_id: int) -> dict[st
         w["model.embed_tokens.weight"] = head
     else:
         w["lm_head.weight"] = head
+    if args.arch in tiny_qwen_vl.VL_ARCHS:
+        w |= tiny_qwen_vl.vision_weights(args, normal)
     dtype = getattr(torch, args.dtype)
     return {k: v.to(dtype).contiguous() for k, v in w.items()}
 
@@ -318,6 +323,8 @@ def write(out: str, args: argparse.Namespace) -> None:
         "tokenizer_config.json": tokenizer_config(arch, args.max_positions, args.arch in VISION),
         "special_tokens_map.json": {"bos_token": arch["bos"], "eos_token": arch["eos"], "pad_token": arch["eos"]},
     }
+    if args.arch in tiny_qwen_vl.VL_ARCHS:
+        tiny_qwen_vl.add_files(files, args, tok.get_vocab())
     weights = random_weights(args, vocab, eos_id)
     if args.arch in VISION:
         image_id = tok.token_to_id(tiny_vision.IMAGE_TOKEN)
@@ -373,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--hidden must divide by --heads, and --heads by --kv-heads")
     if args.quant in ("awq", "gptq") and (args.arch in MOE or args.arch == "phi3"):
         raise SystemExit("--quant awq, gptq: dense archs but phi3 only")
-    if args.quant and args.arch in VISION:
+    if args.quant and args.arch in (*VISION, *tiny_qwen_vl.VL_ARCHS):
         raise SystemExit("--quant: not for the vision-language archs")
     write(args.out, args)
     print(args.out)

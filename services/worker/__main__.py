@@ -45,7 +45,8 @@ def _image_intake(engine, link: RedisLink, names: StreamNames) -> ImageIntake | 
     model = engine.runner.model
     if model.cfg.vision is None:
         return None
-    return ImageIntake(ImageStore(link, names), model.cfg.hidden_size, model.dtype, engine.device)
+    grids = bool(model.cfg.mrope_section)
+    return ImageIntake(ImageStore(link, names), model.cfg.hidden_size, model.dtype, engine.device, grids)
 
 
 def main() -> None:

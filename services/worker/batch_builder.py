@@ -49,6 +49,7 @@ class _Packed:
     num_extend: int = 0
     image_positions: list[int] = field(default_factory=list)  # packed positions an image's rows fill
     image_rows: list[torch.Tensor] = field(default_factory=list)  # those rows, in order, [n_i, H] each
+    rope: tuple[list[int], list[int], list[int]] = field(default_factory=lambda: ([], [], []))  # M-RoPE's t, h, w
 
 
 def build_batch(
@@ -62,9 +63,11 @@ def build_batch(
     (one copy and one kernel, graph_inputs.py). Either way the decodes' new slots
     (plan.decode_slots, which the scheduler does not record) are written into req_table at
     (row, position)."""
-    if staging is not None and not plan.extends and plan.decode_slots is not None and staging.fits(len(plan.decodes)):
+    mrope = any(r.rope is not None for r, _ in plan.extends) or any(r.rope is not None for r in plan.decodes)
+    fits = staging is not None and plan.decode_slots is not None and staging.fits(len(plan.decodes))
+    if fits and not plan.extends and not mrope:  # M-RoPE's decodes are not the graphs' input
         return _staged(plan, req_table, staging, prev)
-    k = _pack(plan, prev)
+    k = _pack(plan, prev, mrope)
     slots = list(plan.extend_slots)
     if plan.decode_slots is not None:
         slots.append(plan.decode_slots)
@@ -101,14 +104,16 @@ def build_batch(
         decode_seq_lens=i32(k.dec_lens),
         decode_max_len=max(k.dec_lens, default=0),
         sample_index=i64(k.sample_index),
+        rope_positions=to_device(list(k.rope), torch.int64, device) if mrope else None,
         host=HostIndex(k.pos, k.ext_rows, k.ext_starts, k.dec_rows, k.dec_lens, k.sample_index),
         image_positions=i64(k.image_positions) if k.image_rows else None,
         image_embeds=torch.cat(k.image_rows) if k.image_rows else None,
     )
 
 
-def _pack(plan: StepPlan, prev: PreviousTokens | None) -> _Packed:
-    """The extend segments first, then one token per decoding request."""
+def _pack(plan: StepPlan, prev: PreviousTokens | None, mrope: bool) -> _Packed:
+    """The extend segments first, then one token per decoding request (with M-RoPE's positions
+    when some request has its own)."""
     k = _Packed()
     for req, n in plan.extends:
         start = len(k.ids)
@@ -116,6 +121,8 @@ def _pack(plan: StepPlan, prev: PreviousTokens | None) -> _Packed:
         k.pos.extend(range(req.kv_len, req.kv_len + n))
         if req.images:
             _images(k, req, start, n)
+        if mrope:
+            _extend_rope(k, req, n)
         k.ext_rows.append(req.row)
         k.ext_starts.append(start)
         k.ext_lens.append(n)
@@ -130,6 +137,8 @@ def _pack(plan: StepPlan, prev: PreviousTokens | None) -> _Packed:
             k.from_prev.append((len(k.ids), j))
         k.ids.append(req.tokens[-1] if j is None else 0)
         k.pos.append(req.kv_len)
+        if mrope:
+            _extend_rope(k, req, 1)
         k.dec_rows.append(req.row)
         k.dec_lens.append(req.kv_len + 1)
     return k
@@ -148,6 +157,14 @@ def _images(k: _Packed, req: Req, start: int, n: int) -> None:
         k.image_rows.append(span.rows[a - span.offset : b - span.offset])
         for p in range(start + a - lo, start + b - lo):
             k.ids[p] = 0
+
+
+def _extend_rope(k: _Packed, req: Req, n: int) -> None:
+    """M-RoPE's three positions of the request's next n tokens (from its kv_len): its own where
+    its prompt has images, else each stream the token's position."""
+    rows = req.rope.rows(req.kv_len, n) if req.rope is not None else (range(req.kv_len, req.kv_len + n),) * 3
+    for stream, r in zip(k.rope, rows, strict=True):
+        stream.extend(r)
 
 
 def _in_flight(req: Req, prev: PreviousTokens | None) -> int | None:

@@ -58,6 +58,9 @@ class ForwardBatch:
     # embeddings of, and the rows that go there (batch_builder.py); None: no image in the step
     image_positions: torch.Tensor | None = None  # [N] int64
     image_embeds: torch.Tensor | None = None  # [N, H] in the model's dtype
+    # M-RoPE (models/layers/mrope.py): each token's t, h and w positions, [3, T] int64; None where
+    # every token's three are its position (text, and a family without M-RoPE)
+    rope_positions: torch.Tensor | None = None
 
     @classmethod
     def decodes(

@@ -14,8 +14,12 @@ from shared.messages import GenerateReq
 
 
 class ImageIntake:
-    def __init__(self, store: ImageStore, hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, store: ImageStore, hidden_size: int, dtype: torch.dtype, device: torch.device, grids: bool = False
+    ) -> None:
+        """grids: the model's positions follow each image's grid (M-RoPE), which every image must have."""
         self.store = store
+        self.grids = grids
         self.hidden_size = hidden_size
         self.dtype = dtype
         self.device = device
@@ -39,5 +43,8 @@ class ImageIntake:
                 return f"the embeddings of image {image.hash[:12]} expired before the request started"
             if tuple(t.shape) != (image.length, self.hidden_size):
                 return f"image {image.hash[:12]}: embeddings {tuple(t.shape)} for {image.length} positions"
-            spans.append(ImageSpan(image.offset, t.to(self.device, self.dtype)))
+            if self.grids and not image.grid:
+                return f"image {image.hash[:12]}: no grid for the model's M-RoPE positions"
+            grid = tuple(image.grid)
+            spans.append(ImageSpan(image.offset, t.to(self.device, self.dtype), grid))
         return spans

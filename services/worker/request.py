@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from services.worker.mrope_index import RopePositions, rope_index
 from shared.messages import GenerateReq, SamplingParams
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ class ImageSpan:
 
     offset: int
     rows: torch.Tensor  # [length, H] on the device, in the model's dtype
+    grid: tuple[int, ...] = ()  # (t, h, w) of the rows where M-RoPE's positions follow it (ImageRef.grid)
 
     @property
     def end(self) -> int:
@@ -48,6 +50,7 @@ class Req:
         "params",
         "prompt_len",
         "rid",
+        "rope",
         "row",
         "tokens",
         "unresolved",
@@ -82,6 +85,10 @@ class Req:
         # its prompt's images in order; their positions hold pseudo-ids (vision_config.image_pseudo_id),
         # so the prompt cache keys them by image, and each step's chunk takes their rows
         self.images: list[ImageSpan] = images or []
+        # M-RoPE's positions where its images have grids (Qwen2-VL); None: each token's three are its position
+        self.rope: RopePositions | None = None
+        if any(s.grid for s in self.images):
+            self.rope = rope_index(len(self.tokens), [(s.offset, s.grid) for s in self.images])
 
     @property
     def output_len(self) -> int:

@@ -39,7 +39,14 @@ RESUMED = m.GenerateReq("r2", "front-0", "detok-0", [1, 2, 3, 9, 8], SP, 1700000
 
 H1, H2 = "ab" * 32, "cd" * 32
 WITH_IMAGES = m.GenerateReq(
-    "r3", "front-0", "detok-0", [1, -5, -5, 2, -7, 3], SP, 1.0, 2.0, images=[m.ImageRef(H1, 1, 2), m.ImageRef(H2, 4, 1)]
+    "r3",
+    "front-0",
+    "detok-0",
+    [1, -5, -5, 2, -7, 3],
+    SP,
+    1.0,
+    2.0,
+    images=[m.ImageRef(H1, 1, 2), m.ImageRef(H2, 4, 1, [1, 1, 1])],
 )
 
 EXAMPLES = [
@@ -198,6 +205,8 @@ def test_images_must_lie_in_the_prompt_in_order() -> None:
         m.GenerateReq("r", "f", "d", [1, 2, 3], SP, 1.0, 2.0, images=[m.ImageRef(H1, 2, 2)])
     with pytest.raises(m.WireError, match="overlaps"):
         m.GenerateReq("r", "f", "d", [1, 2, 3, 4], SP, 1.0, 2.0, images=[m.ImageRef(H1, 0, 2), m.ImageRef(H2, 1, 1)])
+    with pytest.raises(m.WireError, match="grid"):
+        m.ImageRef(H1, 0, 4, [1, 2, 3])
     with pytest.raises(m.WireError, match="ImageEmbedding"):
         m.ImageEmbedding("float32", [2, 3], bytes(20))
 

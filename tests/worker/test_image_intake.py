@@ -1,6 +1,6 @@
 """A request's images as the worker takes it in, against a real redis-server: the stored
-embeddings become its spans on the device; embeddings gone, or of the wrong shape for the
-positions, are why it cannot run."""
+embeddings become its spans on the device (with their grids, for M-RoPE); embeddings gone, of the
+wrong shape for the positions, or without the grid an M-RoPE model needs, are why it cannot run."""
 
 from __future__ import annotations
 
@@ -38,3 +38,11 @@ def test_stored_embeddings_become_spans_and_missing_or_misfit_ones_say_why(redis
     assert [(s.offset, s.end) for s in ok] == [(1, 4), (6, 9)]
     assert ok[0].rows.dtype == torch.bfloat16 and torch.equal(ok[0].rows, rows.to(torch.bfloat16))
     assert "expired" in got["gone"] and "(2, 8) for 3 positions" in got["misfit"]
+
+
+def test_an_m_rope_model_takes_each_images_grid_and_needs_one(redis_url: str) -> None:
+    link = RedisLink(redis_url)
+    ImageStore(link, NAMES, 60.0).put({H1: to_message(torch.randn(6, 8))})
+    intake = ImageIntake(ImageStore(link, NAMES), 8, torch.float32, torch.device("cpu"), grids=True)
+    got = intake.spans([_req("grid", [ImageRef(H1, 2, 6, [1, 2, 3])]), _req("none", [ImageRef(H1, 2, 6)])])
+    assert got["grid"][0].grid == (1, 2, 3) and "no grid" in got["none"]

@@ -2,8 +2,9 @@
 
 The chat template (or the client, on /generate) writes one placeholder token per image; each
 becomes as many positions as the family's processor gives the image, holding the image's
-pseudo-id (shared.vision_config.image_pseudo_id), and an ImageRef says where they are. The visual
-service turns the image's bytes into the rows that fill them."""
+pseudo-id (shared.vision_config.image_pseudo_id), and an ImageRef says where they are (and, for
+Qwen2-VL, their grid, which the worker's M-RoPE positions follow). The visual service turns the
+image's bytes into the rows that fill them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from services.tokenizer.errors import APIError
 from services.tokenizer.images.check import CheckedImage, check_image
-from services.tokenizer.images.families import image_tokens
+from services.tokenizer.images.families import image_layout
 from services.tokenizer.images.sources import ImageSource, ImageSources
 from shared.config import TokenizerConfig
 from shared.messages import ImageData, ImageRef
@@ -40,7 +41,7 @@ class ImageFront:
         self.max_bytes = cfg.max_image_bytes
         self.max_pixels = cfg.max_image_pixels
         self.sources = ImageSources(cfg.allowed_image_domains, cfg.max_image_bytes, cfg.image_fetch_timeout_s)
-        self._count = image_tokens(vision) if vision is not None else None
+        self._layout = image_layout(vision) if vision is not None else None
 
     async def load(self, sources: list[ImageSource]) -> list[CheckedImage]:
         """Each image read and checked, in order."""
@@ -64,7 +65,7 @@ class ImageFront:
 
     def expand(self, ids: list[int], images: list[CheckedImage], param: str) -> tuple[list[int], PromptImages | None]:
         """The prompt with each image's placeholder expanded to its positions -> (ids, images)."""
-        if self.vision is None or self._count is None:
+        if self.vision is None or self._layout is None:
             return ids, None
         token = self.vision.image_token_id
         where = [i for i, t in enumerate(ids) if t == token]
@@ -82,8 +83,8 @@ class ImageFront:
         last = 0
         for at, image in zip(where, images, strict=True):
             out += ids[last:at]
-            n = self._count(image.width, image.height)
-            refs.append(ImageRef(image.hash, len(out), n))
+            n, grid = self._layout(image.width, image.height)
+            refs.append(ImageRef(image.hash, len(out), n, list(grid)))
             out += [image_pseudo_id(image.hash)] * n
             last = at + 1
         out += ids[last:]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from services.visual.families import llava, llava_next
+from services.visual.families import llava, llava_next, qwen2_vl
 from services.visual.families.interface import VisionTower
 from shared.vision_config import VisionConfig
 
@@ -17,6 +17,8 @@ Loader = Callable[[str, VisionConfig, torch.dtype, torch.device], VisionTower]
 FAMILIES: dict[str, Loader] = {
     "llava": llava.load,
     "llava_next": llava_next.load,
+    "qwen2_vl": qwen2_vl.load,
+    "qwen2_5_vl": qwen2_vl.load,
 }
 
 

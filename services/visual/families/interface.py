@@ -16,7 +16,9 @@ from PIL import Image
 class Pixels:
     """One image, ready for the tower."""
 
-    values: torch.Tensor  # [tiles, 3, S, S] float32 on the CPU: the squares the tower encodes
+    # float32 on the CPU, what the tower encodes: LLaVA's squares [tiles, 3, S, S]; Qwen2-VL's
+    # patches [t * h * w, C * T * P * P]
+    values: torch.Tensor
     size: tuple[int, int]  # the image's (height, width) as sent: what the family's layout depends on
 
 

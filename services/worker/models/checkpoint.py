@@ -88,9 +88,13 @@ class Checkpoint:
 
     def set_text_model(self) -> None:
         """A vision-language checkpoint holds its language model under a prefix: llava-hf's
-        language_model.model.* and language_model.lm_head, or transformers 5's
-        model.language_model.* (and lm_head at the top); read them by the text family's names."""
-        if any(n.startswith("language_model.") for n in self.where):
+        language_model.model.* and language_model.lm_head, or transformers 5's (and Qwen2-VL's
+        under transformers 4.5x) model.language_model.* (and lm_head at the top); read them by the
+        text family's names. Qwen2-VL's released checkpoints hold it under those names already
+        (model.*, the tower beside it under visual.*)."""
+        if any(n.startswith("model.layers.") for n in self.where):
+            self.alias = {}
+        elif any(n.startswith("language_model.") for n in self.where):
             self.alias = {n.removeprefix("language_model."): n for n in self.where if n.startswith("language_model.")}
         elif any(n.startswith("model.language_model.") for n in self.where):
             inner = "model.language_model."

@@ -105,13 +105,15 @@ class LlamaModel:
         qkv_out: torch.Tensor | None = None,
         store: bool = True,
         images: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cos_sin: torch.Tensor | None = None,
     ) -> Carry:
         """Layer i - 1's output projection and MLP (from its attention output o [T, Hq, D]), then
         layer i's norm, QKV projection, rotary embedding and KV store. Piece 0 starts at the
         embedding; piece num_layers ends after the last MLP. qkv_out [T, (Hq + 2 Hkv) D]: where
         the QKV projection goes (q, k and v are views of it), else a new tensor. store=False
         leaves q and k unrotated and k, v out of the pool, for the backend's decode_attend.
-        images (piece 0): (packed positions [N], rows [N, H]) that replace those tokens' embeddings."""
+        images (piece 0): (packed positions [N], rows [N, H]) that replace those tokens' embeddings.
+        cos_sin: the rotary table positions index, else cos_sin_of(i) (M-RoPE's per-token rows, qwen2_vl.py)."""
         eps = self.cfg.rms_norm_eps
         if i == 0:
             h = self.tp.embed(input_ids, self.w.embed, self.w.vocab_start)  # [T, H]
@@ -129,7 +131,8 @@ class LlamaModel:
             x = self.ops.add_rmsnorm(h, residual, self.w.layers[i].attn_norm, eps)
         q, k, v = self._qkv(self.w.layers[i], x, qkv_out)
         if store:
-            self.attn.rotary_store(i, q, k, v, positions, self.cos_sin_of(i), out_slots, self.ops.rotary_)
+            table = self.cos_sin_of(i) if cos_sin is None else cos_sin
+            self.attn.rotary_store(i, q, k, v, positions, table, out_slots, self.ops.rotary_)
         return Carry(residual, q=q, k=k, v=v)
 
     def decode_folded(self, batch: ForwardBatch) -> torch.Tensor:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.models import gemma2, gemma3, llama, mixtral, moe, phi3, qwen3, qwen_moe
+from services.worker.models import gemma2, gemma3, llama, mixtral, moe, phi3, qwen2_vl, qwen3, qwen_moe
 from services.worker.models.checkpoint import Checkpoint, Shard
 from services.worker.models.random_weights import dense_random_weights
 from services.worker.models.weights import ModelWeights
@@ -31,6 +31,7 @@ GEMMA2 = Family(model=gemma2.Gemma2Model, load=gemma2.load, random=gemma2.random
 GEMMA3 = Family(model=gemma3.Gemma3Model, load=gemma3.load, random=gemma3.random_weights)
 MIXTRAL = Family(model=mixtral.MixtralModel, load=mixtral.load, random=moe.random_weights)
 QWEN2_MOE = Family(model=qwen_moe.Qwen2MoeModel, load=qwen_moe.load, random=moe.random_weights)
+QWEN2_VL = Family(model=qwen2_vl.Qwen2VLModel, load=llama.load, random=dense_random_weights)
 QWEN3_MOE = Family(model=qwen_moe.Qwen3MoeModel, load=qwen_moe.load, random=qwen_moe.qwen3_random_weights)
 
 # ModelConfig.family -> its implementation
@@ -45,6 +46,8 @@ FAMILIES: dict[str, Family] = {
     "qwen3_moe": QWEN3_MOE,
     "gemma2": GEMMA2,
     "gemma3": GEMMA3,
+    "qwen2_vl": QWEN2_VL,  # the language model; the vision tower is services/visual's
+    "qwen2_5_vl": QWEN2_VL,
 }
 
 

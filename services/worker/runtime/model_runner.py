@@ -37,6 +37,8 @@ class ModelRunner:
         """-> logits [S, V] (the weights' dtype) for batch.sample_index."""
         if self.channel is not None:
             self.channel.send(batch)
+        if batch.rope_positions is not None:
+            return self.step(batch)  # M-RoPE's per-token rotary rows are an input no captured graph has
         if self.graphs is not None and batch.num_extends == 0 and self.graphs.fits(batch.num_decodes):
             return self.graphs.replay(batch)
         # only steps with prompt tokens: a decode batch too large for the decode graphs keeps the

@@ -1,5 +1,6 @@
 """The front end's side of images, without a stack: sources read or refused, files checked, the
-prompt expanded to the count Hugging Face's processor gives, a text-only model refusing images."""
+prompt expanded to the count Hugging Face's processor gives (with Qwen2-VL's grids), a text-only
+model refusing images."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from services.tokenizer.images.sources import ImageSource
 from shared.config import TokenizerConfig
 from shared.model_config import ModelConfig
 from shared.vision_config import image_pseudo_id
+from tests import qwen_vl_reference as qwen
 from tests import vision_cases as vc
 
 
@@ -89,4 +91,25 @@ def test_expansion_gives_hf_processors_ids(request: pytest.FixtureRequest, famil
     for ref, image in zip(prompt.refs, checked, strict=True):
         assert out[ref.offset : ref.offset + ref.length] == [image_pseudo_id(image.hash)] * ref.length
         assert hf_ids[ref.offset : ref.offset + ref.length] == [image_id] * ref.length
+    assert [t for t in out if t >= 0] == [t for t in hf_ids if t != image_id]
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl"])
+def test_qwen_vl_expansion_gives_hf_processors_ids_and_grids(tiny_vl_models: dict[str, str], arch: str) -> None:
+    model_dir = tiny_vl_models[arch]
+    images = [qwen.image(84, 56, seed=1), qwen.image(200, 150, seed=2)]
+    hf = qwen.prompt(model_dir, "Compare them", images)
+    hf_ids = hf["input_ids"][0].tolist()
+    tok = qwen.tokenizer(model_dir)
+    content = [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "Compare them"}]
+    ids = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)["input_ids"]
+    front = ImageFront(TokenizerConfig(model_dir=model_dir), ModelConfig.from_dir(model_dir).vision, "<|image_pad|>")
+    checked = _load(front, *(ImageSource(base64.b64encode(vc.png(i)).decode(), f"i{n}") for n, i in enumerate(images)))
+    out, prompt = front.expand(ids, checked, "messages")
+    assert prompt is not None and len(out) == len(hf_ids)
+    image_id = front.vision.image_token_id
+    for r, image, (t, h, w) in zip(prompt.refs, checked, hf["image_grid_thw"].tolist(), strict=True):
+        assert r.grid == [t, h // 2, w // 2] and r.length == t * h * w // 4
+        assert out[r.offset : r.offset + r.length] == [image_pseudo_id(image.hash)] * r.length
+        assert hf_ids[r.offset : r.offset + r.length] == [image_id] * r.length
     assert [t for t in out if t >= 0] == [t for t in hf_ids if t != image_id]
