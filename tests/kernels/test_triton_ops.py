@@ -31,6 +31,7 @@ def test_triton_ops_match_torch_ops(dtype: torch.dtype, device: torch.device, to
     for impl, packed in ((ops, qkv), (ref, ref_qkv)):
         q = packed[:, : hq * d].view(t, hq, d)
         k = packed[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+        impl.head_rmsnorm_(q, k, w[:d], w[d : 2 * d], 1e-6)  # Qwen3's head norms, then rotary
         impl.rotary_(q, k, positions, cos_sin)
     torch.testing.assert_close(qkv, ref_qkv, **tol(dtype))
 

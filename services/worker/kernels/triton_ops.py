@@ -8,6 +8,7 @@ import torch
 from services.worker.kernels.add_rmsnorm import add_rmsnorm_
 from services.worker.kernels.fused_moe import fused_experts
 from services.worker.kernels.gelu_tanh_mul import gelu_tanh_mul
+from services.worker.kernels.head_rmsnorm import head_rmsnorm_
 from services.worker.kernels.rmsnorm import rmsnorm
 from services.worker.kernels.rotary import rotary_
 from services.worker.kernels.silu_mul import silu_mul
@@ -24,6 +25,17 @@ class TritonOps:
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False
     ) -> torch.Tensor:
         return add_rmsnorm_(x, residual, weight, eps, unit_offset=unit_offset)
+
+    def head_rmsnorm_(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+        unit_offset: bool = False,
+    ) -> None:
+        head_rmsnorm_(q, k, q_weight, k_weight, eps, unit_offset=unit_offset)
 
     def rotary_(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
         rotary_(q, k, positions, cos_sin)

@@ -73,9 +73,7 @@ class Gemma3Model(gemma2.Gemma2Model):
         with its layer's weight, written back in place (views of the projection's output)."""
         assert isinstance(layer, Gemma3LayerWeights)
         q, k, v = super()._qkv(layer, x, out)
-        eps = self.cfg.rms_norm_eps
-        for t, weight in ((q, layer.q_norm), (k, layer.k_norm)):  # [T, heads, D]
-            t.copy_(self.ops.rmsnorm(t.reshape(-1, self.head_dim), weight, eps, unit_offset=True).view_as(t))
+        self.ops.head_rmsnorm_(q, k, layer.q_norm, layer.k_norm, self.cfg.rms_norm_eps, unit_offset=True)
         return q, k, v
 
 

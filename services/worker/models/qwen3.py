@@ -56,9 +56,7 @@ class Qwen3Model(llama.LlamaModel):
         piecewise graphs' static buffer)."""
         assert isinstance(layer, Qwen3LayerWeights)
         q, k, v = super()._qkv(layer, x, out)
-        eps = self.cfg.rms_norm_eps
-        for t, weight in ((q, layer.q_norm), (k, layer.k_norm)):  # [T, heads, D]
-            t.copy_(self.ops.rmsnorm(t.reshape(-1, self.head_dim), weight, eps).view_as(t))
+        self.ops.head_rmsnorm_(q, k, layer.q_norm, layer.k_norm, self.cfg.rms_norm_eps)  # [T, heads, D] each
         return q, k, v
 
 

@@ -47,6 +47,19 @@ class LayerOps(Protocol):
         """residual += x (in place, rounded to its dtype); returns rmsnorm(residual, weight, eps, unit_offset)."""
         ...
 
+    def head_rmsnorm_(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+        unit_offset: bool = False,
+    ) -> None:
+        """q [T, Hq, D] and k [T, Hk, D] (views of the QKV output) RMS-normed over each head's D
+        in place, with q_weight and k_weight [D] (Qwen3's and Gemma 3's head norms)."""
+        ...
+
     def rotary_(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
         """Rotate q [T, Hq, D] and k [T, Hkv, D] in place; cos_sin [max_pos, D] (cos | sin)."""
         ...
@@ -79,6 +92,18 @@ class TorchOps:
     ) -> torch.Tensor:
         residual.add_(x)
         return self.rmsnorm(residual, weight, eps, unit_offset)
+
+    def head_rmsnorm_(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+        unit_offset: bool = False,
+    ) -> None:
+        for t, weight in ((q, q_weight), (k, k_weight)):
+            t.copy_(self.rmsnorm(t.reshape(-1, t.shape[-1]), weight, eps, unit_offset).view_as(t))
 
     def rotary_(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
         half = cos_sin.shape[1] // 2
