@@ -60,6 +60,7 @@ class ServeConfig:
         "quantized to e4m3 with per-channel scales at load)",
         "-q",
     )
+    fp8_lm_head: bool = option(False, "with FP8 weights: the output layer (lm_head) in FP8 too; else it stays bf16")
     mem_fraction: float = option(0.9, "share of GPU memory for weights plus KV cache", "--gpu-memory-utilization")
     max_total_token_num: int = option(
         0, "tokens in each group's KV pool; 0: sized from free memory", "--max-total-tokens"
@@ -137,6 +138,7 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "dtype": (("worker", "visual"), "--dtype"),
     "kv_dtype": (("worker",), "--kv-dtype"),
     "quantization": (("worker",), "--quantization"),
+    "fp8_lm_head": (("worker",), "--fp8-lm-head"),
     "mem_fraction": (("worker",), "--mem-fraction"),
     "max_total_token_num": (("worker",), "--max-total-token-num"),
     "max_req_total_len": (("worker", "tokenizer"), "--max-req-total-len"),

@@ -18,7 +18,7 @@ from services.worker.memory.req_table import ReqTable
 from services.worker.memory.token_allocator import TokenAllocator
 from services.worker.models.attention.base import attention_layers
 from services.worker.models.attention.torch_backend import TorchAttention
-from services.worker.models.fp8_weight import quantize_layers_
+from services.worker.models.fp8_weight import quantize_layers_, quantize_lm_head_
 from services.worker.models.interface import CausalLM
 from services.worker.models.layers.ops import TorchOps
 from services.worker.models.layers.rope import cos_sin_table
@@ -109,6 +109,10 @@ def build_model_stack(
             quantize_layers_(weights.layers)
     if weights is None:
         weights = load_weights(cfg.model_dir, model_cfg, dtype, device, tp)
+    if cfg.fp8_lm_head:
+        if model_cfg.quantization is None or model_cfg.quantization.method != "fp8":
+            raise ValueError("--fp8-lm-head needs FP8 weights: --quantization fp8 or an FP8 checkpoint")
+        quantize_lm_head_(weights)
     max_total_len = min(cfg.max_req_total_len or model_cfg.context_length, model_cfg.context_length)
     cache = _kv_pool(cfg, model_cfg, tp, dtype, device, max_total_len)
     table = ReqTable(cfg.running_max_req_size, max_total_len, device, dummy_slot=cache.dummy_slot)

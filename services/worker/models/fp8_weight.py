@@ -113,6 +113,13 @@ def quantize_layers_(layers: list[Any]) -> None:
                 setattr(layer, name, Fp8Weight.quantize(w))
 
 
+def quantize_lm_head_(weights: Any) -> None:
+    """ModelWeights' output layer in FP8 (--fp8-lm-head): a tied one becomes an FP8 copy, and the
+    embedding it was stays as it is (a lookup reads a row, not the whole table)."""
+    if isinstance(weights.lm_head, torch.Tensor):
+        weights.lm_head = Fp8Weight.quantize(weights.lm_head)
+
+
 def to_fp8(x: torch.Tensor) -> torch.Tensor:
     """float32 values already scaled into e4m3's range -> e4m3, clamped first (a value past 448
     by rounding error saturates instead of becoming NaN)."""
