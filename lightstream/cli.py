@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from lightstream.model_check import ModelCheckError, check_model
-from lightstream.serve_config import ServeConfig, service_args
-from shared.cli import parse_config
+from lightstream.serve_config import ServeConfig, front_env, service_args
+from shared.cli import parse_config, with_key_file
 from shared.config import ConfigError
 from shared.model_source import ModelSourceError, resolve_model
 
@@ -35,6 +35,7 @@ DEMO_DIR = os.path.join(tempfile.gettempdir(), "lightstream-tiny-llama")
 # the Redis it starts: writes refused past this (docs/operations.md, Redis memory); streams hold
 # about what is in flight (shared/stream_trim.py), a few MB at hundreds of requests
 REDIS_MAXMEMORY = "1gb"
+STOP_GRACE_S = 10.0  # past the drain timeout, for the services to close and exit before they are killed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(argv: list[str], env: Mapping[str, str]) -> int:
     try:
-        cfg = parse_config(ServeConfig, argv, env, DESCRIPTION, prog="lightstream serve")
-    except ConfigError as e:  # an LS_* variable that does not parse
+        cfg = with_key_file(parse_config(ServeConfig, argv, env, DESCRIPTION, prog="lightstream serve"))
+    except ConfigError as e:  # an LS_* variable that does not parse, a key file that cannot be read
         return _fail(str(e))
     worker_first: list[str] = []
     if cfg.model_dir:
@@ -134,7 +135,7 @@ def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: s
         stopping.set()
         if supervisor.started:
             supervisor.join()  # no restart behind stop's back
-        stack.stop()
+        stack.stop(timeout_s=cfg.drain_timeout_s + STOP_GRACE_S)  # each drains what it holds first
         if redis_server is not None:
             redis_server.stop()
     return 0
@@ -161,5 +162,6 @@ def _stack(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url:
             detokenizer_args=args["detokenizer"],
             visual_args=args["visual"],
             gpus_per_worker=_gpus_per_group(cfg),
+            tokenizer_env=front_env(cfg),
         )
     )

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests import hf_reference
+from tools import make_tiny_model
 from tools.redis_server import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -201,3 +202,42 @@ def test_a_service_that_dies_is_reaped_and_started_again(tiny_llama: str, tmp_pa
     err.seek(0)
     said = err.read()
     assert f"router exited with status {-signal.SIGKILL}" in said and "router started again" in said, said
+
+
+def test_sigterm_gives_requests_in_flight_the_drain_timeout_and_keys_stay_off_command_lines(tmp_path) -> None:
+    """--drain-timeout-s reaches the services that drain: SIGTERM with a stream in flight ends it
+    with an error after 1 s (the default would let it run on for 30 s) and serve exits 0. Its
+    API key, from a file, is on no process's command line."""
+    model = str(tmp_path / "model")
+    make_tiny_model.main(["--out", model, "--max-positions", "8192"])  # a stream far longer than the drain
+    (tmp_path / "keys").write_text("secret-key-43\n")
+    port = free_port()
+    flags = ["--port", str(port), "--host", "127.0.0.1", "--drain-timeout-s", "1"]
+    proc = _serve(model, *flags, "--api-key-file", str(tmp_path / "keys"), "--log-dir", str(tmp_path / "logs"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc)
+        front = _child_pid(proc.pid, "services.tokenizer")
+        assert front is not None
+        with open(f"/proc/{front}/cmdline", "rb") as f:
+            assert b"secret-key-43" not in f.read()
+        body = {"inputs": "Hello", "parameters": {"max_new_tokens": 8000, "ignore_eos": True}}
+        assert httpx.post(url + "/generate", json=body, timeout=30).status_code == 401
+        key = {"Authorization": "Bearer secret-key-43"}
+        events: list[dict] = []
+        with httpx.stream("POST", url + "/generate_stream", json=body, headers=key, timeout=60) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    events.append(json.loads(line[5:]))
+                    if len(events) == 5:
+                        proc.send_signal(signal.SIGTERM)
+                        signalled = time.monotonic()
+        took = time.monotonic() - signalled
+        print(f"the stream ended {took:.2f}s after SIGTERM: {events[-1]}")
+        assert events[-1]["finish_reason"] == "error" and took < 8.0, events[-1]
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
