@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -103,7 +104,9 @@ def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: s
     redis_server = None
     if not redis_url:
         try:
-            redis_server = RedisServer(appendonly=True, maxmemory=REDIS_MAXMEMORY).start()
+            # a password of its own: other users of the host reach its port too
+            redis_server = RedisServer(appendonly=True, maxmemory=REDIS_MAXMEMORY, password=secrets.token_hex(16))
+            redis_server.start()
         except (OSError, RuntimeError) as e:
             return _fail(f"cannot start redis-server ({e}); install it (apt-get install redis-server) or set REDIS_URL")
         redis_url = redis_server.url
@@ -122,7 +125,8 @@ def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: s
         stack.wait_ready(timeout_s=3600.0, stopping=stopping)
         supervisor.start()
         if not stopping.is_set():
-            print(f"LightStream is serving {model_dir} at {stack.url} (redis {redis_url})", flush=True)
+            shown = redis_url if redis_server is None else redis_server.url.replace(redis_server.password, "***")
+            print(f"LightStream is serving {model_dir} at {stack.url} (redis {shown})", flush=True)
             print(
                 f"try: curl {stack.url}/generate -H 'Content-Type: application/json' "
                 '-d \'{"inputs": "What is AI?", "parameters": {"max_new_tokens": 17}}\'',

@@ -67,7 +67,7 @@ def _visuals(opts: StackOptions) -> int:
 class Stack:
     def __init__(self, opts: StackOptions) -> None:
         self.opts = opts
-        common = ["--redis-url", opts.redis_url, "--namespace", opts.namespace]
+        common = ["--namespace", opts.namespace]  # the Redis URL goes in the environment (start_service)
         self.services: dict[str, Service] = {}
         for k in range(opts.detokenizers):
             self._add(
@@ -138,7 +138,8 @@ class Stack:
 
     def start_service(self, name: str) -> None:
         svc = self.services[name]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.opts.env, **svc.env}
+        # the URL may carry Redis's password: in the environment, not on the command line every user can read
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "LS_REDIS_URL": self.opts.redis_url, **self.opts.env, **svc.env}
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         out = None
         if self.opts.log_dir:
