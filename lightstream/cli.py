@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -21,8 +22,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from lightstream.model_check import ModelCheckError, check_model
-from lightstream.serve_config import ServeConfig, service_args
-from shared.cli import parse_config
+from lightstream.serve_config import ServeConfig, front_env, service_args
+from shared.cli import parse_config, with_key_file
 from shared.config import ConfigError
 from shared.model_source import ModelSourceError, resolve_model
 
@@ -35,6 +36,7 @@ DEMO_DIR = os.path.join(tempfile.gettempdir(), "lightstream-tiny-llama")
 # the Redis it starts: writes refused past this (docs/operations.md, Redis memory); streams hold
 # about what is in flight (shared/stream_trim.py), a few MB at hundreds of requests
 REDIS_MAXMEMORY = "1gb"
+STOP_GRACE_S = 10.0  # past the drain timeout, for the services to close and exit before they are killed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(argv: list[str], env: Mapping[str, str]) -> int:
     try:
-        cfg = parse_config(ServeConfig, argv, env, DESCRIPTION, prog="lightstream serve")
-    except ConfigError as e:  # an LS_* variable that does not parse
+        cfg = with_key_file(parse_config(ServeConfig, argv, env, DESCRIPTION, prog="lightstream serve"))
+    except ConfigError as e:  # an LS_* variable that does not parse, a key file that cannot be read
         return _fail(str(e))
     worker_first: list[str] = []
     if cfg.model_dir:
@@ -102,7 +104,9 @@ def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: s
     redis_server = None
     if not redis_url:
         try:
-            redis_server = RedisServer(appendonly=True, maxmemory=REDIS_MAXMEMORY).start()
+            # a password of its own: other users of the host reach its port too
+            redis_server = RedisServer(appendonly=True, maxmemory=REDIS_MAXMEMORY, password=secrets.token_hex(16))
+            redis_server.start()
         except (OSError, RuntimeError) as e:
             return _fail(f"cannot start redis-server ({e}); install it (apt-get install redis-server) or set REDIS_URL")
         redis_url = redis_server.url
@@ -121,7 +125,8 @@ def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: s
         stack.wait_ready(timeout_s=3600.0, stopping=stopping)
         supervisor.start()
         if not stopping.is_set():
-            print(f"LightStream is serving {model_dir} at {stack.url} (redis {redis_url})", flush=True)
+            shown = redis_url if redis_server is None else redis_server.url.replace(redis_server.password, "***")
+            print(f"LightStream is serving {model_dir} at {stack.url} (redis {shown})", flush=True)
             print(
                 f"try: curl {stack.url}/generate -H 'Content-Type: application/json' "
                 '-d \'{"inputs": "What is AI?", "parameters": {"max_new_tokens": 17}}\'',
@@ -134,7 +139,7 @@ def _run(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url: s
         stopping.set()
         if supervisor.started:
             supervisor.join()  # no restart behind stop's back
-        stack.stop()
+        stack.stop(timeout_s=cfg.drain_timeout_s + STOP_GRACE_S)  # each drains what it holds first
         if redis_server is not None:
             redis_server.stop()
     return 0
@@ -161,5 +166,6 @@ def _stack(cfg: ServeConfig, model_dir: str, worker_first: list[str], redis_url:
             detokenizer_args=args["detokenizer"],
             visual_args=args["visual"],
             gpus_per_worker=_gpus_per_group(cfg),
+            tokenizer_env=front_env(cfg),
         )
     )

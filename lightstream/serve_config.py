@@ -43,7 +43,15 @@ class ServeConfig:
     reasoning_parser: str = option(
         "", f"how the model's thinking is set apart ({', '.join(REASONING_PARSERS)}): to message.reasoning_content"
     )
-    api_keys: tuple[str, ...] = option((), "clients must send 'Authorization: Bearer KEY' (repeatable)")
+    api_keys: tuple[str, ...] = option(
+        (), "clients must send 'Authorization: Bearer KEY' (repeatable; LS_API_KEYS or --api-key-file keep it private)"
+    )
+    api_key_file: str = option("", "a file of keys, one a line, added to --api-key's (kept out of the command line)")
+    drain_timeout_s: float = option(
+        30.0,
+        "on SIGTERM or Ctrl-C, the requests in flight get this long to finish before they end with an error and "
+        "everything stops; 0: at once",
+    )
     tp: int = option(
         1, "tensor-parallel ranks per worker group, one process per GPU (gloo on the CPU)", "--tensor-parallel-size"
     )
@@ -111,6 +119,7 @@ class ServeConfig:
         _check(self.chunked_prefill_size >= 16, "--chunked-prefill-size must be >= 16")
         _check(self.detokenizers >= 1 and self.fronts >= 1, "--detokenizers and --fronts must be >= 1")
         _check(self.visuals >= 1, "--visuals must be >= 1")
+        _check(self.drain_timeout_s >= 0, f"--drain-timeout-s must be >= 0, got {self.drain_timeout_s}")
         _check(self.log_format in ("text", "json"), f"--log-format must be text or json, got {self.log_format!r}")
         _check(
             self.tool_call_parser in ("", *TOOL_CALL_PARSERS),
@@ -146,6 +155,7 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "chunked_prefill_size": (("worker",), "--batch-max-tokens"),
     "disable_prompt_cache": (("worker",), "--disable-prompt-cache"),
     "routing_policy": (("router",), "--routing-policy"),
+    "drain_timeout_s": (("worker", "tokenizer", "detokenizer"), "--drain-timeout-s"),
     "log_format": (("worker", "router", "tokenizer", "detokenizer", "visual"), "--log-format"),
     "model_name": (("tokenizer", "worker", "router", "detokenizer", "visual"), "--model-name"),
     "tokenizer": (("tokenizer", "detokenizer", "worker"), "--tokenizer"),
@@ -156,7 +166,8 @@ SERVICE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def service_args(cfg: ServeConfig) -> dict[str, list[str]]:
-    """Each service's own flags for these settings (the pass-through flags last, so they win)."""
+    """Each service's own flags for these settings (the pass-through flags last, so they win).
+    The API keys are not among them: they go in the front ends' environment (front_env)."""
     args: dict[str, list[str]] = {"worker": [], "router": [], "tokenizer": [], "detokenizer": [], "visual": []}
     defaults = ServeConfig()
     for name, (services, flag) in SERVICE_FLAGS.items():
@@ -164,11 +175,15 @@ def service_args(cfg: ServeConfig) -> dict[str, list[str]]:
         if value != getattr(defaults, name):
             for service in services:
                 args[service] += [flag, DTYPES[value] if name == "dtype" else str(value)]
-    for key in cfg.api_keys:
-        args["tokenizer"] += ["--api-key", key]
     args["worker"] += cfg.worker_args
     args["router"] += cfg.router_args
     args["tokenizer"] += cfg.tokenizer_args
     args["detokenizer"] += cfg.detokenizer_args
     args["visual"] += cfg.visual_args
     return args
+
+
+def front_env(cfg: ServeConfig) -> dict[str, str]:
+    """The front ends' environment for these settings: the API keys, which their command lines
+    would show to every user of the host (/proc/<pid>/cmdline; the environment is the owner's)."""
+    return {"LS_API_KEYS": ",".join(cfg.api_keys)} if cfg.api_keys else {}

@@ -131,3 +131,20 @@ def parse_config(
     except ConfigError as e:
         parser.error(str(e))
         raise  # parser.error exits; this keeps type checkers content
+
+
+def with_key_file(cfg: C) -> C:
+    """``cfg`` with the keys of its ``api_key_file`` added to its ``api_keys``: one a line, blank
+    lines and '#' comments skipped. A key in a file (or ``LS_API_KEYS``) stays out of the
+    command line, which /proc/<pid>/cmdline shows to every user of the host."""
+    path = getattr(cfg, "api_key_file", "")
+    if not path:
+        return cfg
+    try:
+        with open(path, encoding="utf-8") as f:
+            keys = tuple(k for line in f if (k := line.strip()) and not k.startswith("#"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--api-key-file {path}: {e}") from None
+    if not keys:
+        raise ConfigError(f"--api-key-file {path}: no key in it")
+    return dataclasses.replace(cfg, api_keys=(*cfg.api_keys, *keys))

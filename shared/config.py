@@ -137,6 +137,9 @@ class TokenizerConfig(CommonConfig):
     )
     tokenizer_threads: int = option(2, "threads that tokenize, off the event loop")
     api_keys: tuple[str, ...] = option((), "clients must send 'Authorization: Bearer KEY' (repeatable); none: open")
+    api_key_file: str = option(
+        "", "a file of keys, one a line, added to api_keys (kept out of the command line, which other users can read)"
+    )
     protect_metrics: bool = option(
         False, "/metrics asks for the API key too; false: open (Prometheus scrapers carry none)"
     )

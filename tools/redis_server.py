@@ -9,6 +9,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from urllib.parse import quote
 
 import redis
 
@@ -59,16 +60,22 @@ class RedisServer:
         replicaof: int = 0,
         maxmemory: str = "",
         bind: str = "127.0.0.1",
+        password: str = "",
     ) -> None:
         """``replicaof``: the port of a local master this server replicates (tools/redis_sentinel.py);
         ``maxmemory``: Redis's bound ("1gb"), with writes refused past it (noeviction: evicting a
         stream would lose requests silently); none: no bound. ``bind``: the address it listens on,
-        and its URL's (another host's services need this host's address: tests/integration/test_hosts.py)."""
+        and its URL's (another host's services need this host's address: tests/integration/test_hosts.py).
+        ``password``: clients must give it (requirepass), written to a file of this server's own
+        rather than onto its command line, which every user of the host can read; the URL carries it."""
         self.port = port or free_port()
         self.bind = bind
         self.binary = shutil.which(binary) or binary
         self.replicaof = replicaof
         self.maxmemory = maxmemory
+        if any(c in password for c in '"\\ \n'):
+            raise ValueError("a password without quotes, backslashes or spaces")
+        self.password = password
         self.dir = tempfile.mkdtemp(prefix="lightstream-redis-")
         # append-only, fsync every second, as compose runs it: a restart keeps the streams
         self.appendonly = appendonly
@@ -76,11 +83,23 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://{self.bind}:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}{self.bind}:{self.port}/0"
+
+    def _config_file(self) -> list[str]:
+        """The settings kept off the command line, as a config file only its owner reads."""
+        if not self.password:
+            return []
+        path = os.path.join(self.dir, "auth.conf")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f'requirepass "{self.password}"\n')
+        return [path]
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         args = [
             self.binary,
+            *self._config_file(),
             "--port",
             str(self.port),
             "--bind",

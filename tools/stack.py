@@ -46,6 +46,7 @@ class StackOptions:
     visual_args: list[str] = field(default_factory=list)
     visuals: int = 1  # visual replicas, when the model has a vision tower (shared/vision_config.py)
     env: dict[str, str] = field(default_factory=dict)
+    tokenizer_env: dict[str, str] = field(default_factory=dict)  # the front ends' own (their API keys), over env
     # > 0: worker group g sees only GPUs g * n .. g * n + n - 1 (CUDA_VISIBLE_DEVICES), so that
     # data-parallel groups each have GPUs of their own; 0: every group sees every GPU
     gpus_per_worker: int = 0
@@ -66,7 +67,7 @@ def _visuals(opts: StackOptions) -> int:
 class Stack:
     def __init__(self, opts: StackOptions) -> None:
         self.opts = opts
-        common = ["--redis-url", opts.redis_url, "--namespace", opts.namespace]
+        common = ["--namespace", opts.namespace]  # the Redis URL goes in the environment (start_service)
         self.services: dict[str, Service] = {}
         for k in range(opts.detokenizers):
             self._add(
@@ -100,8 +101,9 @@ class Stack:
                 self.services[f"worker-{g}"].env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g * n + i) for i in range(n))
         shared_port = ["--reuse-port", "true"] if opts.fronts > 1 else []
         for f in range(opts.fronts):
+            front = "tokenizer" if f == 0 else f"tokenizer-{f}"
             self._add(
-                "tokenizer" if f == 0 else f"tokenizer-{f}",
+                front,
                 "services.tokenizer",
                 [
                     *common,
@@ -117,6 +119,7 @@ class Stack:
                     *opts.tokenizer_args,
                 ],
             )
+            self.services[front].env.update(opts.tokenizer_env)
 
     @property
     def url(self) -> str:
@@ -135,7 +138,8 @@ class Stack:
 
     def start_service(self, name: str) -> None:
         svc = self.services[name]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.opts.env, **svc.env}
+        # the URL may carry Redis's password: in the environment, not on the command line every user can read
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "LS_REDIS_URL": self.opts.redis_url, **self.opts.env, **svc.env}
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         out = None
         if self.opts.log_dir:

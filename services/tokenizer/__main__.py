@@ -18,8 +18,8 @@ from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.pipeline import Pipeline
 from services.tokenizer.tokenization import Tokenization, load_chat_template
 from shared.busy_poll import BusyPoll
-from shared.cli import parse_config
-from shared.config import TokenizerConfig
+from shared.cli import parse_config, with_key_file
+from shared.config import ConfigError, TokenizerConfig
 from shared.heartbeat import HeartbeatPublisher
 from shared.log import setup_logging
 from shared.model_config import ModelConfig
@@ -31,7 +31,10 @@ log = logging.getLogger("services.tokenizer")
 
 
 def main() -> None:
-    cfg = parse_config(TokenizerConfig, None, os.environ)
+    try:
+        cfg = with_key_file(parse_config(TokenizerConfig, None, os.environ))
+    except ConfigError as e:
+        raise SystemExit(str(e)) from None
     setup_logging(SERVICE_TOKENIZER, cfg.replica, cfg.log_level, cfg.log_format)
     model = ModelConfig.from_dir(cfg.model_dir)
     try:

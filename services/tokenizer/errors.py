@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic_core import from_json
 
 from shared.messages import ERR_DEADLINE, ERR_FAILED, ERR_INVALID, ERR_OVERLOADED, ERR_TOO_LARGE
 
@@ -32,6 +33,14 @@ class APIError(Exception):
         self.kind = kind
         self.headers = headers or {}
         self.param = param
+
+
+def parse_json(raw: bytes) -> Any:
+    """A body parsed as the routes' models parse theirs (pydantic's parser), for a route that
+    looks at it before its model does: nesting past pydantic's depth limit and lone surrogates
+    are a ValueError here as there (the standard library's json raises RecursionError on the
+    one and accepts the other, which then fails wherever the text is encoded)."""
+    return from_json(raw)
 
 
 # the HTTP status for each way the pipeline can fail a request (shared.messages.ERROR_KINDS)

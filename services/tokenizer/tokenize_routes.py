@@ -10,7 +10,6 @@ return_token_strs is true. /detokenize takes {"tokens": [int]} and answers {"pro
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import jinja2
@@ -18,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.tokenizer.errors import APIError, validation_response
+from services.tokenizer.errors import APIError, parse_json, validation_response
 from services.tokenizer.generation import FrontContext, check_token_ids
 from services.tokenizer.openai.chat_params import ChatMessage
 from services.tokenizer.openai.routes import check_model
@@ -54,7 +53,7 @@ class Detokenize(_Body):
 def _tokenize_body(raw: bytes) -> TokenizePrompt | TokenizeChat:
     """Prompt or messages, told apart by which one the body has."""
     try:
-        keys = json.loads(raw)
+        keys = parse_json(raw)
     except ValueError:
         keys = None  # pydantic's error below says what is wrong with the JSON
     if isinstance(keys, dict) and "prompt" in keys and "messages" in keys:

@@ -6,6 +6,7 @@ head without end is cut off."""
 from __future__ import annotations
 
 import asyncio
+import os
 import select
 import socket
 import time
@@ -98,3 +99,36 @@ def test_a_head_without_end_is_cut_off(stack: Stack) -> None:
         pass
     sock.close()
     assert sent < 16 * 1024 * 1024  # closed after its first 64 KiB (and what the buffers held)
+
+
+def _errors(stack: Stack) -> float:
+    """The front end's count of requests answered with an error status, every route and code."""
+    text = httpx.get(stack.url + "/metrics", timeout=10).text
+    lines = [line for line in text.splitlines() if line.startswith("lightstream_front_request_errors_total{")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def test_a_client_that_leaves_mid_upload_is_neither_a_500_nor_a_traceback(stack: Stack) -> None:
+    log = os.path.join(stack.opts.log_dir, "tokenizer.log")
+    logged = os.path.getsize(log)
+    counted = _errors(stack)
+    assert httpx.post(stack.url + "/generate", content=b"{", timeout=10).status_code == 400
+    assert _errors(stack) == counted + 1  # an error is counted: the count below means something
+    before = counted + 1
+    for path in ("/generate", "/worker_generate"):
+        for framing in (b"Content-Length: 100000\r\n", b"Transfer-Encoding: chunked\r\n"):
+            sock = socket.create_connection(("127.0.0.1", stack.opts.port), timeout=10)
+            sock.sendall(
+                b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s\r\n" % (path.encode(), framing)
+            )
+            sock.sendall(b'400\r\n{"inputs": "half a bo' if b"chunked" in framing else b'{"inputs": "half a bo')
+            time.sleep(0.2)
+            sock.close()  # mid-body
+    time.sleep(1.0)
+    r = httpx.post(stack.url + "/generate", json={"inputs": "Hello", "parameters": {"max_new_tokens": 2}}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert _errors(stack) == before
+    with open(log) as f:
+        f.seek(logged)
+        said = f.read()
+    assert "Traceback" not in said and " ERROR " not in said, said

@@ -9,7 +9,10 @@ import httpx
 
 from tests import hf_reference
 from tests.integration.api_helpers import generate, generate_stream
+from tests.integration.bad_input import FASTCHAT, LIGHTLLM, cases
 from tools.stack import Stack
+
+MAX_LEN = 1024  # the tiny models' length limit
 
 PROMPTS = [
     "Hello",
@@ -75,32 +78,52 @@ def test_stop_sequences_cut_the_text(stack: Stack) -> None:
 
 
 def test_bad_input_gets_a_clear_4xx_and_the_service_keeps_serving(stack: Stack) -> None:
-    long_prompt = "word " * 3000
-    cases = [
-        (b"{not json", "not valid JSON"),
-        (json.dumps({"parameters": {}}).encode(), "inputs: required"),
+    own = [  # LightLLM's own: FastChat's workers ignore unknown keys and read top_p 0 as the smallest nucleus
         (json.dumps({"inputs": "hi", "parameters": {"bogus": 1}}).encode(), "parameters.bogus: unknown parameter"),
-        (json.dumps({"inputs": "hi", "parameters": {"max_new_tokens": 0}}).encode(), "parameters.max_new_tokens"),
-        (json.dumps({"inputs": "hi", "parameters": {"top_p": 1.5}}).encode(), "parameters.top_p"),
         (json.dumps({"inputs": "hi", "parameters": {"top_p": 0.0}}).encode(), "parameters.top_p"),
-        (json.dumps({"inputs": long_prompt}).encode(), "exceed the model's limit of 1024"),
-        (json.dumps(["a list"]).encode(), "body"),
-        (b"\xff\xfe invalid utf-8", "not valid JSON"),
     ]
     with httpx.Client(base_url=stack.url, timeout=60) as client:
         for path in ("/generate", "/generate_stream"):
-            for raw, needle in cases:
+            for raw, needle in [*cases(LIGHTLLM, MAX_LEN), *own]:
                 r = client.post(path, content=raw, headers={"Content-Type": "application/json"})
                 assert 400 <= r.status_code < 500, (path, raw[:40], r.status_code, r.text)
                 assert needle in r.json()["error"], (path, raw[:40], r.text)
         r = client.post("/generate", content=b"x" * (5 * 1024 * 1024), headers={"Content-Type": "application/json"})
         assert r.status_code == 413
+        deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # read before its model: parsed as the models do
+        r = client.post("/tokenize", content=deep)
+        assert r.status_code == 400 and "recursion limit exceeded" in r.text, r.text
         # an empty input is a prompt of only the BOS token where the tokenizer adds one, else an error
         empty = client.post("/generate", json={"inputs": ""})
         if hf_reference.tokenizer(stack.model_dir)("")["input_ids"]:
             assert empty.status_code == 200
         else:
             assert empty.status_code == 400 and "the prompt is empty" in empty.json()["error"]
-        ok = client.post("/generate", json={"inputs": "still serving?", "parameters": {"max_new_tokens": 3}})
-        assert ok.status_code == 200 and ok.json()["count_output_tokens"] >= 1
-        assert client.get("/health").status_code == 200
+        _still_serving(client)
+
+
+def test_fastchat_routes_refuse_every_bad_input_lightllms_do(stack: Stack) -> None:
+    """FastChat's worker protocol answers errors as chunks with HTTP 200 and FastChat's error
+    code, which FastChat's API server turns into the HTTP status: 4xxxx codes into a 400. So a
+    client error here is a 4xx status from the gates or a chunk with a 4xxxx code."""
+    with httpx.Client(base_url=stack.url, timeout=60) as client:
+        for path in ("/worker_generate", "/worker_generate_stream"):
+            for raw, needle in cases(FASTCHAT, MAX_LEN):
+                r = client.post(path, content=raw, headers={"Content-Type": "application/json"})
+                assert r.status_code == 200, (path, raw[:40], r.status_code, r.text)
+                chunk = json.loads(r.content.split(b"\0")[0])
+                assert 40000 <= chunk["error_code"] < 50000, (path, raw[:40], chunk)
+                assert needle in chunk["text"], (path, raw[:40], chunk)
+            r = client.post(path, content=b"x" * (5 * 1024 * 1024), headers={"Content-Type": "application/json"})
+            assert r.status_code == 413
+        r = client.post("/count_token", content=cases(FASTCHAT, MAX_LEN)[2][0])  # the deep one
+        assert r.status_code == 200 and r.json()["error_code"] == 40001, r.text
+        ok = client.post("/worker_generate", json={"prompt": "still serving?", "max_new_tokens": 3})
+        assert ok.status_code == 200 and ok.json()["error_code"] == 0 and ok.json()["usage"]["completion_tokens"] >= 1
+        _still_serving(client)
+
+
+def _still_serving(client: httpx.Client) -> None:
+    ok = client.post("/generate", json={"inputs": "still serving?", "parameters": {"max_new_tokens": 3}})
+    assert ok.status_code == 200 and ok.json()["count_output_tokens"] >= 1
+    assert client.get("/health").status_code == 200

@@ -15,8 +15,10 @@ import time
 
 import httpx
 import pytest
+import redis
 
 from tests import hf_reference
+from tools import make_tiny_model
 from tools.redis_server import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -181,10 +183,16 @@ def test_a_service_that_dies_is_reaped_and_started_again(tiny_llama: str, tmp_pa
     port = free_port()
     err = open(tmp_path / "serve.err", "w+")  # noqa: SIM115 (read after the process ends)
     flags = ["--port", str(port), "--host", "127.0.0.1", "--log-dir", str(tmp_path)]
-    proc = _serve(tiny_llama, *flags, stderr=err)
+    out = open(tmp_path / "serve.out", "w+")  # noqa: SIM115 (read while the process runs)
+    proc = _serve(tiny_llama, *flags, stdout=out, stderr=err)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc)
+        # serve's own wait for /health ends too (a service that exits before it is a failed start)
+        deadline = time.monotonic() + 30
+        while "LightStream is serving" not in (tmp_path / "serve.out").read_text():
+            assert time.monotonic() < deadline, "lightstream serve never said it was serving"
+            time.sleep(0.1)
         router = _child_pid(proc.pid, "services.router")
         assert router is not None
         os.kill(router, signal.SIGKILL)
@@ -201,3 +209,49 @@ def test_a_service_that_dies_is_reaped_and_started_again(tiny_llama: str, tmp_pa
     err.seek(0)
     said = err.read()
     assert f"router exited with status {-signal.SIGKILL}" in said and "router started again" in said, said
+
+
+def test_sigterm_gives_requests_in_flight_the_drain_timeout_and_keys_stay_off_command_lines(tmp_path) -> None:
+    """--drain-timeout-s reaches the services that drain: SIGTERM with a stream in flight ends it
+    with an error after 1 s (the default would let it run on for 30 s) and serve exits 0. Its
+    API key, from a file, and the password of the Redis it starts are on no process's command line."""
+    model = str(tmp_path / "model")
+    make_tiny_model.main(["--out", model, "--max-positions", "8192"])  # a stream far longer than the drain
+    (tmp_path / "keys").write_text("secret-key-43\n")
+    port = free_port()
+    flags = ["--port", str(port), "--host", "127.0.0.1", "--drain-timeout-s", "1"]
+    proc = _serve(model, *flags, "--api-key-file", str(tmp_path / "keys"), "--log-dir", str(tmp_path / "logs"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc)
+        front = _child_pid(proc.pid, "services.tokenizer")
+        assert front is not None
+        with open(f"/proc/{front}/cmdline", "rb") as f:
+            cmdline = f.read()
+        assert b"secret-key-43" not in cmdline and b"redis://" not in cmdline
+        with open(f"/proc/{front}/environ", "rb") as f:  # the owner's only
+            environ = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        redis_url = environ[b"LS_REDIS_URL"].decode()
+        assert environ[b"LS_API_KEYS"] == b"secret-key-43" and redis.Redis.from_url(redis_url).ping()
+        with pytest.raises(redis.AuthenticationError):  # the Redis it started asks for its password
+            redis.Redis.from_url(redis_url.replace(redis_url.split("@")[0], "redis://")).ping()
+        body = {"inputs": "Hello", "parameters": {"max_new_tokens": 8000, "ignore_eos": True}}
+        assert httpx.post(url + "/generate", json=body, timeout=30).status_code == 401
+        key = {"Authorization": "Bearer secret-key-43"}
+        events: list[dict] = []
+        with httpx.stream("POST", url + "/generate_stream", json=body, headers=key, timeout=60) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    events.append(json.loads(line[5:]))
+                    if len(events) == 5:
+                        proc.send_signal(signal.SIGTERM)
+                        signalled = time.monotonic()
+        took = time.monotonic() - signalled
+        print(f"the stream ended {took:.2f}s after SIGTERM: {events[-1]}")
+        assert events[-1]["finish_reason"] == "error" and took < 8.0, events[-1]
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)

@@ -10,8 +10,8 @@ import tomllib
 
 import pytest
 
-from lightstream.serve_config import ServeConfig, service_args
-from shared.cli import build_parser, parse_config
+from lightstream.serve_config import ServeConfig, front_env, service_args
+from shared.cli import build_parser, parse_config, with_key_file
 from shared.config import ConfigError, RouterConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,6 +40,8 @@ FLAGS = {
     "--chat-template": "LS_CHAT_TEMPLATE",
     "--disable-prompt-cache": "LS_DISABLE_PROMPT_CACHE",
     "--routing-policy": "LS_ROUTING_POLICY",
+    "--drain-timeout-s": "LS_DRAIN_TIMEOUT_S",
+    "--api-key-file": "LS_API_KEY_FILE",
 }
 
 
@@ -100,7 +102,7 @@ def test_both_spellings_reach_the_services_flags() -> None:
         "--model-name": "demo",  # the label on its metrics series
     }
     assert args["worker"][-1] == "--cuda-graph-max-bs=0"  # a pass-through flag comes last: it wins
-    assert args["tokenizer"] == ["--max-req-total-len", "512", "--model-name", "demo", "--api-key", "K"]
+    assert args["tokenizer"] == ["--max-req-total-len", "512", "--model-name", "demo"]
     assert args["router"] == ["--running-max-req-size", "8", "--model-name", "demo"]
     assert args["detokenizer"] == ["--model-name", "demo"]
     assert args["visual"] == ["--dtype", "bfloat16", "--model-name", "demo"]  # the vision tower's dtype is the model's
@@ -108,8 +110,38 @@ def test_both_spellings_reach_the_services_flags() -> None:
 
 def test_a_setting_left_at_its_default_leaves_the_service_its_own() -> None:
     """A service then keeps its default or its own LS_* variable (LS_CPU_KV_TOKENS, say)."""
-    args = service_args(parse_config(ServeConfig, ["m", "--api-key", "K"], {}))
-    assert args == {"worker": [], "router": [], "tokenizer": ["--api-key", "K"], "detokenizer": [], "visual": []}
+    args = service_args(parse_config(ServeConfig, ["m", "--api-key", "K", "--drain-timeout-s", "30"], {}))
+    assert args == {"worker": [], "router": [], "tokenizer": [], "detokenizer": [], "visual": []}
+
+
+def test_the_drain_timeout_reaches_every_service_that_drains() -> None:
+    for cfg in (
+        parse_config(ServeConfig, ["m", "--drain-timeout-s", "2.5"], {}),
+        parse_config(ServeConfig, ["m"], {"LS_DRAIN_TIMEOUT_S": "2.5"}),
+    ):
+        args = service_args(cfg)
+        for service in ("worker", "tokenizer", "detokenizer"):
+            assert args[service] == ["--drain-timeout-s", "2.5"], service
+        assert args["router"] == [] and args["visual"] == []
+    with pytest.raises(ConfigError, match="--drain-timeout-s must be >= 0"):
+        ServeConfig(drain_timeout_s=-1)
+
+
+def test_api_keys_reach_the_front_ends_environment_never_their_command_line(tmp_path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# the front end's keys\nfrom-file-a\n\n  from-file-b  \n")
+    cfg = with_key_file(parse_config(ServeConfig, ["m", "--api-key", "K", "--api-key-file", str(keys)], {}))
+    assert cfg.api_keys == ("K", "from-file-a", "from-file-b")
+    assert not any("K" in a or "from-file" in a for a in service_args(cfg)["tokenizer"])
+    assert front_env(cfg) == {"LS_API_KEYS": "K,from-file-a,from-file-b"}
+    assert front_env(parse_config(ServeConfig, ["m"], {})) == {}
+    cfg = with_key_file(parse_config(ServeConfig, ["m"], {"LS_API_KEY_FILE": str(keys)}))
+    assert cfg.api_keys == ("from-file-a", "from-file-b")
+    (tmp_path / "empty").write_text("# nothing\n")
+    with pytest.raises(ConfigError, match="no key in it"):
+        with_key_file(ServeConfig(api_key_file=str(tmp_path / "empty")))
+    with pytest.raises(ConfigError, match=r"--api-key-file .*missing"):
+        with_key_file(ServeConfig(api_key_file=str(tmp_path / "missing")))
 
 
 def test_variables_stand_in_for_flags() -> None:

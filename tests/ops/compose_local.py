@@ -165,8 +165,9 @@ class LocalCompose:
         env = {**_base_env(), **image_env(spec["build"]["target"])}
         env.update({k: self._localize(str(v), mounts) for k, v in spec.get("environment", {}).items()})
         if "LS_REDIS_URL" in env:  # the redis service's host name -> the local server
+            local = self.redis_url.removeprefix("redis://").rsplit("/", 1)[0]
             env["LS_REDIS_URL"] = re.sub(
-                r"^redis://redis:6379/", self.redis_url.rsplit("/", 1)[0] + "/", env["LS_REDIS_URL"]
+                r"^redis://([^@/]*@)?redis:6379/", rf"redis://\g<1>{local}/", env["LS_REDIS_URL"]
             )
         if "LS_HOST" in env:
             env["LS_HOST"] = "127.0.0.1"

@@ -52,7 +52,7 @@ def test_compose_yaml_is_valid_and_complete() -> None:
     assert services["model"]["restart"] == "no"
     for name in LIGHTSTREAM:
         s = services[name]
-        assert s["environment"]["LS_REDIS_URL"] == "redis://redis:6379/0", name
+        assert s["environment"]["LS_REDIS_URL"] == "redis://:@redis:6379/0", name  # no password: none given
         assert s["depends_on"]["redis"]["condition"] == "service_healthy", name
         assert s["depends_on"]["model"]["condition"] == "service_completed_successfully", name
         assert "models:/model:ro" in s["volumes"], name
@@ -68,9 +68,22 @@ def test_compose_yaml_is_valid_and_complete() -> None:
     assert worker["build"]["target"] == "cpu" and services["tokenizer"]["build"]["target"] == "light"
     for name in ("prometheus", "grafana"):
         assert services[name]["profiles"] == ["monitoring"]
+    grafana = services["grafana"]["environment"]  # an anonymous visitor only views
+    assert grafana["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer" and "GF_AUTH_DISABLE_LOGIN_FORM" not in grafana
     visual = services["visual"]  # a vision model's: started with --profile vision
     assert visual["profiles"] == ["vision"] and visual["command"] == ["python", "-m", "services.visual"]
     assert visual["environment"]["LS_MODEL_DIR"] == "/model" and visual["build"]["target"] == "cpu"
+
+
+def test_a_redis_password_is_asked_for_and_given_by_every_service() -> None:
+    services = resolved("compose.yaml", env={"LS_REDIS_PASSWORD": "s3cret"})["services"]
+    command = services["redis"]["command"]
+    assert command[command.index("--requirepass") + 1] == "s3cret"
+    assert services["redis"]["environment"]["REDISCLI_AUTH"] == "s3cret"  # its health check's
+    for name in LIGHTSTREAM:
+        assert services[name]["environment"]["LS_REDIS_URL"] == "redis://:s3cret@redis:6379/0", name
+    command = resolved("compose.yaml")["services"]["redis"]["command"]
+    assert command[command.index("--requirepass") + 1] == ""  # none: Redis asks for nothing
 
 
 def test_the_gpu_override_reserves_gpus_and_mounts_the_model_read_only(tmp_path) -> None:

@@ -25,3 +25,25 @@ def test_a_service_runs_under_its_prefix_and_the_rest_as_they_are(tmp_path) -> N
     assert stack.services["router"].proc.wait(10) == 0  # type: ignore[union-attr]
     said = (tmp_path / "router.log").read_text().split()
     assert said[1:] == ["-m", "services.router", *stack.services["router"].args]
+
+
+def test_secrets_reach_the_services_in_their_environment_never_their_command_lines(tmp_path) -> None:
+    """/proc/<pid>/cmdline is every user's to read, /proc/<pid>/environ only the owner's."""
+    url = "redis://:s3cret@127.0.0.1:6379/0"
+    opts = StackOptions(
+        model_dir="m",
+        redis_url=url,
+        port=1,
+        fronts=2,
+        log_dir=str(tmp_path),
+        tokenizer_env={"LS_API_KEYS": "k"},
+        prefixes={"tokenizer-1": ["sh", "-c", 'echo "$LS_REDIS_URL $LS_API_KEYS $*"', "sh"]},
+    )
+    stack = Stack(opts)
+    for svc in stack.services.values():
+        assert not any("s3cret" in a for a in svc.args), svc.name
+    assert stack.services["tokenizer"].env == {"LS_API_KEYS": "k"} and stack.services["router"].env == {}
+    stack.start_service("tokenizer-1")
+    assert stack.services["tokenizer-1"].proc.wait(10) == 0  # type: ignore[union-attr]
+    said = (tmp_path / "tokenizer-1.log").read_text().split()
+    assert said[:2] == [url, "k"] and "services.tokenizer" in said

@@ -12,7 +12,6 @@ post_routes.py, the rest by FastAPI.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
@@ -20,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from services.tokenizer.collected import best
-from services.tokenizer.errors import APIError, describe_validation, pipeline_status
+from services.tokenizer.errors import APIError, describe_validation, parse_json, pipeline_status
 from services.tokenizer.fanout import collect_all, first_items, unless_disconnected
 from services.tokenizer.fastchat.chunks import Progress, encode, error_chunk, failed_chunk
 from services.tokenizer.fastchat.params import WorkerParams
@@ -189,7 +188,7 @@ def fastchat_router(worker: FastChatWorker) -> APIRouter:
 
 async def _json(request: Request) -> object:
     try:
-        return json.loads(await request.body())
+        return parse_json(await request.body())
     except ValueError as e:
         raise APIError(400, f"the request body is not valid JSON ({e})", "validation") from e
 

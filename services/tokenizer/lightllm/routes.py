@@ -5,14 +5,13 @@ served by post_routes.py."""
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from services.tokenizer.collected import best
-from services.tokenizer.errors import APIError, pipeline_status
+from services.tokenizer.errors import APIError, parse_json, pipeline_status
 from services.tokenizer.fanout import collect_all, first_items
 from services.tokenizer.generation import (
     FrontContext,
@@ -100,7 +99,7 @@ def dialect(lightllm: Handler, tgi_handler: Handler) -> Handler:
     async def handle(request: Request, _: None, arrival: float) -> JSONResponse | EventStream:
         raw = await request.body()
         try:
-            tgi_body = is_tgi(json.loads(raw))
+            tgi_body = is_tgi(parse_json(raw))
         except ValueError:  # not JSON: LightLLM's model says so, as before
             tgi_body = False
         if tgi_body:
