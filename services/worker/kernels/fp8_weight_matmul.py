@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.launch import cdiv, launcher
-from services.worker.kernels.split_k_sum import choose_split, shares, sm_count, split_k_sum
+from services.worker.kernels.split_k_sum import plan_split, split_k_sum
 from services.worker.models.fp8_weight import FP8, Fp8Weight
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -122,18 +122,12 @@ def fp8_weight_matmul(
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    steps = cdiv(k, BLOCK_K)
-    tiles = cdiv(m, block_m) * cdiv(n, BLOCK_N)
-    if split is None:
-        split = choose_split(tiles, steps, m, n, n * k, sm_count(x.device))
-    per, split = shares(steps, max(1, split))
-    partials = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else None
-    _fp8_weight_matmul_launch[(cdiv(m, block_m), cdiv(n, BLOCK_N), split)](
+    plan = plan_split(m, n, cdiv(k, BLOCK_K), BLOCK_N, BLOCK_K, n * k, x.device, split)
+    _fp8_weight_matmul_launch[plan.grid](
         x,
         w.weight,
         w.scale,
-        out if partials is None else partials,
+        out if plan.partials is None else plan.partials,
         m,
         n,
         k,
@@ -141,15 +135,15 @@ def fp8_weight_matmul(
         w.weight.stride(0),
         out.stride(0),
         m * n,
-        per * BLOCK_K,
-        BLOCK_M=block_m,
+        plan.share_k,
+        BLOCK_M=plan.block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
         EVEN_K=k % BLOCK_K == 0,
-        PARTIAL=partials is not None,
+        PARTIAL=plan.partials is not None,
         ACCUMULATE=accumulate,
         IEEE=x.dtype == torch.float32,
         num_warps=4,
         num_stages=4,
     )
-    return out if partials is None else split_k_sum(partials, out, accumulate)
+    return out if plan.partials is None else split_k_sum(plan.partials, out, accumulate)

@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.launch import cdiv, launcher
-from services.worker.kernels.split_k_sum import choose_split, shares, sm_count, split_k_sum
+from services.worker.kernels.launch import launcher
+from services.worker.kernels.split_k_sum import plan_split, split_k_sum
 from services.worker.models.int4_weight import Int4Weight
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -115,35 +115,29 @@ def int4_matmul(
         raise ValueError(f"int4_matmul: out must be [{m}, {n}] {x.dtype} with a contiguous last dim")
     if m == 0:
         return out
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     block_k = min(128, w.group_size)  # the group sizes read (32 to 256) are powers of two: it divides them
-    steps = k // block_k
-    tiles = cdiv(m, block_m) * cdiv(n, BLOCK_N)
-    if split is None:
-        split = choose_split(tiles, steps, m, n, n * k // 2, sm_count(x.device))
-    per, split = shares(steps, max(1, split))
-    partials = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else None
-    _int4_matmul_launch[(cdiv(m, block_m), cdiv(n, BLOCK_N), split)](
+    plan = plan_split(m, n, k // block_k, BLOCK_N, block_k, n * k // 2, x.device, split)
+    _int4_matmul_launch[plan.grid](
         x,
         w.qweight,
         w.zeros,
         w.scales,
-        out if partials is None else partials,
+        out if plan.partials is None else plan.partials,
         m,
         n,
         k,
         x.stride(0),
         out.stride(0),
         m * n,
-        per * block_k,
+        plan.share_k,
         GROUP=w.group_size,
-        BLOCK_M=block_m,
+        BLOCK_M=plan.block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=block_k,
-        PARTIAL=partials is not None,
+        PARTIAL=plan.partials is not None,
         ACCUMULATE=accumulate,
         IEEE=x.dtype == torch.float32,
         num_warps=4,
         num_stages=3,
     )
-    return out if partials is None else split_k_sum(partials, out, accumulate)
+    return out if plan.partials is None else split_k_sum(plan.partials, out, accumulate)

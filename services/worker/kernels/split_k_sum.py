@@ -15,6 +15,7 @@ M grows (Llama-3-8B's int4 down projection: 9 shares at M = 1, 3 at M = 64).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -102,3 +103,27 @@ def shares(k_steps: int, split: int) -> tuple[int, int]:
     """(steps a share, shares): split shares of whole steps, none of them empty."""
     per = cdiv(k_steps, split)
     return per, cdiv(k_steps, per)
+
+
+class SplitPlan(NamedTuple):
+    """A weight-only GEMM's launch over K shares: its row block, its grid, the K elements a share
+    reads, and the float32 partial sums its shares write (None: one share, straight into out)."""
+
+    block_m: int
+    grid: tuple[int, int, int]
+    share_k: int
+    partials: torch.Tensor | None
+
+
+def plan_split(
+    m: int, n: int, k_steps: int, block_n: int, block_k: int, weight_bytes: int, device: torch.device, split: int | None
+) -> SplitPlan:
+    """The launch of an [m, n] product over k_steps steps of block_k: row blocks of 16, 32 or 64
+    (the batch's), and split shares of K (None: choose_split's)."""
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    tiles = cdiv(m, block_m) * cdiv(n, block_n)
+    if split is None:
+        split = choose_split(tiles, k_steps, m, n, weight_bytes, sm_count(device))
+    per, split = shares(k_steps, max(1, split))
+    partials = torch.empty((split, m, n), dtype=torch.float32, device=device) if split > 1 else None
+    return SplitPlan(block_m, (cdiv(m, block_m), cdiv(n, block_n), split), per * block_k, partials)
