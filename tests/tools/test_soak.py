@@ -43,7 +43,7 @@ def test_soak_options_must_hold_the_warm_up_and_two_windows() -> None:
         soak.SoakOptions(minutes=1, warmup_s=30, window_s=20)
 
 
-@pytest.mark.slow
+@pytest.mark.bench  # a benchmark tool end to end, opt-in (CI keeps to 30 minutes)
 def test_a_one_minute_soak_stays_flat(tmp_path) -> None:
     opts = soak.SoakOptions(minutes=1, clients=16, warmup_s=20, window_s=15, sample_s=2, log_dir=str(tmp_path))
     report = soak.soak(opts)
