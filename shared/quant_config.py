@@ -12,7 +12,7 @@ Supported:
   per-channel ``weight_scale``; input scales dynamic or static: activations are quantized per
   token whatever the checkpoint calibrated) and Hugging Face's fine-grained FP8 (quant_method
   "fp8", ``weight_scale_inv`` per block of weight_block_size, or per tensor without one). Any
-  family: a mixture of experts' routed experts are read dequantized (bf16), the rest FP8.
+  family, a mixture of experts' routed experts included.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The routed experts' kernels (kernels/fused_moe.py) against the GPU's copy bandwidth, at real
 mixture-of-experts shapes, and next to PyTorch's loop over the experts (layers/moe.py).
 
-    python tools/bench_moe.py --out FILE.json [--shape mixtral-8x7b|qwen3-30b-a3b] [--sweep]
+    python tools/bench_moe.py --out FILE.json [--shape mixtral-8x7b|qwen3-30b-a3b] [--sweep] [--fp8]
     python tools/bench_moe.py --cpu-smoke --out FILE.json   # tiny shapes, Triton interpreter
 
 For each token count T, one layer's experts (bf16, routing drawn uniformly at random), timed
@@ -9,6 +9,10 @@ replayed from a CUDA graph as the engine runs them: milliseconds (and moe_align'
 bytes of the experts' weights the step reads (the distinct experts hit) as GB/s and as % of the
 copy bandwidth, and TFLOP/s (2 * T * k * 3 * H * I). --sweep times every launch configuration of SWEEP at each T (each
 checked against the default's output) and prints the fastest, the data behind pick_tiles.
+--fp8 also times the same experts in FP8 (Fp8ExpertWeight, quantized from the bf16 draws) at the
+same T and routing: its milliseconds, its bytes (e4m3 weights plus float32 scales of the experts
+hit) as GB/s and % of copy, and its speed-up over bf16 (row "fp8"); with --sweep, the FP8
+kernel's configurations are swept too.
 --cpu-smoke runs once at tiny shapes under the interpreter to check the script; its numbers mean
 nothing.
 """
@@ -41,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shape", choices=sorted(SHAPES), default="mixtral-8x7b")
     p.add_argument("--tokens", type=int, nargs="*", default=list(TOKENS))
     p.add_argument("--sweep", action="store_true", help="also time every launch configuration of SWEEP")
+    p.add_argument("--fp8", action="store_true", help="also time the FP8 experts at the same shapes")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes under the Triton interpreter, on the CPU")
     return p.parse_args(argv)
 
@@ -69,9 +74,10 @@ def copy_gbps(dev: torch.device, cuda: bool) -> float:
     return 2 * src.numel() / triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
 
 
-def bench(t: int, shape: tuple[int, int, int, int], dtype: torch.dtype, dev, cuda: bool, sweep: bool) -> dict:
-    from services.worker.kernels.fused_moe import MoeTiles, fused_experts, pick_tiles  # after TRITON_INTERPRET
+def bench(t: int, shape: tuple[int, int, int, int], dtype: torch.dtype, dev, cuda: bool, args) -> dict:
+    from services.worker.kernels.fused_moe import fused_experts, pick_tiles  # after TRITON_INTERPRET
     from services.worker.kernels.moe_align import moe_align
+    from services.worker.models.fp8_weight import Fp8ExpertWeight
     from services.worker.models.layers.moe import experts_reference, route
 
     h, inter, experts, k = shape
@@ -93,22 +99,42 @@ def bench(t: int, shape: tuple[int, int, int, int], dtype: torch.dtype, dev, cud
         "TFLOP/s": 2 * t * k * 3 * h * inter / ms / 1e9,
         "torch_loop_ms": timed(lambda: experts_reference(x, w13, w2, weights, ids), False),
     }
-    if sweep:
-        want = fused_experts(x, w13, w2, weights, ids)
-        best = []
-        for c in SWEEP:
-            tiles = MoeTiles(*c)
-            try:
-                got = fused_experts(x, w13, w2, weights, ids, tiles)
-            except Exception as e:  # Triton's OutOfResources: tiles too large for shared memory
-                print(f"  {tiles}: skipped ({type(e).__name__})")
-                continue
-            if not torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2):
-                raise AssertionError(f"{tiles} disagrees with the default configuration")
-            best.append((timed(lambda tiles=tiles: fused_experts(x, w13, w2, weights, ids, tiles), cuda), c))
-        best.sort()
-        row["sweep_best"] = [{"ms": m, "tiles": MoeTiles(*c)._asdict()} for m, c in best[:3]]
+    if args.sweep:
+        row["sweep_best"] = sweep(x, w13, w2, weights, ids, cuda)
+    if args.fp8:
+        f13, f2 = Fp8ExpertWeight.quantize(w13), Fp8ExpertWeight.quantize(w2)
+        fp8_ms = timed(lambda: fused_experts(x, f13, f2, weights, ids), cuda)
+        fp8_bytes = hit * (3 * h * inter + 4 * (2 * inter + h))  # e4m3 weights, float32 scales
+        row["fp8"] = {
+            "ms": fp8_ms,
+            "weight_bytes": fp8_bytes,
+            "bf16_weight_bytes": weight_bytes,
+            "weights GB/s": fp8_bytes / fp8_ms / 1e6,
+            "speedup_over_bf16": ms / fp8_ms,
+        }
+        if args.sweep:
+            row["fp8"]["sweep_best"] = sweep(x, f13, f2, weights, ids, cuda)
     return row
+
+
+def sweep(x, w13, w2, weights, ids, cuda: bool) -> list[dict]:
+    """The three fastest configurations of SWEEP, each checked against the default's output."""
+    from services.worker.kernels.fused_moe import MoeTiles, fused_experts
+
+    want = fused_experts(x, w13, w2, weights, ids)
+    best = []
+    for c in SWEEP:
+        tiles = MoeTiles(*c)
+        try:
+            got = fused_experts(x, w13, w2, weights, ids, tiles)
+        except Exception as e:  # Triton's OutOfResources: tiles too large for shared memory
+            print(f"  {tiles}: skipped ({type(e).__name__})")
+            continue
+        if not torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2):
+            raise AssertionError(f"{tiles} disagrees with the default configuration")
+        best.append((timed(lambda tiles=tiles: fused_experts(x, w13, w2, weights, ids, tiles), cuda), c))
+    best.sort()
+    return [{"ms": m, "tiles": MoeTiles(*c)._asdict()} for m, c in best[:3]]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -122,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     gbps = copy_gbps(dev, cuda)
     report = {"shape": dict(zip(("hidden", "inter", "experts", "top_k"), shape, strict=True)), "copy GB/s": gbps}
     for t in tokens:
-        row = bench(t, shape, dtype, dev, cuda, args.sweep)
+        row = bench(t, shape, dtype, dev, cuda, args)
         row["% of copy"] = 100 * row["weights GB/s"] / gbps
         report[f"T={t}"] = row
         best = f", best swept {row['sweep_best'][0]['ms']:.3f} ms" if args.sweep else ""
@@ -133,6 +159,15 @@ def main(argv: list[str] | None = None) -> None:
             f"{row['torch_loop_ms']:.3f} ms{best}",
             flush=True,
         )
+        if args.fp8:
+            fp8 = row["fp8"]
+            fp8["% of copy"] = 100 * fp8["weights GB/s"] / gbps
+            print(
+                f"         FP8: {fp8['ms']:.3f} ms, {fp8['weight_bytes'] / 1e6:.1f} MB "
+                f"(bf16 {fp8['bf16_weight_bytes'] / 1e6:.1f}), {fp8['weights GB/s']:.0f} GB/s "
+                f"({fp8['% of copy']:.0f} % of copy), {fp8['speedup_over_bf16']:.2f}x bf16",
+                flush=True,
+            )
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
 

@@ -15,6 +15,7 @@
 #         the peer; the other six against the peer); families-capped: FAMILIES (default the three whose
 #         peer's batching thread finds no memory for cuBLAS at HF's default cache size) with tools/peer_capped.py
 #         moe   (the fused experts at Mixtral's and Qwen3-30B-A3B's shapes, 1 to 4096 tokens: time, and against the reference)
+#         moe-fp8   (the same with FP8 experts beside bf16; the FP8 kernel's GPU tests and the tiny MoEs' FP8 engines)
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 set -u
 out=${1:?OUTDIR}; shift
@@ -96,6 +97,13 @@ for part in "$@"; do
            tail -12 "$out/moe-$shape.log"; done
          timeout 200 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_fused_moe.py -k real_shapes 2>&1 \
            | grep "T=\|passed\|failed\|Error" | tee "$out/moe_tests.log" | tail -20 ;;
+    moe-fp8) for shape in mixtral-8x7b qwen3-30b-a3b; do
+               timeout 300 python3 tools/bench_moe.py --fp8 --shape $shape --out "$out/moe-fp8-$shape.json" \
+                 > "$out/moe-fp8-$shape.log" 2>&1
+               tail -24 "$out/moe-fp8-$shape.log"; done
+             timeout 400 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_fused_moe_fp8.py \
+               tests/worker/test_cuda_path.py -k "fp8 and (real_shapes or graph or moe)" 2>&1 \
+               | grep "T=\|passed\|failed\|Error" | tee "$out/moe_fp8_tests.log" | tail -20 ;;
     dp) timeout 240 python3 tools/bench_data_parallel.py --groups 2 --out "$out/dp2.json" -- --running-max-req-size 2048 2>&1 | tail -3 ;;
     *) echo "unknown part $part" ;;
   esac

@@ -69,8 +69,29 @@ def test_tiny_moe_fp32_greedy_equals_cpu_and_hf(
     _tiny_fp32(tiny_moe_models[arch], graphs, pieces, budget, fold=True, folds=False)
 
 
-def _tiny_fp32(model_dir: str, graphs: int, pieces: int, budget: int, fold: bool, folds: bool) -> None:
-    """folds: whether the family folds its norms when asked to (fold)."""
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_tiny_moe_fp8_experts_greedy_equals_cpu_and_hf(tiny_moe_models: dict[str, str], arch: str, tmp_path) -> None:
+    """--quantization fp8: the grouped GEMMs on e4m3 experts (float32 activations) eagerly and
+    under decode and piecewise graphs, against the CPU's loop over the experts dequantized and
+    Hugging Face on the dequantized checkpoint."""
+    reference = str(tmp_path / f"{arch}-dequantized")
+    quant_models.dequantized_copy(tiny_moe_models[arch], reference, at_load=True)
+    for graphs, pieces in ((512, 2048), (0, 0)):
+        _tiny_fp32(tiny_moe_models[arch], graphs, pieces, 16, True, False, quantization="fp8", reference=reference)
+
+
+def _tiny_fp32(
+    model_dir: str,
+    graphs: int,
+    pieces: int,
+    budget: int,
+    fold: bool,
+    folds: bool,
+    quantization: str = "none",
+    reference: str | None = None,
+) -> None:
+    """folds: whether the family folds its norms when asked to (fold); reference: the checkpoint
+    Hugging Face runs (model_dir's own weights when None)."""
     tok = hf_reference.tokenizer(model_dir)
     texts = [
         "Hello world",
@@ -94,13 +115,14 @@ def _tiny_fp32(model_dir: str, graphs: int, pieces: int, budget: int, fold: bool
         max_total_token_num=65536,
         batch_max_tokens=budget,
         fold_norms=fold,
+        quantization=quantization,
     )
     engine = build_engine(cuda_cfg)
     assert engine.runner.step.folded == (fold and folds)
     cuda = run(engine, reqs)
-    cpu = run(build_engine(WorkerConfig(model_dir=model_dir, device="cpu")), reqs)
+    cpu = run(build_engine(WorkerConfig(model_dir=model_dir, device="cpu", quantization=quantization)), reqs)
     for r in reqs:
-        want = hf_reference.greedy(model_dir, list(r.input_ids), r.params.max_new_tokens)
+        want = hf_reference.greedy(reference or model_dir, list(r.input_ids), r.params.max_new_tokens)
         assert cuda[r.rid].tokens == cpu[r.rid].tokens == want, r.rid
 
 

@@ -1,6 +1,6 @@
 """FP8 weights in every family the worker serves, on the CPU: --quantization fp8 on each tiny
-model, and FP8 checkpoints of the mixtures of experts (their routed experts read dequantized),
-give Hugging Face's greedy tokens on the weights as served, dequantized."""
+model, and FP8 checkpoints of the mixtures of experts (their routed experts FP8 too), give
+Hugging Face's greedy tokens on the weights as served, dequantized; over two ranks as well."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from services.worker.build import build_engine
-from services.worker.models.fp8_weight import Fp8Weight
+from services.worker.models.fp8_weight import Fp8ExpertWeight, Fp8Weight
 from services.worker.tp.group import leave_group, start_group
 from shared.config import WorkerConfig
 from tests import hf_reference
@@ -26,7 +26,8 @@ def _check(model_dir: str, reference: str, quantization: str, engine=None) -> No
     for layer in engine.runner.model.w.layers:
         assert isinstance(layer.qkv, Fp8Weight) and isinstance(layer.o, Fp8Weight)
         assert layer.gate_up is None or isinstance(layer.gate_up, Fp8Weight)  # a routed-only MoE layer has none
-        assert layer.experts is None or not isinstance(layer.experts.w13, Fp8Weight)
+        if layer.experts is not None:  # the routed experts: e4m3 with a scale per expert and row
+            assert isinstance(layer.experts.w13, Fp8ExpertWeight) and isinstance(layer.experts.w2, Fp8ExpertWeight)
     tok = hf_reference.tokenizer(reference)
     reqs, want = [], {}
     for i, text in enumerate(PROMPTS[:4]):
@@ -45,7 +46,9 @@ def test_fp8_at_load_in_every_family(arch: str, tmp_path) -> None:
     _check(model_dir, reference, "fp8")
 
 
-@pytest.mark.parametrize(("arch", "kind"), [("mixtral", "fp8"), ("qwen3_moe", "fp8-block")])
+@pytest.mark.parametrize(
+    ("arch", "kind"), [("mixtral", "fp8"), ("qwen2_moe", "fp8-tensor"), ("qwen3_moe", "fp8-block")]
+)
 def test_fp8_checkpoints_of_mixtures_of_experts(arch: str, kind: str, tmp_path) -> None:
     model_dir = str(tmp_path / arch)
     make_tiny_model.main(["--arch", arch, "--out", model_dir, "--seed", "3", "--quant", kind, "--block-size", "32"])
@@ -55,17 +58,31 @@ def test_fp8_checkpoints_of_mixtures_of_experts(arch: str, kind: str, tmp_path) 
     _check(model_dir, reference, "none")
 
 
-def test_fp8_over_two_tensor_parallel_ranks(tiny_quant: dict[str, str]) -> None:
-    """--quantization fp8 over two gloo ranks (rank 1 a child process): column-parallel shares cut
-    the scales, row-parallel ones keep them whole, and the tokens are HF's on the whole model's
-    FP8 weights, dequantized."""
-    cfg = WorkerConfig(model_dir=tiny_quant["plain"], device="cpu", tp=2, quantization="fp8", batch_max_tokens=16)
+def _over_two_ranks(model_dir: str, reference: str) -> None:
+    """--quantization fp8 on model_dir over two gloo ranks (rank 1 a child process), its tokens
+    checked against Hugging Face's on reference."""
+    cfg = WorkerConfig(model_dir=model_dir, device="cpu", tp=2, quantization="fp8", batch_max_tokens=16)
     threads = torch.get_num_threads()  # joining the group divides the cores between the ranks
     group = start_group(cfg)
     try:
         engine = build_engine(cfg, group.tp, channel=group.channel)
-        _check(tiny_quant["plain"], tiny_quant["fp8-at-load-dequantized"], "fp8", engine)
+        _check(model_dir, reference, "fp8", engine)
     finally:
         group.stop(join_s=20)
         leave_group()
         torch.set_num_threads(threads)
+
+
+def test_fp8_over_two_tensor_parallel_ranks(tiny_quant: dict[str, str]) -> None:
+    """Column-parallel shares cut the scales, row-parallel ones keep them whole, and the tokens
+    are HF's on the whole model's FP8 weights, dequantized."""
+    _over_two_ranks(tiny_quant["plain"], tiny_quant["fp8-at-load-dequantized"])
+
+
+def test_fp8_experts_over_two_tensor_parallel_ranks(tmp_path) -> None:
+    """A mixture of experts: each rank's rows of every expert's gate and up with their scales,
+    its columns of every down with the whole rows' scales (quantized before the cut)."""
+    model_dir, reference = str(tmp_path / "mixtral"), str(tmp_path / "mixtral-dequantized")
+    make_tiny_model.main(["--arch", "mixtral", "--out", model_dir, "--seed", "3"])
+    dequantized_copy(model_dir, reference, at_load=True)
+    _over_two_ranks(model_dir, reference)

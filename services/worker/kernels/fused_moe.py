@@ -8,13 +8,20 @@ twice; a program computes one block of rows against one BLOCK_N slice of its blo
   2. down (WEIGHTED): each entry's row of act times its expert's w2 [E, H, I], scaled by the
      entry's routing weight in the epilogue -> [n, H];
 then the k rows of each token are summed (PyTorch: a reduction in float32, rounded once).
+FP8 experts (HAS_SCALE: models/fp8_weight.py's Fp8ExpertWeight, e4m3 weights with a float32
+scale per expert and output channel) are read as e4m3, a weight tile converted to x's dtype in
+registers (exactly: every e4m3 value is a bf16 and an fp16 value), and each column's float32
+sum multiplied by its channel's scale before the epilogue: weight-only FP8, the activations
+stay in their dtype. Each GEMM takes its weights in either form, w13 and w2 apart.
 Blocks whose expert is -1 (past the last run) return at once, so the grid, fixed by T, k
 and E, never needs the host: no sync, and the whole of it can be captured in a CUDA graph.
 
 Rounding follows layers/moe.py's experts_reference, which is Hugging Face's: products in the
 activation dtype (float32 accumulators rounded once), SiLU in float32 rounded, then the product
 with up rounded; the down output rounded before the routing weight multiplies it, and the
-weighted output rounded again. float32 inputs multiply exactly (IEEE), not in TF32.
+weighted output rounded again. float32 inputs multiply exactly (IEEE), not in TF32. FP8 weights'
+reference dequantizes them to x's dtype (weight * scale rounded once) before its products, where
+the kernel scales the float32 sums: the same arithmetic, but for that one rounding of the weight.
 """
 
 from __future__ import annotations
@@ -27,12 +34,15 @@ import triton.language as tl
 
 from services.worker.kernels.launch import cdiv, launcher
 from services.worker.kernels.moe_align import AlignedEntries, moe_align
+from services.worker.models.fp8_weight import Fp8ExpertWeight
+from services.worker.models.weights import ExpertWeight
 
 
 @triton.jit
 def _fused_moe_kernel(
     a_ptr,
     b_ptr,
+    scale_ptr,
     c_ptr,
     weights_ptr,
     sorted_ptr,
@@ -43,10 +53,12 @@ def _fused_moe_kernel(
     stride_am,
     stride_be,
     stride_bn,
+    stride_se,
     stride_cm,
     TOP_K: tl.constexpr,
     GATE_UP: tl.constexpr,
     WEIGHTED: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     EVEN_K: tl.constexpr,
     IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -78,23 +90,24 @@ def _fused_moe_kernel(
     up_ptrs = b_ptrs + N * stride_bn  # the up rows follow the gate rows (GATE_UP)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    dtype = c_ptr.dtype.element_ty  # x's; weight tiles are converted to it (a no-op unless e4m3)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-            b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0).to(dtype)
         else:
             k_ok = ks < K - k0
             a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(dtype)
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
         if GATE_UP:
             if EVEN_K:
-                u = tl.load(up_ptrs, mask=col_ok[None, :], other=0.0)
+                u = tl.load(up_ptrs, mask=col_ok[None, :], other=0.0).to(dtype)
             else:
-                u = tl.load(up_ptrs, mask=(ks < K - k0)[:, None] & col_ok[None, :], other=0.0)
+                u = tl.load(up_ptrs, mask=(ks < K - k0)[:, None] & col_ok[None, :], other=0.0).to(dtype)
             if IEEE:
                 acc_up = tl.dot(a, u, acc_up, input_precision="ieee")
             else:
@@ -102,7 +115,11 @@ def _fused_moe_kernel(
             up_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    dtype = c_ptr.dtype.element_ty
+    if HAS_SCALE:  # FP8 weights: each column's sum times its channel's scale (up's follow gate's)
+        s_ptrs = scale_ptr + expert.to(tl.int64) * stride_se + cols
+        acc = acc * tl.load(s_ptrs, mask=col_ok, other=0.0)[None, :]
+        if GATE_UP:
+            acc_up = acc_up * tl.load(s_ptrs + N, mask=col_ok, other=0.0)[None, :]
     out = acc.to(dtype).to(tl.float32)
     if GATE_UP:
         act = (out / (1.0 + tl.exp(-out))).to(dtype).to(tl.float32)
@@ -143,7 +160,7 @@ def pick_tiles(num_entries: int, num_experts: int, dtype: torch.dtype = torch.bf
     return tiles._replace(block_k=tiles.block_k // 2) if dtype.itemsize > 2 else tiles
 
 
-def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> None:
+def _check(x: torch.Tensor, w13: ExpertWeight, w2: ExpertWeight, weights: torch.Tensor, ids: torch.Tensor) -> None:
     t, h = x.shape if x.dim() == 2 else (-1, -1)
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"fused_experts: x must be [T, H] with a contiguous last dim, got {tuple(x.shape)}")
@@ -152,8 +169,11 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.
     e, inter = w13.shape[0], w13.shape[1] // 2
     if w2.shape != (e, h, inter) or not w2.is_contiguous():
         raise ValueError(f"fused_experts: w2 must be a contiguous [{e}, {h}, {inter}], got {tuple(w2.shape)}")
-    if x.dtype != w13.dtype or x.dtype != w2.dtype:
-        raise ValueError(f"fused_experts: x {x.dtype}, w13 {w13.dtype} and w2 {w2.dtype} must share a dtype")
+    for w in (w13, w2):
+        if not isinstance(w, Fp8ExpertWeight) and w.dtype != x.dtype:
+            raise ValueError(f"fused_experts: x {x.dtype}, w13 {w13.dtype} and w2 {w2.dtype} must share a dtype")
+        if w.device != x.device:
+            raise ValueError(f"fused_experts: the experts' weights must be on {x.device}, not {w.device}")
     if ids.dim() != 2 or ids.shape[0] != t or weights.shape != ids.shape or not weights.is_contiguous():
         raise ValueError(
             f"fused_experts: weights {tuple(weights.shape)} and ids {tuple(ids.shape)} must both be [{t}, k]"
@@ -164,7 +184,7 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.
 
 def _gemm(
     a: torch.Tensor,
-    b: torch.Tensor,
+    b: ExpertWeight,
     c: torch.Tensor,
     weights: torch.Tensor,
     aligned: AlignedEntries,
@@ -175,9 +195,12 @@ def _gemm(
     """One grouped GEMM: c's rows (one per entry) from a's rows through b's experts."""
     n_out, k_in = c.shape[1], a.shape[1]
     grid = (aligned.block_expert.numel() * cdiv(n_out, tiles.block_n),)
+    fp8 = isinstance(b, Fp8ExpertWeight)
+    b_data, scale = (b.weight, b.scale) if fp8 else (b, weights)  # weights: a pointer HAS_SCALE never reads
     _fused_moe_launch[grid](
         a,
-        b,
+        b_data,
+        scale,
         c,
         weights,
         aligned.sorted_ids,
@@ -186,12 +209,14 @@ def _gemm(
         n_out,
         k_in,
         a.stride(0),
-        b.stride(0),
-        b.stride(1),
+        b_data.stride(0),
+        b_data.stride(1),
+        scale.stride(0),
         c.stride(0),
         TOP_K=top_k,
         GATE_UP=gate_up,
         WEIGHTED=not gate_up,
+        HAS_SCALE=fp8,
         EVEN_K=k_in % tiles.block_k == 0,
         IEEE=a.dtype == torch.float32,
         BLOCK_M=tiles.block_m,
@@ -205,15 +230,17 @@ def _gemm(
 
 def fused_experts(
     x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: ExpertWeight,
+    w2: ExpertWeight,
     weights: torch.Tensor,
     ids: torch.Tensor,
     tiles: MoeTiles | None = None,
 ) -> torch.Tensor:
     """x [T, H] through its routed experts: w13 [E, 2I, H] (each expert's gate rows, then its up
-    rows), w2 [E, H, I], weights [T, k] (float) and ids [T, k] (int) from layers/moe.py's route
-    -> [T, H] in x's dtype. tiles: the launch configuration, else pick_tiles'."""
+    rows), w2 [E, H, I], each in x's dtype or an Fp8ExpertWeight (e4m3, scales [E, 2I] and [E, H];
+    on a GPU of compute capability 8.9 or more, or the interpreter), weights [T, k] (float) and
+    ids [T, k] (int) from layers/moe.py's route -> [T, H] in x's dtype. tiles: the launch
+    configuration, else pick_tiles'."""
     _check(x, w13, w2, weights, ids)
     t, h = x.shape
     e, inter, k = w13.shape[0], w13.shape[1] // 2, ids.shape[1]

@@ -1,5 +1,5 @@
 """``LayerOps`` on Triton kernels: the CUDA path of the elementwise and normalisation steps, and
-of a mixture of experts' routed experts."""
+of a mixture of experts' routed experts (bf16 or FP8 weights)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from services.worker.kernels.head_rmsnorm import head_rmsnorm_
 from services.worker.kernels.rmsnorm import rmsnorm
 from services.worker.kernels.rotary import rotary_
 from services.worker.kernels.silu_mul import silu_mul
+from services.worker.models.fp8_weight import Fp8ExpertWeight
+from services.worker.models.layers.fp8_product import fp8_triton
 from services.worker.models.layers.ops import RowNorm
+from services.worker.models.weights import ExpertWeight
 
 
 class TritonOps:
@@ -44,8 +47,12 @@ class TritonOps:
         return silu_mul(gate_up, norm=norm)
 
     def experts(
-        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+        self, x: torch.Tensor, w13: ExpertWeight, w2: ExpertWeight, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
+        if x.device.type == "cuda" and not fp8_triton(x.device):
+            # Triton converts e4m3 from compute capability 8.9 on: older GPUs multiply FP8 experts
+            # dequantized, a layer's experts at a time (correct, and slower than bf16 weights)
+            w13, w2 = (w.dequantize(x.dtype) if isinstance(w, Fp8ExpertWeight) else w for w in (w13, w2))
         return fused_experts(x, w13, w2, weights, ids)
 
     def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:

@@ -66,8 +66,8 @@ class Checkpoint:
     """Tensor name -> tensor across all files of a checkpoint, read lazily; ``put`` moves a
     tensor to the serving device and dtype. In a checkpoint of int4 weights (quant), a projection's
     "<name>.weight" is read as an Int4Weight from its packed tensors (models/int4_formats.py); in
-    an FP8 one, a dense projection's as an Fp8Weight and any other FP8 tensor dequantized
-    (models/fp8_formats.py); with FP8 made at load (quant.at_load), each dense projection is
+    an FP8 one, a projection's (a routed expert's too) as an Fp8Weight and any other FP8 tensor
+    dequantized (models/fp8_formats.py); with FP8 made at load (quant.at_load), each projection is
     quantized whole, before a tensor-parallel cut, so a row-parallel share keeps its rows' scales."""
 
     def __init__(
@@ -116,13 +116,13 @@ class Checkpoint:
         return handle.get_tensor(name)
 
     def _fp8(self, name: str, stem: str, quant: WeightQuant, handle) -> torch.Tensor | Fp8Weight:
-        dense = fp8_formats.is_dense_projection(name)
+        projection = fp8_formats.is_projection(name)
         if quant.at_load:
             t = handle.get_tensor(name)
-            return Fp8Weight.quantize(t.to(self.device)) if dense and t.dim() == 2 else t
+            return Fp8Weight.quantize(t.to(self.device)) if projection and t.dim() == 2 else t
         if stem + quant.scale_name not in self.where:
             return handle.get_tensor(name)
-        if dense:
+        if projection:
             return fp8_formats.read(self._raw, stem, quant)
         return fp8_formats.dequantize(handle.get_tensor(name), self._raw(stem + quant.scale_name), quant)
 

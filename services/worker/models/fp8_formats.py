@@ -11,9 +11,10 @@ Beside each projection's e4m3 ``weight`` [N, K]:
   row of blocks has several scales, so a block checkpoint is dequantized and quantized again
   per output channel at load (a second rounding to e4m3, no block kernel needed).
 
-Which tensors become Fp8Weight: the dense projections of the decoder's layers. A mixture of
-experts' routed experts and anything else stored in FP8 (an output layer not ignored) are read
-dequantized, in float32, and served in the serving dtype.
+Which tensors become Fp8Weight: the projections of the decoder's layers, a mixture of experts'
+routed experts' too (moe.load_experts stacks them into an Fp8ExpertWeight). Anything else stored
+in FP8 (an output layer not ignored) is read dequantized, in float32, and served in the serving
+dtype.
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ import torch
 from services.worker.models.fp8_weight import FP8_MAX, MIN_SCALE, Fp8Weight, to_fp8
 from shared.quant_config import WeightQuant
 
+EXPERT_NAMES = ("w1", "w2", "w3")  # Mixtral's routed experts' gate, down and up
 
-def is_dense_projection(name: str) -> bool:
-    """A decoder layer's projection weight outside the routed experts (q/k/v/o, gate/up/down,
-    phi3's fused qkv and gate_up, a shared expert's)."""
-    return ".layers." in name and name.endswith("_proj.weight") and ".experts." not in name
+
+def is_projection(name: str) -> bool:
+    """A decoder layer's projection weight: q/k/v/o, gate/up/down, phi3's fused qkv and gate_up,
+    a shared expert's, and each routed expert's (Mixtral's w1, w3 and w2 too)."""
+    if ".layers." not in name or not name.endswith(".weight"):
+        return False
+    return name.endswith("_proj.weight") or (".experts." in name and name.rsplit(".", 2)[-2] in EXPERT_NAMES)
 
 
 def _block_scales(scale: torch.Tensor, n: int, k: int, block: tuple[int, int]) -> torch.Tensor:
@@ -95,8 +100,7 @@ def quantize_checkpoint(tensors: dict[str, torch.Tensor], kind: str, block: int)
     tensors; the embedding, the output layer, the norms and the routers as they were."""
     out = {}
     for name, t in tensors.items():
-        linear = ".layers." in name and name.endswith(".weight") and t.dim() == 2
-        if linear and (name.endswith("_proj.weight") or name.rsplit(".", 2)[-2] in ("w1", "w2", "w3")):
+        if is_projection(name) and t.dim() == 2:
             stem = name.removesuffix("weight")
             parts = to_block(t, (block, block)) if kind == "fp8-block" else to_compressed(t, kind == "fp8-tensor")
             out |= {stem + k: v for k, v in parts.items()}

@@ -15,6 +15,10 @@ cuts and joins (``shape``, ``chunk``, ``split``, ``torch.cat`` along N, ``to``) 
 a tensor. A cut along outputs (column-parallel) cuts the scale with its rows; a cut along
 inputs (row-parallel) keeps each row's scale whole. The projection strategy
 (layers/projection.py) routes it to layers/fp8_product.py.
+
+A mixture of experts' routed experts hold one projection of every expert stacked, as the
+grouped GEMM (kernels/fused_moe.py) reads it: ``Fp8ExpertWeight``, weight [E, N, K] e4m3 and
+scale [E, N] float32, expert e's being Fp8Weight(weight[e], scale[e]).
 """
 
 from __future__ import annotations
@@ -103,14 +107,84 @@ class Fp8Weight:
         raise TypeError(f"{getattr(func, '__name__', func)} is not defined for fp8 weights (only torch.cat on dim 0)")
 
 
+@dataclass
+class Fp8ExpertWeight:
+    """One projection of every routed expert: weight [E, N, K] e4m3, scale [E, N] float32 (each
+    expert's rows' scales); W[e, n, k] = weight[e, n, k] * scale[e, n]."""
+
+    weight: torch.Tensor  # [E, N, K] float8_e4m3fn
+    scale: torch.Tensor  # [E, N] float32
+
+    def __post_init__(self) -> None:
+        if self.weight.dtype != FP8 or self.scale.dtype != torch.float32:
+            raise Fp8LayoutError(
+                f"fp8 experts: e4m3 weight and float32 scale, got {self.weight.dtype}, {self.scale.dtype}"
+            )
+        if self.weight.dim() != 3 or self.scale.shape != self.weight.shape[:2]:
+            raise Fp8LayoutError(
+                f"fp8 experts {tuple(self.weight.shape)}: scale {tuple(self.scale.shape)} should be [E, N]"
+            )
+
+    @classmethod
+    def empty(cls, experts: int, n: int, k: int, device: torch.device | str) -> Fp8ExpertWeight:
+        """Room for experts' [n, k] weights, filled one expert at a time (moe.load_experts)."""
+        return cls(torch.empty(experts, n, k, dtype=FP8, device=device), torch.empty(experts, n, device=device))
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor) -> Fp8ExpertWeight:
+        """W [E, N, K] -> each expert quantized by Fp8Weight.quantize (absmax / 448 a row), one
+        at a time (a float32 copy of one expert at most)."""
+        out = cls.empty(w.shape[0], w.shape[1], w.shape[2], w.device)
+        for e in range(w.shape[0]):
+            out.place(e, 0, Fp8Weight.quantize(w[e]))
+        return out
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return FP8
+
+    @property
+    def device(self) -> torch.device:
+        return self.weight.device
+
+    def dim(self) -> int:
+        return 3
+
+    def __getitem__(self, e: int) -> Fp8Weight:
+        """Expert e's projection."""
+        return Fp8Weight(self.weight[e], self.scale[e])
+
+    def is_contiguous(self) -> bool:
+        return self.weight.is_contiguous() and self.scale.is_contiguous()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """-> W [E, N, K]: weight * scale in float32, rounded once to dtype."""
+        return (self.weight.float() * self.scale[:, :, None]).to(dtype)
+
+    def place(self, e: int, start: int, w: Fp8Weight) -> None:
+        """Expert e's rows start .. start + w's rows set to w's (its weight and its scales)."""
+        rows = slice(start, start + w.shape[0])
+        self.weight[e, rows].copy_(w.weight)
+        self.scale[e, rows].copy_(w.scale)
+
+
 def quantize_layers_(layers: list[Any]) -> None:
-    """Each layer's dense projections (LayerWeights' qkv, o, gate_up, down) quantized in place:
-    random weights drawn per rank (benchmarks), where there is no whole checkpoint tensor."""
+    """Each layer's projections (LayerWeights' qkv, o, gate_up, down and a sparse layer's routed
+    experts) quantized in place: random weights drawn per rank (benchmarks), where there is no
+    whole checkpoint tensor."""
     for layer in layers:
         for name in ("qkv", "o", "gate_up", "down"):
             w = getattr(layer, name)
             if isinstance(w, torch.Tensor):
                 setattr(layer, name, Fp8Weight.quantize(w))
+        experts = layer.experts
+        if experts is not None and isinstance(experts.w13, torch.Tensor):
+            experts.w13 = Fp8ExpertWeight.quantize(experts.w13)
+            experts.w2 = Fp8ExpertWeight.quantize(experts.w2)
 
 
 def quantize_lm_head_(weights: Any) -> None:

@@ -30,12 +30,13 @@ from __future__ import annotations
 import torch
 
 from services.worker.forward_batch import ForwardBatch
-from services.worker.models.checkpoint import Checkpoint, Shard
+from services.worker.models.checkpoint import Checkpoint, Shard, WeightLoadError
+from services.worker.models.fp8_weight import Fp8ExpertWeight, Fp8Weight
 from services.worker.models.layers.moe import route
 from services.worker.models.layers.projection import matmul
 from services.worker.models.llama import LlamaModel
 from services.worker.models.random_weights import Draws, dense_random_weights
-from services.worker.models.weights import Experts, LayerWeights, ModelWeights
+from services.worker.models.weights import Experts, ExpertWeight, LayerWeights, ModelWeights
 from services.worker.tp.parallel import TensorParallel
 from shared.model_config import ModelConfig
 
@@ -85,11 +86,13 @@ class MoEModel(LlamaModel):
 
 def load_experts(
     ckpt: Checkpoint, shard: Shard, prefix: str, names: tuple[str, str, str], num_experts: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[ExpertWeight, ExpertWeight]:
     """Each expert's gate, up and down projections, named f"{prefix}{e}.{name}.weight" (names: the
     checkpoint's for gate, up and down) -> w13 [E, 2I, H] and w2 [E, H, I] on the serving device,
     this rank's share of I. Each expert is copied into place as it is read, so no second copy of
-    a layer's experts is ever held."""
+    a layer's experts is ever held. FP8 projections (an FP8 checkpoint's, or --quantization fp8's)
+    stack into an Fp8ExpertWeight, their scales cut with their rows: a rank's gate and up rows
+    keep their own scales, its columns of down the whole rows' scales."""
     gate, up, down = names
     w13 = w2 = torch.empty(0)
     for e in range(num_experts):
@@ -97,12 +100,29 @@ def load_experts(
         g = shard.rows(ckpt.get(p + gate + ".weight"))  # [I, H]
         d = shard.cols(ckpt.get(p + down + ".weight"))  # [H, I]
         if e == 0:
-            w13 = torch.empty(num_experts, 2 * g.shape[0], g.shape[1], dtype=ckpt.dtype, device=ckpt.device)
-            w2 = torch.empty(num_experts, *d.shape, dtype=ckpt.dtype, device=ckpt.device)
-        w13[e, : g.shape[0]].copy_(g)
-        w13[e, g.shape[0] :].copy_(shard.rows(ckpt.get(p + up + ".weight")))
-        w2[e].copy_(d)
+            w13 = _stack(ckpt, g, num_experts, 2 * g.shape[0])
+            w2 = _stack(ckpt, d, num_experts, d.shape[0])
+        _place(w13, e, 0, g)
+        _place(w13, e, g.shape[0], shard.rows(ckpt.get(p + up + ".weight")))
+        _place(w2, e, 0, d)
     return w13, w2
+
+
+def _stack(ckpt: Checkpoint, first: torch.Tensor | Fp8Weight, num_experts: int, rows: int) -> ExpertWeight:
+    """Room for num_experts projections of rows rows, in the form of the first one read."""
+    if isinstance(first, Fp8Weight):
+        return Fp8ExpertWeight.empty(num_experts, rows, first.shape[1], ckpt.device)
+    return torch.empty(num_experts, rows, first.shape[1], dtype=ckpt.dtype, device=ckpt.device)
+
+
+def _place(stack: ExpertWeight, e: int, start: int, w: torch.Tensor | Fp8Weight) -> None:
+    """Expert e's rows from start set to w's."""
+    if isinstance(stack, Fp8ExpertWeight) != isinstance(w, Fp8Weight):
+        raise WeightLoadError(f"expert {e}: {type(w).__name__} where the experts before it are {type(stack).__name__}")
+    if isinstance(stack, Fp8ExpertWeight):
+        stack.place(e, start, w)
+    else:
+        stack[e, start : start + w.shape[0]].copy_(w)
 
 
 def random_weights(

@@ -13,14 +13,19 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.worker.models.fp8_weight import Fp8ExpertWeight
+
+# one projection of every routed expert [E, N, K]: in the serving dtype, or FP8 with a scale a row
+ExpertWeight = torch.Tensor | Fp8ExpertWeight
+
 
 @dataclass
 class Experts:
     """A mixture-of-experts layer's routed experts (models/moe.py) and its router."""
 
     router: torch.Tensor  # [E, H], whole on every rank; with a shared expert, its gate's row after them: [E + 1, H]
-    w13: torch.Tensor  # [E, 2 * I, H]: each expert's gate rows, then its up rows (this rank's share of each)
-    w2: torch.Tensor  # [E, H, I]: each expert's down projection (this rank's columns)
+    w13: ExpertWeight  # [E, 2 * I, H]: each expert's gate rows, then its up rows (this rank's share of each)
+    w2: ExpertWeight  # [E, H, I]: each expert's down projection (this rank's columns)
 
 
 @dataclass

@@ -13,6 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from services.worker.models.fp8_weight import Fp8ExpertWeight
+from services.worker.models.weights import ExpertWeight
+
 
 def route(
     logits: torch.Tensor, top_k: int, renormalize: bool, weight_dtype: torch.dtype
@@ -29,18 +32,24 @@ def route(
 
 
 def experts_reference(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    x: torch.Tensor, w13: ExpertWeight, w2: ExpertWeight, weights: torch.Tensor, ids: torch.Tensor
 ) -> torch.Tensor:
     """The routed experts of x [T, H]: w13 [E, 2I, H] (gate | up), w2 [E, H, I], weights and ids
     [T, k] from route -> [T, H] in x's dtype: sum over j of weights[t, j] * expert ids[t, j] (x[t]).
     A loop over the experts chosen, each over the tokens that chose it (index_select, index_add),
-    as Hugging Face computes it; its shapes depend on the routing, so it is for the CPU only."""
+    as Hugging Face computes it; its shapes depend on the routing, so it is for the CPU only. An
+    FP8 expert's weights are dequantized to x's dtype first (fp8_weight's reference product)."""
     out = torch.zeros_like(x)
     inter = w13.shape[1] // 2
     for e in ids.unique().tolist():
         token, slot = torch.where(ids == e)  # [n] each: the tokens routed to e, and which of their k
-        gate_up = x.index_select(0, token) @ w13[e].t()  # [n, 2I]
+        gate_up = x.index_select(0, token) @ _expert(w13, e, x.dtype).t()  # [n, 2I]
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = act @ w2[e].t()  # [n, H]
+        y = act @ _expert(w2, e, x.dtype).t()  # [n, H]
         out.index_add_(0, token, (y * weights[token, slot, None]).to(x.dtype))
     return out
+
+
+def _expert(w: ExpertWeight, e: int, dtype: torch.dtype) -> torch.Tensor:
+    """Expert e's weight [N, K] in dtype (FP8: dequantized, rounded once)."""
+    return w[e].dequantize(dtype) if isinstance(w, Fp8ExpertWeight) else w[e]

@@ -13,6 +13,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from services.worker.models.layers.moe import experts_reference
+from services.worker.models.weights import ExpertWeight
 
 
 class RowNorm(NamedTuple):
@@ -70,10 +71,11 @@ class LayerOps(Protocol):
         ...
 
     def experts(
-        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+        self, x: torch.Tensor, w13: ExpertWeight, w2: ExpertWeight, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
-        """x [T, H] through its routed experts: w13 [E, 2I, H], w2 [E, H, I], weights and ids
-        [T, k] (layers/moe.py's route) -> [T, H], the weighted sum of each token's k experts."""
+        """x [T, H] through its routed experts: w13 [E, 2I, H], w2 [E, H, I] (each in x's dtype or
+        an Fp8ExpertWeight), weights and ids [T, k] (layers/moe.py's route) -> [T, H], the
+        weighted sum of each token's k experts."""
 
     def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[T, 2I] (gate | up) -> gelu(gate) * up: [T, I], GELU's tanh approximation (Gemma's GeGLU)."""
@@ -127,7 +129,7 @@ class TorchOps:
         return torch.nn.functional.silu(gate_up[..., :half]) * gate_up[..., half:]
 
     def experts(
-        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+        self, x: torch.Tensor, w13: ExpertWeight, w2: ExpertWeight, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
         return experts_reference(x, w13, w2, weights, ids)
 
