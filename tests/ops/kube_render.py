@@ -18,6 +18,7 @@ KUBE = os.path.join(ROOT, "deploy", "kubernetes")
 OVERLAYS = tuple(sorted(os.listdir(os.path.join(KUBE, "overlays"))))
 WORKLOADS = ("Deployment", "StatefulSet")
 FIELD_STAND_IN = "pod-name-0"  # what a valueFrom field gives, for parsing the environment here
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
 def kubectl() -> str | None:
@@ -41,7 +42,7 @@ class Rendered:
         return [o for o in self.objects if o["kind"] in WORKLOADS]
 
     def component(self, name: str) -> dict[str, Any]:
-        """The LightStream workload of a service (tokenizer, router, worker, detokenizer)."""
+        """The workload of a service (tokenizer, router, worker, detokenizer, visual, redis)."""
         found = [w for w in self.workloads() if w["metadata"]["labels"].get("app.kubernetes.io/component") == name]
         assert len(found) == 1, f"{self.overlay}: no single workload for {name}"
         return found[0]
@@ -64,15 +65,37 @@ def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
     return workload["spec"]["template"]["spec"]
 
 
+def secret_stand_in(name: str, key: str) -> str:
+    """What a Secret's key gives a container, here (no cluster, no Secret): its name and key."""
+    return f"{name}.{key}"
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """$(NAME) replaced by NAME's value as the kubelet does: left as it is when NAME is not
+    defined before it; $$ is a dollar."""
+    return _REFERENCE.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
 def container_env(rendered: Rendered, container: dict[str, Any]) -> dict[str, str]:
-    """The container's environment as the kubelet gives it: envFrom's ConfigMaps, then env
-    (a field reference stands in as FIELD_STAND_IN)."""
+    """The container's environment as the kubelet gives it: envFrom's ConfigMaps, then env in
+    order, each value's $(NAME) expanded (a field reference stands in as FIELD_STAND_IN, a
+    Secret's key as secret_stand_in)."""
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         env.update(rendered.get("ConfigMap", source["configMapRef"]["name"])["data"])
     for item in container.get("env", []):
-        env[item["name"]] = item.get("value", FIELD_STAND_IN)
+        secret = item.get("valueFrom", {}).get("secretKeyRef")
+        if secret is not None:
+            env[item["name"]] = secret_stand_in(secret["name"], secret["key"])
+        else:
+            env[item["name"]] = expand(item["value"], env) if "value" in item else FIELD_STAND_IN
     return env
+
+
+def container_argv(rendered: Rendered, container: dict[str, Any]) -> list[str]:
+    """command + args, each $(NAME) expanded from the container's environment."""
+    env = container_env(rendered, container)
+    return [expand(a, env) for a in container.get("command", []) + container.get("args", [])]
 
 
 def dockerfile_targets() -> set[str]:

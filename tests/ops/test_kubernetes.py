@@ -2,7 +2,8 @@
 the Kubernetes schemas (kubernetes-validate) and against the code: every image is a Dockerfile
 target that has what its command needs, every command a service's module, every LS_* variable
 a flag of that service's config (and valid there), every probe a route or port that exists;
-the grace periods cover the drain; PDBs, the HPA and KEDA's ScaledObject aim at what exists."""
+the grace periods cover the drain; PDBs, the HPA and KEDA's ScaledObject aim at what exists;
+Redis asks for the password of one Secret, which every service and KEDA give."""
 
 from __future__ import annotations
 
@@ -18,16 +19,19 @@ from services.tokenizer.ops_routes import ops_router
 from shared.cli import parse_config
 from shared.config import CommonConfig, DetokenizerConfig, RouterConfig, TokenizerConfig, WorkerConfig
 from shared.streams import GROUP_ROUTER, StreamNames
+from shared.visual_config import VisualConfig
 from tests.ops.kube_render import (
     OVERLAYS,
     ROOT,
     Rendered,
+    container_argv,
     container_env,
     dockerfile_copies,
     dockerfile_targets,
     kubectl,
     pod_spec,
     render,
+    secret_stand_in,
 )
 
 pytestmark = pytest.mark.skipif(kubectl() is None, reason="kubectl is not installed")
@@ -37,8 +41,10 @@ CONFIGS = {
     "services.router": RouterConfig,
     "services.worker": WorkerConfig,
     "services.detokenizer": DetokenizerConfig,
+    "services.visual": VisualConfig,
 }
 TORCH_IMAGES = {"cpu", "cuda"}  # the light image has no torch
+REDIS_PASSWORD = secret_stand_in("lightstream-redis", "password")
 
 
 @pytest.fixture(scope="module", params=OVERLAYS)
@@ -47,7 +53,7 @@ def rendered(request: pytest.FixtureRequest) -> Rendered:
 
 
 def test_overlays_are_the_documented_ones() -> None:
-    assert set(OVERLAYS) == {"cpu-demo", "gpu", "gpu-sentinel"}
+    assert set(OVERLAYS) == {"cpu-demo", "gpu", "gpu-sentinel", "gpu-vision"}
 
 
 def test_objects_validate_against_the_kubernetes_schemas(rendered: Rendered) -> None:
@@ -79,7 +85,7 @@ def test_images_commands_and_environment_match_the_code(rendered: Rendered) -> N
         if argv[1] == "-m":
             module = argv[2]
             assert os.path.exists(os.path.join(ROOT, *module.split("."), "__main__.py")), where
-            if module == "services.worker":
+            if module in ("services.worker", "services.visual"):
                 assert tag in TORCH_IMAGES, where
             env = container_env(rendered, c)
             _check_env(CONFIGS[module], env, argv[3:], where)
@@ -97,9 +103,13 @@ def _check_env(cls: type, env: dict[str, str], argv: list[str], where: str) -> N
     assert cfg.replica == "pod-name-0", f"{where}: LS_REPLICA is the pod's name"
 
 
-def test_the_configmap_holds_common_flags_only(rendered: Rendered) -> None:
+def test_the_configmap_holds_common_flags_and_what_env_composes(rendered: Rendered) -> None:
     common = {"LS_" + f.name.upper() for f in dataclasses.fields(CommonConfig)}
-    assert set(rendered.config_env()) <= common
+    flags = {k for k in rendered.config_env() if k.startswith("LS_")}
+    assert flags <= common
+    values = " ".join(str(e.get("value", "")) for _, c in _containers(rendered) for e in c.get("env", []))
+    for other in set(rendered.config_env()) - flags:  # a part of a value put together in env
+        assert f"$({other})" in values, other
 
 
 def test_every_container_has_requests_and_limits(rendered: Rendered) -> None:
@@ -149,8 +159,12 @@ def test_worker_groups_and_detokenizers_drain_within_the_grace(rendered: Rendere
         assert pod_spec(w)["terminationGracePeriodSeconds"] >= drain_s + after_s + 5, name
 
 
+def _services(rendered: Rendered) -> set[str]:
+    return {w["metadata"]["labels"]["app.kubernetes.io/component"] for w in rendered.workloads()}
+
+
 def test_other_services_probe_their_metrics_port(rendered: Rendered) -> None:
-    for name in ("router", "worker", "detokenizer"):
+    for name in {"router", "worker", "detokenizer", "visual"} & _services(rendered):
         _, c = _container(rendered, name)
         port = int(container_env(rendered, c)["LS_METRICS_PORT"])
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -184,7 +198,7 @@ def test_pdbs_cover_every_service_but_the_router(rendered: Rendered) -> None:
         matched = [w for w in rendered.workloads() if selector <= w["spec"]["template"]["metadata"]["labels"].items()]
         assert len(matched) == 1, pdb["metadata"]["name"]
         covered.add(matched[0]["metadata"]["labels"]["app.kubernetes.io/component"])
-    assert covered == {"tokenizer", "worker", "detokenizer"}
+    assert covered == {"tokenizer", "worker", "detokenizer", "visual"} & _services(rendered)
 
 
 def test_hpa_scales_the_front_end_by_cpu(rendered: Rendered) -> None:
@@ -211,8 +225,12 @@ def test_keda_scales_the_workers_on_the_router_queue(rendered: Rendered) -> None
     meta = trigger["metadata"]
     assert meta["stream"] == StreamNames(env["LS_NAMESPACE"]).router and meta["consumerGroup"] == GROUP_ROUTER
     assert int(meta["pendingEntriesCount"]) >= 1
-    url = urllib.parse.urlparse(env["LS_REDIS_URL"])
+    url = urllib.parse.urlparse(container_env(rendered, pod_spec(worker)["containers"][0])["LS_REDIS_URL"])
     assert meta["databaseIndex"] == (url.path.strip("/") or "0")
+    # the password: the TriggerAuthentication's, from the Secret the services read
+    auth = rendered.get("TriggerAuthentication", trigger["authenticationRef"]["name"])
+    refs = {r["parameter"]: secret_stand_in(r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
+    assert refs == {"password": url.password}
     if "LS_REDIS_SENTINEL" in env:
         assert trigger["type"] == "redis-sentinel-streams"
         assert meta["addresses"] == env["LS_REDIS_SENTINEL"] and meta["sentinelMaster"] == env["LS_REDIS_MASTER_NAME"]
@@ -228,12 +246,13 @@ def test_redis_is_in_the_cluster_or_found_through_sentinels(rendered: Rendered) 
         assert not redis
         CommonConfig(redis_sentinel=env["LS_REDIS_SENTINEL"])  # parses
         return
-    url = urllib.parse.urlparse(env["LS_REDIS_URL"])
+    _, router = _container(rendered, "router")
+    url = urllib.parse.urlparse(container_env(rendered, router)["LS_REDIS_URL"])
     service = rendered.get("Service", url.hostname)
     assert service["spec"]["ports"][0]["port"] == url.port
     (server,) = redis
     container = server["spec"]["template"]["spec"]["containers"][0]
-    args = container["args"]
+    args = container_argv(rendered, container)
     assert "--appendonly" in args
     # bounded below the container's memory limit, writes refused past it rather than streams evicted
     assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
@@ -263,3 +282,70 @@ def test_volumes_are_declared_and_the_model_is_read_only(rendered: Rendered) -> 
             assert all(m.get("readOnly") for m in model), w["metadata"]["name"]
             if "model" in volumes and "emptyDir" in volumes["model"]:  # the demo model: made in the pod
                 assert [i["name"] for i in spec["initContainers"]] == ["demo-model"]
+
+
+def test_every_service_gives_redis_the_password_of_one_secret(rendered: Rendered) -> None:
+    """Each service's LS_REDIS_URL is put together from REDIS_LOCATION and the Secret's
+    password with nothing left unexpanded; the cluster's Redis asks for that password and its
+    probes give it."""
+    for w, c in _containers(rendered):
+        if c.get("command", [])[:2] != ["python", "-m"]:
+            continue  # the demo model's init container, Redis
+        env = container_env(rendered, c)
+        where = f"{rendered.overlay} {w['metadata']['name']}"
+        assert not [k for k, v in env.items() if "$(" in v], where  # every reference defined before it
+        assert urllib.parse.urlparse(env["LS_REDIS_URL"]).password == REDIS_PASSWORD, where
+    if "redis" not in _services(rendered):
+        return  # an outside Redis: the password is its own, put in the same Secret
+    _, server = _container(rendered, "redis")
+    argv = container_argv(rendered, server)
+    assert argv[argv.index("--requirepass") + 1] == REDIS_PASSWORD
+    assert container_env(rendered, server)["REDISCLI_AUTH"] == REDIS_PASSWORD
+    for probe in ("readinessProbe", "livenessProbe"):  # -e: NOAUTH or WRONGPASS fails the probe
+        assert server[probe]["exec"]["command"] == ["redis-cli", "-e", "ping"], probe
+
+
+def test_front_end_takes_its_keys_from_an_optional_secret(rendered: Rendered) -> None:
+    _, c = _container(rendered, "tokenizer")
+    (keys,) = [e for e in c["env"] if e["name"] == "LS_API_KEYS"]
+    ref = keys["valueFrom"]["secretKeyRef"]
+    assert ref["optional"] is True  # no Secret: open, as compose without LS_API_KEYS
+    env = {k: v for k, v in container_env(rendered, c).items() if k.startswith("LS_")}
+    assert parse_config(TokenizerConfig, [], env).api_keys == (secret_stand_in(ref["name"], ref["key"]),)
+
+
+def test_no_secret_is_in_the_manifests_and_each_read_is_documented(rendered: Rendered) -> None:
+    assert not rendered.of_kind("Secret")
+    read = set()
+    for _, c in _containers(rendered):
+        for e in c.get("env", []):
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            if ref is not None:
+                read.add(ref["name"])
+            elif "PASSWORD" in e["name"] or "API_KEY" in e["name"] or "AUTH" in e["name"]:
+                assert "$(" in e["value"], e["name"]  # only ever another variable's value
+    for auth in rendered.of_kind("TriggerAuthentication"):
+        read |= {r["name"] for r in auth["spec"]["secretTargetRef"]}
+    assert "lightstream-redis" in read
+    with open(os.path.join(ROOT, "docs", "operations.md")) as f:
+        text = f.read()
+    for name in read:  # the command that makes it
+        assert f"kubectl create secret generic {name} " in text, name
+
+
+def test_visual_replicas_encode_on_a_gpu_from_the_workers_model(rendered: Rendered) -> None:
+    if "visual" not in _services(rendered):
+        assert rendered.overlay != "gpu-vision"
+        return
+    w, c = _container(rendered, "visual")
+    worker, worker_c = _container(rendered, "worker")
+    env = container_env(rendered, c)
+    assert env["LS_MODEL_DIR"] == container_env(rendered, worker_c)["LS_MODEL_DIR"]
+    assert env["LS_DEVICE"] == "cuda" and c["image"] == "lightstream:cuda"
+    for kind in ("requests", "limits"):
+        assert int(c["resources"][kind]["nvidia.com/gpu"]) == 1, kind
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == env["LS_MODEL_DIR"]]
+    volumes = {v["name"]: v for v in pod_spec(w)["volumes"]}
+    worker_volumes = {v["name"]: v for v in pod_spec(worker)["volumes"]}
+    assert volumes[mount["name"]] == worker_volumes["model"]  # the same model, read-only
+    assert "persistentVolumeClaim" in volumes[mount["name"]]
