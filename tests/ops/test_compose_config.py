@@ -80,6 +80,8 @@ def test_a_redis_password_is_asked_for_and_given_by_every_service() -> None:
     command = services["redis"]["command"]
     assert command[command.index("--requirepass") + 1] == "s3cret"
     assert services["redis"]["environment"]["REDISCLI_AUTH"] == "s3cret"  # its health check's
+    # a plain redis-cli ping exits 0 on a NOAUTH reply too: -e makes an error reply fail the check
+    assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "-e", "ping"]
     for name in LIGHTSTREAM:
         assert services[name]["environment"]["LS_REDIS_URL"] == "redis://:s3cret@redis:6379/0", name
     command = resolved("compose.yaml")["services"]["redis"]["command"]
