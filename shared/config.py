@@ -51,6 +51,7 @@ class CommonConfig:
         "them and followed to its successor after a failover; none: --redis-url's host",
     )
     redis_master_name: str = option("mymaster", "with --redis-sentinel: the master's name (sentinel monitor NAME ...)")
+    redis_sentinel_password: str = option("", "with --redis-sentinel: the sentinels' own password; none: they ask none")
     namespace: str = option("ls", "key prefix, so stacks can share one Redis")
     replica: str = option("", "this replica's name; none: derived from host name and pid")
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
@@ -289,9 +290,7 @@ class WorkerConfig(CommonConfig):
         "weights: none (as the checkpoint stores them) or fp8 (a bf16 checkpoint's projections quantized to e4m3 "
         "with per-channel scales at load; an FP8 checkpoint is read as FP8 either way)",
     )
-    fp8_lm_head: bool = option(
-        False, "the output layer (lm_head) in FP8 too, with FP8 weights (a tied one gets an FP8 copy; embeddings stay)"
-    )
+    fp8_lm_head: bool = option(False, "the output layer (lm_head) in FP8 too, with FP8 weights (if tied: an FP8 copy)")
     max_total_token_num: int = option(0, "KV pool tokens; 0: sized from free memory")
     mem_fraction: float = option(0.9, "share of the device memory for weights plus KV pool")
     cpu_kv_tokens: int = option(32_768, "KV pool tokens on the CPU when max_total_token_num is 0")

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
@@ -75,11 +75,14 @@ class RedisTarget:
     url: str
     sentinels: tuple[tuple[str, int], ...] = ()
     master_name: str = ""
+    sentinel_password: str = field(default="", repr=False)  # the sentinels' requirepass, if they have one
 
     @classmethod
     def of(cls, cfg: Any) -> RedisTarget:
         """From a service's config (shared/config.py CommonConfig)."""
-        return cls(cfg.redis_url, cfg.sentinel_addresses, cfg.redis_master_name if cfg.sentinel_addresses else "")
+        if not cfg.sentinel_addresses:
+            return cls(cfg.redis_url)
+        return cls(cfg.redis_url, cfg.sentinel_addresses, cfg.redis_master_name, cfg.redis_sentinel_password)
 
     def __str__(self) -> str:
         if not self.sentinels:
@@ -110,13 +113,13 @@ class RedisTarget:
             out["ssl"] = True
         return out
 
-    @staticmethod
-    def _sentinel_options() -> dict[str, Any]:
-        return {
+    def _sentinel_options(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "socket_timeout": SENTINEL_TIMEOUT_S,
             "socket_connect_timeout": SENTINEL_TIMEOUT_S,
             "retry": Retry(NoBackoff(), 0),
         }
+        return out | ({"password": self.sentinel_password} if self.sentinel_password else {})
 
     @staticmethod
     def master_address(r: redis.Redis) -> str:

@@ -21,7 +21,10 @@ MASTER_NAME = "lsmaster"
 
 
 class SentinelSet:
-    def __init__(self, sentinels: int = 3, down_after_ms: int = 1000, failover_timeout_ms: int = 5000) -> None:
+    def __init__(
+        self, sentinels: int = 3, down_after_ms: int = 1000, failover_timeout_ms: int = 5000, password: str = ""
+    ) -> None:
+        """password: the sentinels' own requirepass (none: they ask for none)."""
         self.master = RedisServer()
         self.replica = RedisServer(replicaof=self.master.port)
         self.ports = [free_port() for _ in range(sentinels)]
@@ -30,6 +33,7 @@ class SentinelSet:
         self.failover_timeout_ms = failover_timeout_ms
         self.dir = tempfile.mkdtemp(prefix="lightstream-sentinel-")
         self.procs: list[subprocess.Popen] = []
+        self.password = password
 
     @property
     def addresses(self) -> str:
@@ -62,6 +66,7 @@ class SentinelSet:
                 f"sentinel down-after-milliseconds {MASTER_NAME} {self.down_after_ms}",
                 f"sentinel failover-timeout {MASTER_NAME} {self.failover_timeout_ms}",
                 f"sentinel parallel-syncs {MASTER_NAME} 1",
+                *([f"requirepass {self.password}"] if self.password else []),
                 "",
             ]
         )
@@ -76,17 +81,20 @@ class SentinelSet:
     def _sentinels_see_replica(self) -> bool:
         for port in self.ports:
             try:
-                if not redis.Redis(port=port, socket_timeout=1).sentinel_slaves(MASTER_NAME):
+                if not self._sentinel(port).sentinel_slaves(MASTER_NAME):
                     return False
             except redis.RedisError:
                 return False
         return True
 
+    def _sentinel(self, port: int) -> redis.Redis:
+        return redis.Redis(port=port, socket_timeout=1, password=self.password or None)
+
     def master_port(self) -> int:
         """The master's port by the first sentinel that answers (0: none answers)."""
         for port in self.ports:
             try:
-                return int(redis.Redis(port=port, socket_timeout=1).sentinel_get_master_addr_by_name(MASTER_NAME)[1])
+                return int(self._sentinel(port).sentinel_get_master_addr_by_name(MASTER_NAME)[1])
             except (redis.RedisError, TypeError):
                 continue
         return 0

@@ -230,11 +230,12 @@ def test_keda_scales_the_workers_on_the_router_queue(rendered: Rendered) -> None
     # the password: the TriggerAuthentication's, from the Secret the services read
     auth = rendered.get("TriggerAuthentication", trigger["authenticationRef"]["name"])
     refs = {r["parameter"]: secret_stand_in(r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
-    assert refs == {"password": url.password}
-    if "LS_REDIS_SENTINEL" in env:
+    if "LS_REDIS_SENTINEL" in env:  # the sentinels ask for the same password (Bitnami's chart)
+        assert refs == {"password": url.password, "sentinelPassword": url.password}
         assert trigger["type"] == "redis-sentinel-streams"
         assert meta["addresses"] == env["LS_REDIS_SENTINEL"] and meta["sentinelMaster"] == env["LS_REDIS_MASTER_NAME"]
     else:
+        assert refs == {"password": url.password}
         assert trigger["type"] == "redis-streams" and meta["address"] == f"{url.hostname}:{url.port}"
     assert so["spec"]["minReplicaCount"] >= 1  # a group always serves: the queue is not the load
 
@@ -295,6 +296,8 @@ def test_every_service_gives_redis_the_password_of_one_secret(rendered: Rendered
         where = f"{rendered.overlay} {w['metadata']['name']}"
         assert not [k for k, v in env.items() if "$(" in v], where  # every reference defined before it
         assert urllib.parse.urlparse(env["LS_REDIS_URL"]).password == REDIS_PASSWORD, where
+        if "LS_REDIS_SENTINEL" in env:  # Bitnami's sentinels ask for the same password
+            assert env["LS_REDIS_SENTINEL_PASSWORD"] == REDIS_PASSWORD, where
     if "redis" not in _services(rendered):
         return  # an outside Redis: the password is its own, put in the same Secret
     _, server = _container(rendered, "redis")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis
 
 from shared.config import CommonConfig, ConfigError
 from shared.messages import AbortReq
@@ -73,3 +74,18 @@ def test_link_follows_the_promoted_replica_and_remakes_a_lost_group(sentinels: S
 
     assert asyncio.run(aread()) == ["async", "async", "again"]
     link.close()
+
+
+def test_sentinels_with_a_password_are_asked_with_it() -> None:
+    """Sentinels with their own requirepass (Bitnami's chart sets one): --redis-sentinel-password
+    finds the master through them; without it the question fails with their NOAUTH."""
+    with SentinelSet(sentinels=1, password="sentinel-pw") as s:
+        sentinels = (("127.0.0.1", s.ports[0]),)
+        good = RedisTarget("redis://127.0.0.1/0", sentinels, MASTER_NAME, "sentinel-pw")
+        client = good.client()
+        assert client.ping() and good.master_address(client) == f"127.0.0.1:{s.master.port}"
+        bad = RedisTarget("redis://127.0.0.1/0", sentinels, MASTER_NAME)
+        with pytest.raises(redis.RedisError):
+            bad.client().ping()
+    cfg = CommonConfig(redis_sentinel="h:26379", redis_sentinel_password="pw")
+    assert RedisTarget.of(cfg).sentinel_password == "pw" and "pw" not in repr(RedisTarget.of(cfg))
