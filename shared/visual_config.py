@@ -15,6 +15,9 @@ class VisualConfig(CommonConfig):
     device: str = option("auto", "auto, cpu or cuda")
     dtype: str = option("auto", "auto (the model's, float32 on the CPU), float32, bfloat16 or float16")
     max_batch_images: int = option(32, "most images through the tower in one batch (across requests)")
+    random_weights: bool = option(
+        False, "draw the tower's weights from a seed on the device (benchmarks: no checkpoint needed)"
+    )
     image_ttl_s: float = option(
         600.0, "an image's embeddings stay in Redis this long after their last use: sent again within it, not encoded"
     )

@@ -1,7 +1,7 @@
 """benchmark_serving's image requests: each of the workload's requests as a chat with synthetic
 images (--images-per-request, --image-size; drawn from a seed per request, so no two requests
 share an image and the visual service encodes every one) before a text of about the workload's
-input length: its random ids decoded with the served model's tokenizer (--tokenizer)."""
+input length in the served model's tokenizer (--tokenizer; prompt_text)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,16 @@ def synthetic_png(seed: int, size: int) -> bytes:
     return buf.getvalue()
 
 
+def prompt_text(tok, ids: list[int]) -> str:
+    """A text of len(ids) tokens: random ids decoded re-tokenize into far more (a synthetic
+    vocabulary's merges do not re-form: seven times as many at 32k and 152k ids), so the text is
+    cut to the first len(ids) tokens of its own re-tokenization, which re-tokenize as themselves."""
+    text = tok.decode(ids, skip_special_tokens=True)
+    return tok.decode(
+        tok(text, add_special_tokens=False, verbose=False)["input_ids"][: len(ids)], skip_special_tokens=True
+    )
+
+
 def chat_bodies(args: argparse.Namespace, model: str, reqs: list[tuple[list[int], int]]) -> list[bytes]:
     """A streamed chat completion body per (prompt ids, output length), images first."""
     from transformers import AutoTokenizer
@@ -36,7 +46,7 @@ def chat_bodies(args: argparse.Namespace, model: str, reqs: list[tuple[list[int]
             {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(p).decode()}}
             for p in images
         ]
-        content.append({"type": "text", "text": tok.decode(ids, skip_special_tokens=True)})
+        content.append({"type": "text", "text": prompt_text(tok, ids)})
         body = {
             "model": model,
             "messages": [{"role": "user", "content": content}],

@@ -16,6 +16,8 @@
 #         peer's batching thread finds no memory for cuBLAS at HF's default cache size) with tools/peer_capped.py
 #         moe   (the fused experts at Mixtral's and Qwen3-30B-A3B's shapes, 1 to 4096 tokens: time, and against the reference)
 #         moe-fp8   (the same with FP8 experts beside bf16; the FP8 kernel's GPU tests and the tiny MoEs' FP8 engines)
+#         vision   (issue 49: LLaVA-1.5-7B and Qwen2.5-VL-7B shapes, image requests through the stack with two
+#         visual replicas then one, the encoder against the matmul rate, the Hugging Face peer, in one job)
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 set -u
 out=${1:?OUTDIR}; shift
@@ -104,6 +106,10 @@ for part in "$@"; do
              timeout 400 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_fused_moe_fp8.py \
                tests/worker/test_cuda_path.py -k "fp8 and (real_shapes or graph or moe)" 2>&1 \
                | grep "T=\|passed\|failed\|Error" | tee "$out/moe_fp8_tests.log" | tail -20 ;;
+    vision) timeout 580 python3 tools/bench_vision.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" \
+              --requests 64 --encode-requests 256 --visuals 2,1 --peer-timeout 170 2>&1 \
+              | grep -v "it/s\]" | grep "^llava\|^qwen\|^matmul\|Error" | tail -16
+            tar czf "$out/vision_logs.tgz" -C /tmp/lightstream-bench-vision logs 2>/dev/null ;;
     dp) timeout 240 python3 tools/bench_data_parallel.py --groups 2 --out "$out/dp2.json" -- --running-max-req-size 2048 2>&1 | tail -3 ;;
     *) echo "unknown part $part" ;;
   esac

@@ -42,11 +42,15 @@ def byte_chars() -> list[str]:
     return out
 
 
-def synthetic_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
+def synthetic_tokenizer(
+    vocab_size: int, seed: int = 0, num_special: int = NUM_SPECIAL, named: dict[int, str] | None = None
+) -> Tokenizer:
     """Tokens that are mostly whole UTF-8 text, as a real vocabulary's are: the 256 bytes, the
     two-byte characters of Latin, Greek and Cyrillic, then merges of printable pieces. (Random
     merges of any bytes made 96% of the tokens partial UTF-8, which no real vocabulary has and
-    which makes a grammar engine check nearly every token at every step.)"""
+    which makes a grammar engine check nearly every token at every step.) The last num_special
+    ids are special tokens: <|begin_of_text|>, <|end_of_text|>, then reserved ones, but where
+    named gives an id its own (a vision model's image token at the id its config.json names)."""
     rng = random.Random(seed)
     enc = byte_chars()
     assert sorted(enc) == sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -68,7 +72,7 @@ def synthetic_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
         lead, cont = chr(cp).encode()
         add(enc[lead], enc[cont])
         wide.append(enc[lead] + enc[cont])
-    target = vocab_size - NUM_SPECIAL
+    target = vocab_size - num_special
     while len(tokens) < target:
         pool = wide if rng.random() < 0.05 else ascii_pieces
         a, b = part(pool), part(pool)
@@ -80,8 +84,14 @@ def synthetic_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<|begin_of_text|>", "<|end_of_text|>"] + [
-        f"<|reserved_special_token_{i}|>" for i in range(NUM_SPECIAL - 2)
+        f"<|reserved_special_token_{i}|>" for i in range(num_special - 2)
     ]
+    for token_id, name in (named or {}).items():
+        if not target + 2 <= token_id < vocab_size:
+            raise ValueError(
+                f"special token {name} at {token_id}: outside the special ids {target + 2}..{vocab_size - 1}"
+            )
+        specials[token_id - target] = name
     tok.add_special_tokens(specials)
     tok.post_processor = processors.TemplateProcessing(
         single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", target)]

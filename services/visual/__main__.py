@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from services.visual.families import load_tower
+from services.visual.families import load_tower, random_tower
 from services.visual.metrics import VisualCollector, VisualMetrics
 from services.visual.service import VisualService
 from shared.busy_poll import BusyPoll
@@ -45,7 +45,11 @@ def main() -> None:
     if model.vision is None:
         raise SystemExit(f"{cfg.model_dir} has no vision tower: the visual service serves vision-language models")
     device, dtype = _placement(cfg, model)
-    tower = load_tower(cfg.model_dir, model.vision, dtype, device)
+    if cfg.random_weights:
+        log.warning("random weights (benchmark mode): the embeddings are meaningless")
+        tower = random_tower(model.vision, model.hidden_size, dtype, device, seed=0)
+    else:
+        tower = load_tower(cfg.model_dir, model.vision, dtype, device)
     log.info("vision tower %s on %s in %s", model.vision.family, device, str(dtype).removeprefix("torch."))
     link = RedisLink(RedisTarget.of(cfg))
     stop_on_signals(link)

@@ -27,10 +27,14 @@ class VisualMetrics:
         self.cache_hits = 0
         self.cache_misses = 0
         self.batches = 0  # batches through the tower
+        self.images = 0  # images through the tower
+        self.tower_seconds = 0.0  # in the tower and projector, the rows back on the host (no preparing)
         self.encode_seconds = LoopHistogram(ENCODE_SECONDS_BUCKETS)
 
-    def on_encode(self, seconds: float) -> None:
+    def on_encode(self, seconds: float, images: int, tower_seconds: float) -> None:
         self.batches += 1
+        self.images += images
+        self.tower_seconds += tower_seconds
         self.encode_seconds.observe(seconds)
 
     def heartbeat(self) -> dict[str, float]:
@@ -39,6 +43,10 @@ class VisualMetrics:
             "cache_misses": self.cache_misses,
             "requests": self.requests,
             "failed": self.failed,
+            "batches": self.batches,
+            "images": self.images,
+            "tower_seconds": self.tower_seconds,
+            "encode_seconds": self.encode_seconds.sum,
         }
 
 
@@ -55,6 +63,12 @@ class VisualCollector(Collector):
             ("cache_hits", "Images of requests whose embeddings Redis held already", m.cache_hits),
             ("cache_misses", "Images of requests the tower encoded", m.cache_misses),
             ("batches", "Batches of images through the tower", m.batches),
+            ("images", "Images through the tower", m.images),
+            (
+                "tower_seconds",
+                "Seconds in the tower and projector (rows back on the host; no preparing)",
+                m.tower_seconds,
+            ),
         ):
             family = CounterMetricFamily(PREFIX + name, text, labels=["replica"])
             family.add_metric(labels, value)

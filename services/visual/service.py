@@ -111,10 +111,14 @@ class VisualService:
                 prepared.append((d.hash, self.tower.prepare(open_rgb(d.data))))
             except Exception as e:  # the front end checked it; a decoder that disagrees ends its requests
                 failed[d.hash] = f"the image could not be prepared: {type(e).__name__}: {str(e)[:200]}"
+        tower_s = 0.0
         if prepared:
+            tower_started = time.perf_counter()
             rows = self.tower.encode([p for _, p in prepared])
-            self.store.put({h: to_message(r) for (h, _), r in zip(prepared, rows, strict=True)})
-        self.metrics.on_encode(time.perf_counter() - started)
+            messages = {h: to_message(r) for (h, _), r in zip(prepared, rows, strict=True)}  # on the host: synced
+            tower_s = time.perf_counter() - tower_started
+            self.store.put(messages)
+        self.metrics.on_encode(time.perf_counter() - started, len(prepared), tower_s)
         return failed
 
 

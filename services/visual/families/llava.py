@@ -11,6 +11,7 @@ from PIL import Image
 from services.visual.clip import ClipTower
 from services.visual.families.interface import Pixels
 from services.visual.image_prep import ClipPrep
+from services.visual.random_weights import RandomCheckpoint, llava_shapes
 from services.worker.models.checkpoint import Checkpoint
 from shared.vision_config import VisionConfig
 
@@ -73,3 +74,8 @@ class LlavaTower:
 
 def load(model_dir: str, cfg: VisionConfig, dtype: torch.dtype, device: torch.device) -> LlavaTower:
     return LlavaTower(cfg, Checkpoint(model_dir, dtype, device, progress=False), device)
+
+
+def random(cfg: VisionConfig, text_hidden: int, dtype: torch.dtype, device: torch.device, seed: int) -> LlavaTower:
+    """Weights drawn from seed on the device (services/visual/random_weights.py)."""
+    return LlavaTower(cfg, RandomCheckpoint(llava_shapes(cfg, text_hidden), dtype, device, seed), device)

@@ -12,6 +12,7 @@ from PIL import Image
 from services.visual.families.interface import Pixels
 from services.visual.families.llava import LlavaTower, prefix_of
 from services.visual.image_prep import anyres_tiles
+from services.visual.random_weights import RandomCheckpoint, llava_shapes
 from services.worker.models.checkpoint import Checkpoint
 from shared.anyres import grid, unpadded
 from shared.vision_config import VisionConfig
@@ -54,3 +55,8 @@ class LlavaNextTower:
 
 def load(model_dir: str, cfg: VisionConfig, dtype: torch.dtype, device: torch.device) -> LlavaNextTower:
     return LlavaNextTower(cfg, Checkpoint(model_dir, dtype, device, progress=False), device)
+
+
+def random(cfg: VisionConfig, text_hidden: int, dtype: torch.dtype, device: torch.device, seed: int) -> LlavaNextTower:
+    """Weights drawn from seed on the device (services/visual/random_weights.py)."""
+    return LlavaNextTower(cfg, RandomCheckpoint(llava_shapes(cfg, text_hidden), dtype, device, seed), device)

@@ -11,15 +11,15 @@ from PIL import Image
 
 from services.visual.families.interface import Pixels
 from services.visual.models.qwen2_vl_config import QwenVisionConfig
-from services.visual.models.qwen2_vl_vision import load_tower
+from services.visual.models.qwen2_vl_vision import QwenVisionTower, load_tower, random_tower
 from services.visual.processors.qwen2_vl import QwenImageProcessor
 from shared.vision_config import VisionConfig
 
 
 class QwenTower:
-    def __init__(self, model_dir: str, cfg: VisionConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, cfg: VisionConfig, tower: QwenVisionTower, dtype: torch.dtype) -> None:
         self.proc = QwenImageProcessor.from_dict(cfg.processor)
-        self.tower = load_tower(model_dir, QwenVisionConfig.of(cfg), dtype, device)
+        self.tower = tower
         if self.proc.merge_size != self.tower.cfg.merge_size or self.proc.patch_size != self.tower.cfg.patch_size:
             raise ValueError("the image processor's patch and merge sizes differ from the vision tower's")
         self.hidden_size = self.tower.cfg.out_width
@@ -36,4 +36,9 @@ class QwenTower:
 
 
 def load(model_dir: str, cfg: VisionConfig, dtype: torch.dtype, device: torch.device) -> QwenTower:
-    return QwenTower(model_dir, cfg, dtype, device)
+    return QwenTower(cfg, load_tower(model_dir, QwenVisionConfig.of(cfg), dtype, device), dtype)
+
+
+def random(cfg: VisionConfig, text_hidden: int, dtype: torch.dtype, device: torch.device, seed: int) -> QwenTower:
+    """Weights drawn from seed on the device; the merger's output width is the config's (text_hidden unused)."""
+    return QwenTower(cfg, random_tower(QwenVisionConfig.of(cfg), dtype, device, seed), dtype)

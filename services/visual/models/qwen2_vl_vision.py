@@ -30,6 +30,7 @@ from torch import nn
 from services.visual.models.qwen2_vl_blocks import Block, Merger, Segments
 from services.visual.models.qwen2_vl_config import QwenVisionConfig
 from services.visual.models.qwen2_vl_layout import Grid, frame_seqlens, patch_positions, windows
+from services.visual.random_weights import randomize_
 
 PREFIXES = ("visual.", "model.visual.")  # Qwen's checkpoints and transformers 5; transformers 4.5x
 
@@ -117,4 +118,13 @@ def load_tower(
     tower.inv_freq = torch.empty(0)  # not in the checkpoint: off the meta device before the move
     tower.to(device=device, dtype=dtype)
     tower.inv_freq = inverse_frequencies(cfg).to(device)  # float32 whatever the weights' dtype
+    return tower.eval()
+
+
+def random_tower(cfg: QwenVisionConfig, dtype: torch.dtype, device: torch.device, seed: int) -> QwenVisionTower:
+    """The tower with weights drawn from seed on the device (services/visual/random_weights.py)."""
+    with torch.device("meta"):
+        tower = QwenVisionTower(cfg)
+    randomize_(tower, dtype, device, seed)
+    tower.inv_freq = inverse_frequencies(cfg).to(device)
     return tower.eval()
