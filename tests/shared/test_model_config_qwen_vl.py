@@ -8,26 +8,8 @@ import pytest
 
 from shared.model_config import ModelConfig, ModelConfigError
 from shared.vision_config import VisionConfig, text_config
+from tools.vision_bench_models import QWEN25_VL_7B  # Qwen/Qwen2.5-VL-7B-Instruct's config.json
 
-QWEN25_VL_7B = {  # Qwen/Qwen2.5-VL-7B-Instruct's config.json, the fields read here
-    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-    "model_type": "qwen2_5_vl",
-    "hidden_size": 3584,
-    "intermediate_size": 18944,
-    "num_attention_heads": 28,
-    "num_hidden_layers": 28,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 128000,
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0,
-    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-    "vocab_size": 152064,
-    "tie_word_embeddings": False,
-    "use_sliding_window": False,
-    "sliding_window": 32768,
-    "image_token_id": 151655,
-    "vision_config": {"depth": 32, "hidden_size": 1280, "out_hidden_size": 3584},
-}
 TEXT = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads")
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from services.visual.models.qwen2_vl_config import QwenVisionConfig
 from shared.vision_config import VisionConfig
+from tools.vision_bench_models import QWEN25_VL_7B as QWEN25_VL_7B_CONFIG
 
 ARCHS = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
 
@@ -22,22 +23,7 @@ QWEN2_VL_7B = {  # Qwen/Qwen2-VL-7B-Instruct's vision_config
     "spatial_patch_size": 14,
     "temporal_patch_size": 2,
 }
-QWEN25_VL_7B = {  # Qwen/Qwen2.5-VL-7B-Instruct's
-    "depth": 32,
-    "hidden_act": "silu",
-    "hidden_size": 1280,
-    "intermediate_size": 3420,
-    "num_heads": 16,
-    "in_chans": 3,
-    "out_hidden_size": 3584,
-    "patch_size": 14,
-    "spatial_merge_size": 2,
-    "spatial_patch_size": 14,
-    "window_size": 112,
-    "fullatt_block_indexes": [7, 15, 23, 31],
-    "tokens_per_second": 2,
-    "temporal_patch_size": 2,
-}
+QWEN25_VL_7B = QWEN25_VL_7B_CONFIG["vision_config"]  # Qwen/Qwen2.5-VL-7B-Instruct's
 
 
 def test_qwen2_vl_7b() -> None:
