@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SERVED = ["services", "shared", "lightstream", "tools/stack.py", "tools/redis_server.py", "tools/make_tiny_model.py"]
 LOCAL = {"services", "shared", "lightstream", "tools", "tests"}
 # import name -> distribution name, where they differ
-DISTRIBUTIONS = {"prometheus_client": "prometheus-client", "PIL": "pillow"}
+DISTRIBUTIONS = {"prometheus_client": "prometheus-client", "PIL": "pillow", "pydantic_core": "pydantic-core"}
 # installed for what they do inside another package: redis-py's C parser, uvicorn's loop and HTTP parser
 IMPLICIT = {"hiredis", "uvloop", "httptools"}
 
