@@ -39,6 +39,7 @@ if __package__ in (None, ""):
 from services.worker.models.bench_shapes import SHAPES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER_MAX_ID = 100_000  # peer_hf.py draws prompt ids from [1000, 100000)
 FAMILY_SHAPES = {
     "llama": "llama3-8b",
     "mistral": "mistral-7b",
@@ -59,12 +60,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--families", default="all", help=f"comma-separated, of {','.join(FAMILY_SHAPES)}; '': none")
     ap.add_argument("--requests", type=int, default=16, help="the workload's first N, for the engine and the peer")
     ap.add_argument("--peer", default=os.path.join(ROOT, ".peer", "peer_hf.py"), help="peer_hf.py, or none")
-    ap.add_argument(
-        "--peer-cache-memory",
-        type=float,
-        default=0.0,
-        help="run the peer through tools/peer_capped.py, its cache at this fraction of free memory",
-    )
     ap.add_argument("--peer-timeout", type=float, default=240.0, help="seconds each peer run may take")
     ap.add_argument("--engine-timeout", type=float, default=240.0, help="seconds each engine run may take")
     ap.add_argument("--model", action="append", default=[], help="FAMILY=DIR: that model instead of the shape")
@@ -144,12 +139,19 @@ def peer_config(args: argparse.Namespace, family: str, work: str) -> str:
 
 
 def peer_cmd(args: argparse.Namespace, config: str, out: str) -> list[str]:
+    """The peer's command; through tools/peer_vocab.py for a vocabulary smaller than the ids of
+    the peer's prompts (below PEER_MAX_ID), which would read past its embedding table."""
     skip = "cpu,roofline,static_b1,static_b64"  # the continuous-batching part only
     cmd = [sys.executable, args.peer, "--config", config, "--requests", str(args.requests)]
-    if args.peer_cache_memory:
-        capped = os.path.join(ROOT, "tools", "peer_capped.py")
-        cmd[1:2] = [capped, args.peer, "--cache-memory", str(args.peer_cache_memory)]
+    if _vocab_size(config) < PEER_MAX_ID:
+        cmd[1:2] = [os.path.join(ROOT, "tools", "peer_vocab.py"), args.peer]
     return [*cmd, "--skip", skip, "--out", out]
+
+
+def _vocab_size(config: str) -> int:
+    with open(os.path.join(config, "config.json") if os.path.isdir(config) else config) as f:
+        cfg = json.load(f)
+    return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size") or PEER_MAX_ID)
 
 
 def family_row(n: int, engine: dict, engine_job: dict, peer: dict | None, peer_job: dict | None) -> dict:

@@ -12,12 +12,13 @@
 #         structured   (issue 48: the fixed workload under JSON schemas against unconstrained, one stack)
 #         families-tests | families | families-rest   (issue 45: each family's 1B model in bf16 against Hugging
 #         Face fp32; Qwen3-8B's decode step against Llama-3-8B's, then the issue's four benchmark families against
-#         the peer; the other six against the peer); families-capped: FAMILIES (default the three whose
-#         peer's batching thread finds no memory for cuBLAS at HF's default cache size) with tools/peer_capped.py
+#         the peer; the other six against the peer); families-small-vocab: FAMILIES (default the three whose
+#         vocabulary is under the peer's prompt ids; bench_families.py folds them in through tools/peer_vocab.py)
 #         moe   (the fused experts at Mixtral's and Qwen3-30B-A3B's shapes, 1 to 4096 tokens: time, and against the reference)
 #         moe-fp8   (the same with FP8 experts beside bf16; the FP8 kernel's GPU tests and the tiny MoEs' FP8 engines)
 #         vision   (issue 49: LLaVA-1.5-7B and Qwen2.5-VL-7B shapes, image requests through the stack with two
-#         visual replicas then one, the encoder against the matmul rate, the Hugging Face peer, in one job)
+#         visual replicas then one, the encoder against the matmul rate, the Hugging Face peer, in one job;
+#                  VISION_FAMILIES=llava or qwen2_5_vl runs one, for a call of at most 10 minutes)
 #         tp-tests | tp | dp   (these three need 2 GPUs: TP=2 against TP=1, a TP=2 group, two data-parallel groups)
 set -u
 out=${1:?OUTDIR}; shift
@@ -91,9 +92,9 @@ for part in "$@"; do
     families-rest) timeout 580 python3 tools/bench_families.py --out "$out/families_rest.json" --requests 16 \
                      --families llama,mistral,qwen2,phi3,gemma3,qwen2_moe --decode-shapes "" --peer-timeout 100 2>&1 \
                      | tail -6 ;;
-    families-capped) timeout 580 python3 tools/bench_families.py --out "$out/families_capped.json" --requests 16 \
-                       --families "${FAMILIES:-mistral,phi3,mixtral}" --decode-shapes "" --peer-cache-memory 0.8 \
-                       --peer-timeout 150 2>&1 | tail -6 ;;
+    families-small-vocab) timeout 580 python3 tools/bench_families.py --out "$out/families_small_vocab.json" \
+                            --requests 16 --families "${FAMILIES:-mistral,phi3,mixtral}" --decode-shapes "" \
+                            --peer-timeout 150 2>&1 | tail -6 ;;
     moe) for shape in mixtral-8x7b qwen3-30b-a3b; do
            timeout 150 python3 tools/bench_moe.py --shape $shape --out "$out/moe-$shape.json" > "$out/moe-$shape.log" 2>&1
            tail -12 "$out/moe-$shape.log"; done
@@ -107,7 +108,7 @@ for part in "$@"; do
                tests/worker/test_cuda_path.py -k "fp8 and (real_shapes or graph or moe)" 2>&1 \
                | grep "T=\|passed\|failed\|Error" | tee "$out/moe_fp8_tests.log" | tail -20 ;;
     vision) timeout 580 python3 tools/bench_vision.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" \
-              --requests 64 --encode-requests 256 --visuals 2,1 --peer-timeout 170 2>&1 \
+              --families "${VISION_FAMILIES:-llava,qwen2_5_vl}" --requests 64 --encode-requests 256 --visuals 2,1 --peer-timeout 170 2>&1 \
               | grep -v "it/s\]" | grep "^llava\|^qwen\|^matmul\|Error" | tail -16
             tar czf "$out/vision_logs.tgz" -C /tmp/lightstream-bench-vision logs 2>/dev/null ;;
     dp) timeout 240 python3 tools/bench_data_parallel.py --groups 2 --out "$out/dp2.json" -- --running-max-req-size 2048 2>&1 | tail -3 ;;
