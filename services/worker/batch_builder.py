@@ -63,10 +63,10 @@ def build_batch(
     (one copy and one kernel, graph_inputs.py). Either way the decodes' new slots
     (plan.decode_slots, which the scheduler does not record) are written into req_table at
     (row, position)."""
-    mrope = any(r.rope is not None for r, _ in plan.extends) or any(r.rope is not None for r in plan.decodes)
     fits = staging is not None and plan.decode_slots is not None and staging.fits(len(plan.decodes))
-    if fits and not plan.extends and not mrope:  # M-RoPE's decodes are not the graphs' input
+    if fits and not plan.extends:  # M-RoPE's decodes too: the layout carries their rotary positions
         return _staged(plan, req_table, staging, prev)
+    mrope = any(r.rope is not None for r, _ in plan.extends) or any(r.rope is not None for r in plan.decodes)
     k = _pack(plan, prev, mrope)
     slots = list(plan.extend_slots)
     if plan.decode_slots is not None:
@@ -179,11 +179,14 @@ def _in_flight(req: Req, prev: PreviousTokens | None) -> int | None:
 def _staged(
     plan: StepPlan, req_table: torch.Tensor, staging: DecodeInputs, prev: PreviousTokens | None
 ) -> ForwardBatch:
-    tokens, positions, rows = [], [], []
+    tokens, positions, rows, offsets = [], [], [], []
     for req in plan.decodes:
         j = _in_flight(req, prev)
         tokens.append(req.tokens[-1] if j is None else -1 - j)
         positions.append(req.kv_len)
         rows.append(req.row)
+        # a generated token's three M-RoPE positions are all its position plus the request's delta
+        offsets.append(req.rope.delta if req.rope is not None else 0)
     assert plan.decode_slots is not None
-    return staging.build(tokens, positions, rows, plan.decode_slots, req_table, prev.tokens if prev else None)
+    last = prev.tokens if prev else None
+    return staging.build(tokens, positions, rows, plan.decode_slots, req_table, last, offsets)

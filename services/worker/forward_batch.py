@@ -61,6 +61,9 @@ class ForwardBatch:
     # M-RoPE (models/layers/mrope.py): each token's t, h and w positions, [3, T] int64; None where
     # every token's three are its position (text, and a family without M-RoPE)
     rope_positions: torch.Tensor | None = None
+    # a decode-only batch in the decode graphs' layout: where rotary turns each new token, [Bd] int64
+    # (its position plus its request's M-RoPE delta, which only qwen2_vl.py reads); None elsewhere
+    rotary_positions: torch.Tensor | None = None
 
     @classmethod
     def decodes(
@@ -76,6 +79,7 @@ class ForwardBatch:
         host: HostIndex | None = None,
         staged: torch.Tensor | None = None,
         sample_rows: torch.Tensor | None = None,
+        rotary_positions: torch.Tensor | None = None,
     ) -> ForwardBatch:
         """A decode-only batch: one token per request, no extend segments."""
         empty = torch.zeros(0, dtype=torch.int32, device=input_ids.device)
@@ -99,6 +103,7 @@ class ForwardBatch:
             host=host,
             staged=staged,
             sample_rows=sample_rows,
+            rotary_positions=rotary_positions,
         )
 
     @property

@@ -1,4 +1,4 @@
-"""decode_inputs (a decode step's five inputs from one packed array) against its PyTorch reference."""
+"""decode_inputs (a decode step's six inputs from one packed array) against its PyTorch reference."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def _case(n: int, prev_len: int, device: torch.device) -> tuple[torch.Tensor, to
         tokens = torch.where(pending, -1 - torch.randint(0, prev_len, (n,), generator=g), tokens)
     positions = torch.randint(0, CONTEXT, (n,), generator=g)
     rows = torch.randperm(max(n, 1) * 3, generator=g)[:n]
-    pack = torch.stack([tokens, positions, rows]).to(device)
+    offsets = torch.where(torch.rand(n, generator=g) < 0.5, -torch.randint(0, 500, (n,), generator=g), 0)
+    pack = torch.stack([tokens, positions, rows, torch.minimum(offsets, positions)]).to(device)
     prev = torch.randint(0, 128_000, (prev_len,), generator=g).to(device) if prev_len else None
     slots = torch.randperm(10_000, generator=g)[:n].to(torch.int32).to(device)
     return pack, prev, slots
@@ -53,18 +54,20 @@ def test_decode_inputs_is_the_reference(n: int, width: int, prev_len: int, devic
 
 
 def test_what_the_lanes_hold(device: torch.device) -> None:
-    pack = torch.tensor([[11, -2, 13], [4, 5, 6], [0, 1, 2]], device=device)  # the second token is prev[1]
+    # the second token is prev[1]; the third turns by M-RoPE's delta -3
+    pack = torch.tensor([[11, -2, 13], [4, 5, 6], [0, 1, 2], [0, 0, -3]], device=device)
     prev = torch.tensor([100, 200], device=device)
     slots = torch.tensor([40, 41, 42], dtype=torch.int32, device=device)
     out = _outputs(5, device)
     table = torch.zeros(3, 8, dtype=torch.int32, device=device)
     decode_inputs(pack, prev, slots, table, out, DUMMY_SLOT, DUMMY_ROW)
-    ids, positions, out_slots, rows, seq_lens = (t.tolist() for t in out)
+    ids, positions, out_slots, rows, seq_lens, rotary_positions = (t.tolist() for t in out)
     assert ids == [11, 200, 13, 0, 0]
     assert positions == [4, 5, 6, 0, 0]
     assert out_slots == [40, 41, 42, DUMMY_SLOT, DUMMY_SLOT]
     assert rows == [0, 1, 2, DUMMY_ROW, DUMMY_ROW]
     assert seq_lens == [5, 6, 7, 1, 1]
+    assert rotary_positions == [4, 5, 3, 0, 0]
     # each request's new slot is recorded at its row and position; the padding lanes write nothing
     want = torch.zeros(3, 8, dtype=torch.int32)
     want[0, 4], want[1, 5], want[2, 6] = 40, 41, 42
@@ -86,8 +89,8 @@ def test_decode_inputs_rejects_what_it_cannot_write(device: torch.device) -> Non
     wrong[3] = wrong[3].long()
     with pytest.raises(ValueError, match="rows"):
         decode_inputs(pack, prev, slots, table, wrong, DUMMY_SLOT, DUMMY_ROW)
-    with pytest.raises(ValueError, match="5 tensors"):
-        decode_inputs(pack, prev, slots, table, _outputs(4, device)[:4], DUMMY_SLOT, DUMMY_ROW)
+    with pytest.raises(ValueError, match="6 tensors"):
+        decode_inputs(pack, prev, slots, table, _outputs(4, device)[:5], DUMMY_SLOT, DUMMY_ROW)
 
 
 @pytest.mark.gpu

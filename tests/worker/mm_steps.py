@@ -1,7 +1,7 @@
 """Requests whose prompts have images, made as the front end and the worker's intake make them
 (each image's positions holding its pseudo-id, its rows and grid an ImageSpan, so the Req's
 M-RoPE positions follow), and hand-made steps of them through an engine's runner keeping every
-position's logits."""
+position's logits; decode-only steps may be built in the decode graphs' input layout."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 from services.worker.batch_builder import build_batch
 from services.worker.engine import Engine
 from services.worker.request import ImageSpan, Req
+from services.worker.runtime.graph_inputs import DecodeInputs
 from services.worker.scheduler import StepPlan
 from shared.vision_config import image_pseudo_id
 from tests.worker.engine_driver import request
@@ -34,9 +35,14 @@ def image_req(
 class MMSteps:
     """Steps of hand-made plans through the engine's runner, keeping each position's logits."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, staged: bool = False) -> None:
+        """staged: decode-only steps are built as the decode graphs take them (graph_inputs.py)."""
         self.engine = engine
         self.logits: dict[str, list[torch.Tensor]] = {}
+        cache = engine.runner.model.attn.cache
+        layout = engine.runner.staging or DecodeInputs(8, cache.dummy_slot, engine.kv.table.dummy_row, engine.device)
+        self.staging = layout if staged else None  # the decode graphs' own where the engine has them
+        self.staged_steps = 0
 
     def step(self, extends: list[tuple[Req, int]], decodes: list[Req]) -> None:
         kv = self.engine.kv
@@ -47,8 +53,9 @@ class MMSteps:
             decodes=decodes,
             decode_slots=torch.cat([kv.allocate(r, 1) for r in decodes]) if decodes else None,
         )
-        batch = build_batch(plan, kv.table.table, self.engine.device)
-        batch.sample_index = torch.arange(batch.num_tokens)
+        batch = build_batch(plan, kv.table.table, self.engine.device, staging=self.staging)
+        self.staged_steps += batch.staged is not None
+        batch.sample_index = torch.arange(batch.num_tokens, device=self.engine.device)
         logits = self.engine.runner.forward(batch)
         rows = [(r, n) for r, n in extends] + [(r, 1) for r in decodes]
         at = 0

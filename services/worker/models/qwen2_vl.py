@@ -7,8 +7,10 @@ every layer before attending (never the decode kernel's own rotary, which turns 
 the runtime runs it eagerly (runtime/model_runner.py). A batch's image rows (image_positions,
 image_embeds: the visual service's output) replace those tokens' embeddings, as in every family.
 
-A batch without rope_positions is Qwen2's forward exactly: three equal positions turn q and k as ordinary
-rotary at that position, so text-only requests (delta 0) run every fast path Qwen2 runs.
+A generated token's three positions are equal (its position plus its request's delta), so a
+decode is ordinary rotary at that position: a decode-only batch in the decode graphs' layout
+carries it (rotary_positions) and runs in the graphs, rotating and storing before the decode
+attention as above. A batch with neither is Qwen2's forward exactly (text only, delta 0).
 
 Checkpoint names: Qwen's released checkpoints put the language model under ``model.``
 (``model.layers.*``, ``model.embed_tokens``), transformers 4.5x's and 5's save_pretrained under
@@ -53,19 +55,23 @@ class Qwen2VLModel(LlamaModel):
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """-> logits [S, V] for batch.sample_index."""
-        if batch.rope_positions is None:
-            return super().forward(batch)
         with torch.inference_mode():
-            return self._forward_mm(batch)
+            if batch.rope_positions is not None:
+                table = mrope_cos_sin(self.cos_sin, batch.rope_positions, self.streams)  # [T, D]
+                positions = torch.arange(batch.num_tokens, device=table.device)  # token t reads row t
+                return self._rotated(batch, table, positions, batch.sample_index)
+            if batch.rotary_positions is not None and batch.num_extends == 0:
+                return self._rotated(batch, self.cos_sin, batch.rotary_positions, None)  # every row, in order
+        return super().forward(batch)
 
-    def _forward_mm(self, batch: ForwardBatch) -> torch.Tensor:
-        assert batch.rope_positions is not None
-        table = mrope_cos_sin(self.cos_sin, batch.rope_positions, self.streams)  # [T, D]
-        positions = torch.arange(batch.num_tokens, device=table.device)  # token t reads row t
+    def _rotated(
+        self, batch: ForwardBatch, table: torch.Tensor, positions: torch.Tensor, sample: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The forward with q and k turned by table's rows at positions [T], stored, then attended."""
         images = (batch.image_positions, batch.image_embeds) if batch.image_embeds is not None else None
         c = self.piece(0, None, None, batch.input_ids, positions, batch.out_slots, images=images, cos_sin=table)
         for i in range(self.num_layers):
             assert c.q is not None and c.k is not None and c.v is not None
             o = self.attn.attend(i, c.q, c.k, c.v, batch)  # [T, Hq, D]
             c = self.piece(i + 1, o, c, batch.input_ids, positions, batch.out_slots, cos_sin=table)
-        return self.logits(c, batch.sample_index)
+        return self.logits(c, sample)

@@ -67,7 +67,8 @@ class DecodeGraphs:
         self.buckets = sorted(buckets)
         n = self.buckets[-1]
         self.inputs = DecodeInputs(n, dummy_slot, dummy_row, device)  # the static inputs, one buffer
-        self.input_ids, self.positions, self.out_slots, self.rows, self.seq_lens = self.inputs.views(self.inputs.static)
+        views = self.inputs.views(self.inputs.static)
+        self.input_ids, self.positions, self.out_slots, self.rows, self.seq_lens, self.rotary_positions = views
         self.sample_index = torch.arange(n, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -100,10 +101,13 @@ class DecodeGraphs:
         self.out_slots[:n].copy_(batch.out_slots)
         self.rows[:n].copy_(batch.decode_rows)
         self.seq_lens[:n].copy_(batch.decode_seq_lens)
+        rotary = batch.rotary_positions
+        self.rotary_positions[:n].copy_(rotary if rotary is not None else batch.positions)
         if bs > n:  # a larger step may have left real rows there
             self.out_slots[n:bs].fill_(self.dummy_slot)
             self.rows[n:bs].fill_(self.dummy_row)
             self.seq_lens[n:bs].fill_(1)
+            self.rotary_positions[n:bs].fill_(0)
 
     def _batch(self, bs: int) -> ForwardBatch:
         # decode_max_len: the longest context fixes the split count of the captured kernels
@@ -116,6 +120,7 @@ class DecodeGraphs:
             self.seq_lens[:bs],
             self.max_context,
             self.sample_index[:bs],
+            rotary_positions=self.rotary_positions[:bs],
         )
 
     def _capture_all(self, device: torch.device, gemm_search: bool) -> None:

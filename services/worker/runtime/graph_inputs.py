@@ -1,6 +1,7 @@
 """A decode-only step's inputs in one buffer laid out as the decode graphs' own inputs.
 
-The decode graphs read their five inputs (ids, positions, KV slots, table rows, lengths) from
+The decode graphs read their six inputs (ids, positions, KV slots, table rows, lengths, rotary
+positions) from
 static tensors, which here are views of one byte buffer. A decode-only batch for the graphs
 is built into a fresh buffer of the same layout: one host-to-device copy of the host's lists
 and one kernel (kernels/pack_decode_inputs.py), which also takes the tokens still in flight from the
@@ -20,13 +21,14 @@ from services.worker.host_copy import to_device
 
 
 class DecodeInputViews(NamedTuple):
-    """The five inputs, [width] each, in the order kernels/pack_decode_inputs.py writes them."""
+    """The six inputs, [width] each, in the order kernels/pack_decode_inputs.py writes them."""
 
     input_ids: torch.Tensor  # int64
     positions: torch.Tensor  # int64
     out_slots: torch.Tensor  # int32
     rows: torch.Tensor  # int32
     seq_lens: torch.Tensor  # int32
+    rotary_positions: torch.Tensor  # int64, where rotary turns the new token (M-RoPE: position + delta)
 
 
 class DecodeInputs:
@@ -56,7 +58,7 @@ class DecodeInputs:
         static.seq_lens.fill_(1)
 
     def views(self, buf: torch.Tensor) -> DecodeInputViews:
-        """The five inputs of a buffer of this layout, [width] each."""
+        """The six inputs of a buffer of this layout, [width] each."""
         return DecodeInputViews(
             *(buf[o : o + self.width * d.itemsize].view(d) for o, d in zip(self._offsets, self._dtypes, strict=True))
         )
@@ -72,21 +74,24 @@ class DecodeInputs:
         slots: torch.Tensor,
         req_table: torch.Tensor,
         prev: torch.Tensor | None,
+        rotary_offsets: list[int] | None = None,
     ) -> ForwardBatch:
         """A decode-only batch: per request its input token (-1 - j: row j of prev, the step
         before's sampled tokens, still on the device), its position (= tokens in its KV before
-        this one) and its table row; slots [n] int32, where the new tokens' K and V go, recorded
-        in req_table at (row, position) by the same kernel. The sampled positions (0..n-1) and
-        the rows as int64 (``sample_rows``, for the sampler) come in the same copy."""
+        this one), its table row and its rotary offset (M-RoPE's delta; None: all 0); slots [n]
+        int32, where the new tokens' K and V go, recorded in req_table at (row, position) by the
+        same kernel. The sampled positions (0..n-1) and the rows as int64 (``sample_rows``, for
+        the sampler) come in the same copy."""
         n = len(tokens)
         lens = [p + 1 for p in positions]
         longest = max(lens)
         if longest > req_table.shape[1]:  # the kernel writes the table without bounds checks
             raise ValueError(f"decode inputs: position {longest - 1} is past the request table's {req_table.shape[1]}")
-        pack = to_device([tokens, positions, rows, list(range(n))], torch.int64, self.device)
+        offsets = rotary_offsets if rotary_offsets is not None else [0] * n
+        pack = to_device([tokens, positions, rows, offsets, list(range(n))], torch.int64, self.device)
         buf = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
         views = self.views(buf)
-        self._fill(pack[:3], prev, slots, req_table, views, self.dummy_slot, self.dummy_row)
+        self._fill(pack[:4], prev, slots, req_table, views, self.dummy_slot, self.dummy_row)
         host = HostIndex(positions, [], [], rows, lens, list(range(n)))
         return ForwardBatch.decodes(
             views.input_ids[:n],
@@ -96,10 +101,11 @@ class DecodeInputs:
             views.rows[:n],
             views.seq_lens[:n],
             longest,
-            pack[3],
+            pack[4],
             host=host,
             staged=buf,
             sample_rows=pack[2],
+            rotary_positions=views.rotary_positions[:n],
         )
 
     def load(self, batch: ForwardBatch) -> bool:

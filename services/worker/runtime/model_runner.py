@@ -38,7 +38,9 @@ class ModelRunner:
         if self.channel is not None:
             self.channel.send(batch)
         if batch.rope_positions is not None:
-            return self.step(batch)  # M-RoPE's per-token rotary rows are an input no captured graph has
+            # M-RoPE's per-token rotary rows are an input no captured graph has (its decodes in the
+            # graphs' layout carry one position each instead, rotary_positions)
+            return self.step(batch)
         if self.graphs is not None and batch.num_extends == 0 and self.graphs.fits(batch.num_decodes):
             return self.graphs.replay(batch)
         # only steps with prompt tokens: a decode batch too large for the decode graphs keeps the

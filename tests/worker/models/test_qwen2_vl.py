@@ -3,7 +3,8 @@ Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration: greedy tex
 through the engine, and every position's logits for a prompt with two images of different sizes
 whose embeddings (Hugging Face's own tower's) fill the image positions (ImageSpans, as the worker's
 intake makes them), with M-RoPE's positions from their grids, a chunk boundary inside an image,
-decode steps after it, and a text-only request in the same batches."""
+decode steps after it (built as the general path builds them, or in the decode graphs' input layout,
+which carries each decode's rotary position), and a text-only request in the same batches."""
 
 from __future__ import annotations
 
@@ -68,9 +69,29 @@ def _image_embeds(model_dir: str, inputs: dict[str, torch.Tensor]) -> torch.Tens
     return torch.cat(out.pooler_output)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_image_prompt_logits_match_hf(tiny_vl_models: dict[str, str], arch: str) -> None:
-    model_dir = tiny_vl_models[arch]
+@pytest.mark.parametrize(("arch", "staged"), [("qwen2_vl", False), ("qwen2_5_vl", False), ("qwen2_5_vl", True)])
+def test_image_prompt_logits_match_hf(tiny_vl_models: dict[str, str], arch: str, staged: bool) -> None:
+    _image_prompt_logits_match_hf(tiny_vl_models[arch], _engine(tiny_vl_models[arch]), staged)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_image_decodes_in_cuda_graphs_match_hf(tiny_vl_models: dict[str, str]) -> None:
+    """The decode steps of an image request replay the decode graphs (each token's rotary position
+    in their inputs), float32 on the GPU, against Hugging Face on the CPU."""
+    model_dir = tiny_vl_models["qwen2_5_vl"]
+    cfg = WorkerConfig(model_dir=model_dir, device="cuda", dtype="float32", max_total_token_num=65536)
+    engine = build_engine(cfg)
+    assert engine.runner.graphs is not None
+    replays = []
+    replay = engine.runner.graphs.replay
+    engine.runner.graphs.replay = lambda batch: replays.append(batch.num_decodes) or replay(batch)
+    # float32 on the GPU: Triton's dots round their inputs to TF32
+    _image_prompt_logits_match_hf(model_dir, engine, staged=True, tol=1e-2)
+    assert replays == [2] * len(EXTRA)
+
+
+def _image_prompt_logits_match_hf(model_dir: str, engine: Engine, staged: bool, tol: float = 1e-4) -> None:
     image_id = ModelConfig.from_dir(model_dir).vision.image_token_id
     images = [ref.image(84, 56, seed=1), ref.image(70, 130, seed=2)]
     inputs = ref.prompt(model_dir, "What differs between these?", images)
@@ -80,23 +101,24 @@ def test_image_prompt_logits_match_hf(tiny_vl_models: dict[str, str], arch: str)
     with torch.no_grad():
         want_text = ref.model(model_dir)(input_ids=torch.tensor([text + EXTRA])).logits[0]
 
-    engine = _engine(model_dir)
     grids = [(t, h // 2, w // 2) for t, h, w in inputs["image_grid_thw"].tolist()]
-    a = image_req("img", prompt, image_id, _image_embeds(model_dir, inputs), grids, max_new_tokens=8)
+    rows = _image_embeds(model_dir, inputs).to(engine.device)
+    a = image_req("img", prompt, image_id, rows, grids, max_new_tokens=8)
     assert a.rope is not None and a.rope.delta < 0
     b = Req(request("txt", text, max_new_tokens=8), 1)
     cut = prompt.index(image_id) + 5  # the first chunk ends inside the first image
-    d = MMSteps(engine)
+    d = MMSteps(engine, staged)
     d.step([(a, cut), (b, len(text))], [])
     d.step([(a, len(prompt) - cut)], [])
     for tok in EXTRA:
         for r in (a, b):
             r.tokens.append(tok)
         d.step([], [a, b])
-    got_image = torch.cat(d.logits["img"])
-    got_text = torch.cat(d.logits["txt"])
-    torch.testing.assert_close(got_image, want_image, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(got_text, want_text[: len(text) + len(EXTRA)], rtol=1e-4, atol=1e-4)
+    assert d.staged_steps == (len(EXTRA) if staged else 0)
+    got_image = torch.cat(d.logits["img"]).cpu()
+    got_text = torch.cat(d.logits["txt"]).cpu()
+    torch.testing.assert_close(got_image, want_image, rtol=tol, atol=tol)
+    torch.testing.assert_close(got_text, want_text[: len(text) + len(EXTRA)], rtol=tol, atol=tol)
 
 
 def test_transformers_4_checkpoint_names_load_the_same(tiny_vl_models: dict[str, str], tmp_path) -> None:

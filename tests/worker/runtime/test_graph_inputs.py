@@ -58,8 +58,11 @@ def test_a_staged_batch_is_the_general_one() -> None:
     assert staged.decode_max_len == general.decode_max_len
     assert staged.host == general.host
     assert staged.sample_rows is not None and staged.sample_rows.tolist() == [1, 4, 7]
+    # no request here has M-RoPE positions: rotary turns each at its position
+    assert staged.rotary_positions is not None and staged.rotary_positions.tolist() == [2, 2, 1]
     padding = staging.views(staged.staged)
     assert padding.out_slots[3:].tolist() == [99] * 5 and padding.seq_lens[3:].tolist() == [1] * 5
+    assert padding.rotary_positions[3:].tolist() == [0] * 5
     # loading it into the graphs' inputs is one copy of the whole buffer
     assert staging.load(staged) and torch.equal(staging.static, staged.staged)
     assert not staging.load(general)
