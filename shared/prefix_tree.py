@@ -13,6 +13,11 @@ know which sequences a group has seen). The page size is one token, so any prefi
   the root), so every unlocked token can be freed by evicting leaves, oldest first.
 - ``evict(n)`` removes least-recently-used unlocked leaves until n tokens are freed, handing
   each one's value to ``on_evict``.
+
+Edges keep their token ids as ``key_of`` makes them from a slice of the query: a list by
+default, or a compact array (the router's index, which keeps ids and nothing else: 8 bytes a
+token where a list of Python ints takes about 40). Queries must then be of the same type, since a
+slice of a list never equals a slice of an array.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 class Node:
     __slots__ = ("children", "key", "last_access", "lock_ref", "parent", "value")
 
-    def __init__(self, parent: Node | None, key: list[int], value: Any, now: int) -> None:
+    def __init__(self, parent: Node | None, key: Sequence[int], value: Any, now: int) -> None:
         self.parent = parent
         self.key = key  # the token ids of the edge into this node
         self.value = value  # sliceable like key (or None)
@@ -68,9 +73,14 @@ def _slice(value: Any, a: int, b: int | None = None) -> Any:
 
 
 class PrefixTree:
-    def __init__(self, on_evict: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_evict: Callable[[Any], None] | None = None,
+        key_of: Callable[[Sequence[int]], Sequence[int]] = list,
+    ) -> None:
         self._clock = itertools.count(1)
-        self.root = Node(None, [], None, 0)
+        self.key_of = key_of
+        self.root = Node(None, key_of([]), None, 0)
         self.root.lock_ref = 1  # never evicted
         self.on_evict = on_evict
         self.evictable_size = 0  # tokens in unlocked nodes
@@ -113,7 +123,7 @@ class PrefixTree:
         while i < len(tokens):
             child = node.children.get(tokens[i])
             if child is None:
-                leaf = Node(node, list(tokens[i:]), _slice(value, i), now)
+                leaf = Node(node, self.key_of(tokens[i:]), _slice(value, i), now)
                 node.children[tokens[i]] = leaf
                 self.num_nodes += 1
                 self.evictable_size += len(leaf.key)

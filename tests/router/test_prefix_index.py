@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 from services.router.prefix_index import IndexMatch, PrefixIndex
 
 
@@ -51,3 +53,22 @@ def test_reset_forgets_everything() -> None:
     index.release(index.hold([1, 2, 3]))
     index.reset()
     assert index.size == 0 and index.match([1, 2, 3]).length == 0
+
+
+def test_ids_are_kept_as_int64_arrays_and_lists_still_match() -> None:
+    """The index keeps 8 bytes a token, not a list of Python ints; queries come as msgpack's lists
+    (image pseudo-ids included, negative and 64-bit) and match what was placed."""
+    index = PrefixIndex(100)
+    pseudo = -(1 << 62) - 5
+    index.hold([1, 2, pseudo, 4])
+    index.hold([1, 2, 7])
+    keys = []
+    stack = [index.tree.root]
+    while stack:
+        node = stack.pop()
+        keys.append(node.key)
+        stack.extend(node.children.values())
+    assert len(keys) == 4 and all(isinstance(k, array) and k.typecode == "q" for k in keys)
+    assert index.match([1, 2, pseudo, 4, 9]).length == 4
+    assert index.match(array("q", [1, 2, 7])).length == 3
+    assert index.match((1, 3)).length == 1
