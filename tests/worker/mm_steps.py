@@ -60,6 +60,7 @@ class MMSteps:
         rows = [(r, n) for r, n in extends] + [(r, 1) for r in decodes]
         at = 0
         for r, n in rows:
-            self.logits.setdefault(r.rid, []).append(logits[at : at + n].float())
+            # a copy: a replayed graph's logits are its output buffer, which the next replay overwrites
+            self.logits.setdefault(r.rid, []).append(logits[at : at + n].to(torch.float32, copy=True))
             at += n
             r.kv_len += n

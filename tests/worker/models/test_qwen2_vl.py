@@ -86,8 +86,8 @@ def test_image_decodes_in_cuda_graphs_match_hf(tiny_vl_models: dict[str, str]) -
     replays = []
     replay = engine.runner.graphs.replay
     engine.runner.graphs.replay = lambda batch: replays.append(batch.num_decodes) or replay(batch)
-    # float32 on the GPU: Triton's dots round their inputs to TF32
-    _image_prompt_logits_match_hf(model_dir, engine, staged=True, tol=1e-2)
+    # float32 on the GPU against the CPU: only the order of the sums differs
+    _image_prompt_logits_match_hf(model_dir, engine, staged=True, tol=1e-3)
     assert replays == [2] * len(EXTRA)
 
 
