@@ -7,6 +7,8 @@
 #         quant | quant-tests   (issue 47's FP8: bf16, FP8 KV and FP8 weights in one job; the FP8 and int4 GPU tests)
 #         quant-int4 | quant-gemm   (bf16 against AWQ int4 weights in one job; each projection's bf16, FP8 and int4
 #         GEMM at M = 1 to 256 against its bytes-moved floor)
+#         quant-sweep   (the FP8 and int4 GEMMs' tiles, warps, stages and split at each projection and M = 1, 4, 16:
+#         the best against the default, and the table literal for services/worker/kernels/gemm_tiles.py)
 #         cache-prefix | cache-turns | cache-offline | cache-routing   (the prompt cache, issue 44: each on and
 #         off, or under both router policies, in one run; cache-routing runs two groups on the one GPU)
 #         structured   (issue 48: the fixed workload under JSON schemas against unconstrained, one stack)
@@ -66,6 +68,8 @@ for part in "$@"; do
                   --running-max-req-size 2048 --out "$out/quant_int4.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -20 ;;
     quant-gemm) timeout 300 python3 tools/bench_kernels.py --parts ceilings,quant_gemm --out "$out/quant_gemm.json" \
                   > "$out/quant_gemm.log" 2>&1; grep " us$\|Error" "$out/quant_gemm.log" | tail -20 ;;
+    quant-sweep) timeout 300 python3 tools/kernel_quant_sweep.py --out "$out/quant_sweep.json" > "$out/quant_sweep.log" 2>&1
+                 grep "^round\|M=\|swept\|Tile\|^}\|Error" "$out/quant_sweep.log" | tail -64 ;;
     engine-int8) timeout 300 python3 tools/benchmark_engine.py --kv-dtype int8 --parts static,offline --out "$out/engine_int8.json" 2>&1 | tail -8 ;;
     tp-tests) timeout 300 python3 -m pytest -m gpu tests/worker/test_tp_cuda.py -q -s -p no:cacheprovider -rA 2>&1 \
                 | grep -v "it/s\]\|^$" | tail -25 | tee "$out/tp_tests.log" ;;
@@ -79,7 +83,7 @@ for part in "$@"; do
                      --running-max-req-size 2048 --out "$out/cache_offline.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -6 ;;
     cache-routing) timeout 580 python3 tools/bench_prompt_cache.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" \
                      --workload shared_prefix --policies cache_aware,round_robin --groups 2 --gpus-per-group 0 \
-                     --kv-tokens 300000 2>&1 | grep -v "it/s\]" | tail -6
+                     --kv-tokens "${KV_TOKENS:-100000}" 2>&1 | grep -v "it/s\]" | tail -6
                    tar czf "$out/cache_logs.tgz" -C /tmp/lightstream-bench-cache logs 2>/dev/null ;;
     structured) timeout 580 python3 tools/bench_structured.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" 2>&1 \
                   | grep -v "it/s\]" | tail -12

@@ -8,10 +8,11 @@ actions it returns.
 from __future__ import annotations
 
 import logging
+from itertools import islice
 
 from services.router.actions import Actions, RouterStats
 from services.router.group import GroupState
-from services.router.metrics import GroupFigures, RouterFigures
+from services.router.metrics import RouterFigures
 from services.router.routing import Routing
 from services.router.waiting import RecentAborts, WaitingQueue
 from shared.config import RouterConfig
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 EXPIRY_SCAN_EVERY_S = 0.1  # the queue is scanned for missed deadlines at most this often
 # a request handed over more often than this has probably killed its groups: it ends instead
 MAX_HANDOVERS = 3
+LANE_SCAN = 512  # cache_aware: requests looked at in one admission round, at most
 
 
 class RouterCore:
@@ -181,6 +183,9 @@ class RouterCore:
     # ---------------------------------------------------------------- policy
 
     def _admit(self, now_unix: float, act: Actions) -> None:
+        if self.routing.by_lane:
+            self._admit_by_lane(now_unix, act)
+            return
         while self.waiting and self.groups:
             req = self.waiting.head()
             why = self._late(req, now_unix)
@@ -196,6 +201,33 @@ class RouterCore:
             self.waiting.popleft()
             self._place(req, choice.group, choice.matched, act)
 
+    def _admit_by_lane(self, now_unix: float, act: Actions) -> None:
+        """Each request in turn goes to the group Routing.prefer names, once that group can take
+        it; until then it waits in that group's lane, and so does every later request that
+        prefers the same group (first in, first out within a lane), while later requests for
+        groups with room go on. The scan stops when every group's lane is blocked, or after
+        LANE_SCAN requests."""
+        lanes: dict[str, int] = {}  # group -> requests scanned that wait for it
+        live = [g for g in self.groups.values() if not g.draining]
+        for req in list(islice(self.waiting, LANE_SCAN)):
+            if not live or len(lanes) >= len(live):
+                return
+            why = self._late(req, now_unix)
+            if why:
+                self.waiting.remove(req.rid)
+                self._reject(req, why, act, ERR_DEADLINE)
+                continue
+            choice = self.routing.prefer(req, live, lanes)
+            if choice is None:  # too large for every pool, or only for draining groups' (it waits)
+                self._can_never_fit(req, act)
+                continue
+            g = choice.group
+            if g.name not in lanes and g.can_take(req, choice.look, self.cfg):
+                self.waiting.remove(req.rid)
+                self._place(req, g, choice.matched, act)
+            else:
+                lanes[g.name] = lanes.get(g.name, 0) + 1
+
     def _place(self, req: GenerateReq, g: GroupState, matched: int, act: Actions) -> None:
         key = (g.name, g.instance)
         g.place(req, matched)
@@ -207,20 +239,16 @@ class RouterCore:
         routed = (g.name, self.routing.is_hit(req, matched))
         self.stats.routed[routed] = self.stats.routed.get(routed, 0) + 1
         log.debug(
-            "placed on group %s (%d requests there, %d prompt tokens matched)",
-            g.name,
-            len(g.placed),
-            matched,
-            extra={"rid": req.rid},
+            "placed on group %s (%d there, %d tokens matched)", g.name, len(g.placed), matched, extra={"rid": req.rid}
         )
 
     def _can_never_fit(self, req: GenerateReq, act: Actions) -> bool:
-        """Reject the head if no group could hold it even alone: it would block the queue for ever."""
+        """Reject req if no group could hold it even alone: it would block the queue (or its lane) for ever."""
         biggest = max(g.capacity for g in self.groups.values())
         alone = req.prompt_len + req.params.max_new_tokens
         if alone <= biggest:
             return False
-        self.waiting.popleft()
+        self.waiting.remove(req.rid)
         why = f"prompt plus max_new_tokens is {alone} KV tokens; the largest worker pool holds {biggest}"
         self._reject(req, why, act, ERR_TOO_LARGE)
         return True
@@ -354,18 +382,7 @@ class RouterCore:
     # ---------------------------------------------------------------- figures
 
     def figures(self, now_unix: float) -> RouterFigures:
-        groups = tuple(
-            GroupFigures(
-                g.name,
-                g.capacity,
-                g.used_tokens,
-                len(g.placed),
-                g.paused,
-                cached_tokens=g.evictable_tokens + g.cache_locked_tokens,
-                index_tokens=g.index.size,
-            )
-            for g in sorted(self.groups.values(), key=lambda g: g.name)
-        )
+        groups = tuple(g.figures() for g in sorted(self.groups.values(), key=lambda g: g.name))
         return RouterFigures(
             waiting=len(self.waiting),
             running=sum(x.running for x in groups),

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.router.admission import Load, estimated_remaining, peak_tokens
+from services.router.metrics import GroupFigures
 from services.router.prefix_index import PrefixIndex
 from shared.config import RouterConfig
 from shared.messages import GenerateReq, WorkerStatus
@@ -147,6 +148,12 @@ class GroupState:
             node=self.index.hold(req.input_ids),
         )
         self.admitted += 1
+
+    def figures(self) -> GroupFigures:
+        cached = self.evictable_tokens + self.cache_locked_tokens
+        return GroupFigures(
+            self.name, self.capacity, self.used_tokens, len(self.placed), self.paused, cached, self.index.size
+        )
 
     def unplace(self, rid: str) -> None:
         p = self.placed.pop(rid)

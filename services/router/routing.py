@@ -1,7 +1,12 @@
 """Which group takes a request: the routing policies (RouterConfig.routing_policy).
 
-Every policy chooses among the groups that can take the request now (GroupState.can_take);
-with none, the request waits at the head of the queue.
+least_loaded and round_robin choose among the groups that can take the request now
+(GroupState.can_take); with none, the request waits at the head of the queue. cache_aware
+chooses among every group that could ever hold it (``prefer``): when that group is full the
+request waits for it, in that group's lane, while requests behind it that prefer another group
+go on (RouterCore._admit_by_lane). Choosing only among groups with room would, once every pool
+is full, send each request to whichever group's status freed room last, whatever its prefix:
+each group would then see every prefix and the caches would thrash as under round_robin.
 
 - least_loaded: the most KV tokens free by the router's count (ties: fewer requests). Not the
   room left under the peak estimate: a short request leaves a group's peak as it was, so that
@@ -11,12 +16,13 @@ with none, the request waits at the head of the queue.
   group whose index matches the longest prefix of the prompt, unless its match is hardly
   longer than that of the group least_loaded would pick (by less than cache_aware_min_match
   of the prompt), or it holds more than cache_aware_balance_margin requests more than the
-  least loaded group that can take it; then least_loaded's choice.
+  group (counting the requests already waiting in each group's lane); then the group that can
+  take it now with the most room, or with none, the one with the fewest requests placed and waiting.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from services.router.group import GroupState, PrefixLookup
@@ -55,6 +61,29 @@ class Routing:
                 cands.append(Candidate(g, look))
         return self._policy(req, cands) if cands else None
 
+    @property
+    def by_lane(self) -> bool:
+        """Requests wait for the group they prefer (``prefer``), not for any group with room."""
+        return self.cfg.routing_policy == "cache_aware"
+
+    def prefer(self, req: GenerateReq, groups: Iterable[GroupState], lanes: Mapping[str, int]) -> Candidate | None:
+        """cache_aware's group for req among those not draining whose pool could hold it alone,
+        whether or not it can take req now; lanes: requests already waiting for each group.
+        None: no group could."""
+        alone = req.prompt_len + req.params.max_new_tokens
+        cands = [Candidate(g, g.lookup(req)) for g in groups if not g.draining and g.capacity >= alone]
+        if not cands:
+            return None
+        now = [c for c in cands if c.group.can_take(req, c.look, self.cfg)]
+        fallback = least_loaded(now) if now else min(cands, key=lambda c: _queue_key(c, lanes))
+        best = max(cands, key=lambda c: (c.matched, -_queue_key(c, lanes)[0]))
+        if best.matched - fallback.matched < max(self.cfg.cache_aware_min_match * len(req.input_ids), 1):
+            return fallback
+        lightest = min(_queue_key(c, lanes)[0] for c in cands)
+        if _queue_key(best, lanes)[0] - lightest > self.cfg.cache_aware_balance_margin:
+            return fallback
+        return best
+
     def is_hit(self, req: GenerateReq, matched: int) -> bool:
         """A placement that reuses a prefix worth routing for (the figures count these)."""
         return matched > 0 and matched >= self.cfg.cache_aware_min_match * len(req.input_ids)
@@ -82,3 +111,8 @@ def least_loaded(cands: list[Candidate]) -> Candidate:
 
 def _load_key(c: Candidate) -> tuple[int, int]:
     return c.group.headroom(), -len(c.group.placed)
+
+
+def _queue_key(c: Candidate, lanes: Mapping[str, int]) -> tuple[int, int]:
+    """Requests placed on the group and waiting in its lane (fewer first), then the most room."""
+    return len(c.group.placed) + lanes.get(c.group.name, 0), -c.group.headroom()

@@ -1,7 +1,8 @@
 """The router's global waiting queue, and the aborts that arrived before their request.
 
 The queue is first in, first out: the head waits until some group can hold it, and
-nothing overtakes it, so a large request is never starved by a stream of small ones.
+nothing overtakes it, so a large request is never starved by a stream of small ones. Under
+cache_aware routing the order is kept per group (RouterCore._admit_by_lane).
 Rids are indexed so that a duplicate delivery or an abort is found without a scan.
 """
 

@@ -71,8 +71,12 @@ class Simulation:
         step_s: float = 0.02,
         status_every_s: float = 0.5,
         claim_delay_s: float = 6.0,
+        tick_each_status: bool = False,
     ) -> None:
         self.cfg = cfg
+        # the router service ticks after each status it reads, and groups' statuses arrive apart:
+        # each admission round then sees one group's fresh room (False: one tick after all of them)
+        self.tick_each_status = tick_each_status
         self.core = RouterCore(cfg)
         self.workers = {w.group: w for w in workers}
         self.dead: set[str] = set()
@@ -158,6 +162,8 @@ class Simulation:
             self.core.on_abort(heapq.heappop(self._aborts)[2], self.t, act)
         for st in self._statuses:
             self.core.on_status(st, self.t, act)
+            if self.tick_each_status:
+                self.core.tick(self.t, self.now_unix, act)
         self._statuses = []
         self.core.tick(self.t, self.now_unix, act)
         self._carry_out(act)

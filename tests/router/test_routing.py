@@ -77,6 +77,20 @@ def test_a_request_goes_to_the_group_that_has_its_prefix() -> None:
     assert core.stats.routed == {("0", False): 1, ("0", True): 1, ("1", False): 1}
 
 
+def test_a_request_waits_for_its_full_group_while_later_ones_for_others_go_on() -> None:
+    core = _core()
+    _with_prefix_on_group_0(core)
+    # group 0's pool is full (by the router's count) once b0 is placed: b1 and b2 wait for it, in
+    # order, rather than go to group 1 and compute P there; "other" (no prefix) goes on to group 1
+    b0 = _req("b0", [*P, 1], max_new=3_890)
+    assert _place(core, b0) == {"b0": "0"}
+    later = [_req("b1", [*P, 2], max_new=3_000), _req("b2", [*P, 3], max_new=3_000), _req("other", list(range(1, 60)))]
+    assert _place(core, *later) == {"other": "1"}
+    assert [r.rid for r in core.waiting] == ["b1", "b2"]
+    core.on_status(_status("0", 4_000, seq=SEQ_GAP + 1), 0.0, Actions())  # b0 ended
+    assert _place(core) == {"b1": "0"}  # and b2 waits for b1, though group 1 has room
+
+
 def test_least_loaded_ignores_the_prefix() -> None:
     core = _core(routing_policy="least_loaded")
     _with_prefix_on_group_0(core)

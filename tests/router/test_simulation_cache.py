@@ -60,6 +60,28 @@ def test_cache_aware_hits_as_often_as_one_group_and_round_robin_less() -> None:
     assert rr <= aware - 0.06, (rr, aware)
 
 
+def test_when_every_pool_is_full_requests_wait_for_the_group_that_has_their_prefix() -> None:
+    """All at once, more prefixes than one pool holds, and statuses that reach the router one at
+    a time (as they do): each admission round sees one group's room. A request that took whichever
+    group had room would bring every prefix to both groups, as round_robin does."""
+
+    def run(groups: int, policy: str) -> Simulation:
+        workers = [SimWorker(str(g), 12_500 // groups, MODEL, prompt_cache=True) for g in range(groups)]
+        sim = Simulation(RouterConfig(replica="sim", routing_policy=policy), workers, tick_each_status=True)
+        _run(sim, shared_prefix_workload(32, 16, seed=4, prefix_len=256, suffix_len=16, max_new=32))
+        _assert_exact(sim)
+        return sim
+
+    one, aware, rr = run(1, "cache_aware"), run(2, "cache_aware"), run(2, "round_robin")
+    print(
+        f"hit rate: one group {_hit_rate(one):.3f}, cache_aware {_hit_rate(aware):.3f}, round_robin "
+        f"{_hit_rate(rr):.3f}; seconds: {one.t:.2f}, {aware.t:.2f}, {rr.t:.2f}"
+    )
+    assert _hit_rate(aware) >= 0.9 * _hit_rate(one)
+    assert _hit_rate(rr) <= _hit_rate(aware) - 0.08
+    assert rr.t >= 1.15 * aware.t
+
+
 def test_requests_sharing_a_prefix_go_to_the_group_that_has_it() -> None:
     sim = _run(_sim(), shared_prefix_workload(2, 12, seed=2, rate_per_s=10.0))
     by_prefix: dict[str, set[str]] = {}
