@@ -1,13 +1,17 @@
 """fp8_weight_matmul against the reference (the weight dequantized to x's dtype, then PyTorch's
-matmul): unsplit and split over K, a K that is no multiple of the kernel's step, into out and
-accumulating; at Llama-3-8B's projection shapes on a GPU."""
+matmul): unsplit and split over K, a K that is no multiple of the kernel's step, other tiles,
+warps and stages than the default's, into out and accumulating; at Llama-3-8B's projection shapes
+on a GPU."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 from services.worker.kernels.fp8_weight_matmul import fp8_weight_matmul
+from services.worker.kernels.gemm_tiles import FP8_DEFAULT, Tile
 from services.worker.models.fp8_weight import Fp8Weight, fp8_reference
 
 
@@ -23,9 +27,23 @@ def _weight(n: int, k: int, device: torch.device) -> Fp8Weight:
 def test_fp8_weight_matmul(m: int, n: int, k: int, split: int | None, dtype: torch.dtype, device, tol) -> None:
     w = _weight(n, k, device)
     x = torch.randn(m, k, device=device).to(dtype)
-    out = fp8_weight_matmul(x, w, split=split)
+    out = fp8_weight_matmul(x, w, tile=replace(FP8_DEFAULT, split=split))
     assert out.dtype == dtype and out.shape == (m, n)
     torch.testing.assert_close(out, fp8_reference(x, w), **tol(dtype))
+
+
+@pytest.mark.parametrize(
+    "tile",
+    [
+        Tile(block_n=16, block_k=64, num_warps=2, num_stages=2, split=3),
+        Tile(block_n=32, block_k=256, num_warps=8, num_stages=5),  # K of 384: a partial last step
+        Tile(block_n=128, block_k=64, num_warps=4, num_stages=3, split=1),
+    ],
+)
+def test_other_tiles(tile: Tile, device, tol) -> None:
+    w = _weight(80, 384, device)
+    x = torch.randn(3, 384, device=device, dtype=torch.float16)
+    torch.testing.assert_close(fp8_weight_matmul(x, w, tile=tile), fp8_reference(x, w), **tol(torch.float16))
 
 
 @pytest.mark.parametrize("split", [1, 4])
@@ -34,9 +52,10 @@ def test_into_out_and_accumulating(split: int, device, tol) -> None:
     x = torch.randn(3, 512, device=device)
     base = torch.randn(3, 64, device=device)
     out = torch.empty(3, 64, device=device)
-    assert fp8_weight_matmul(x, w, out, split=split) is out
+    tile = replace(FP8_DEFAULT, split=split)
+    assert fp8_weight_matmul(x, w, out, tile=tile) is out
     torch.testing.assert_close(out, fp8_reference(x, w), **tol(torch.float32))
-    acc = fp8_weight_matmul(x, w, base.clone(), accumulate=True, split=split)
+    acc = fp8_weight_matmul(x, w, base.clone(), accumulate=True, tile=tile)
     torch.testing.assert_close(acc, fp8_reference(x, w, base.clone(), accumulate=True), **tol(torch.float32))
 
 
@@ -45,7 +64,7 @@ def test_rows_of_a_wider_buffer(device, tol) -> None:
     w = _weight(64, 256, device)
     xs = torch.randn(4, 384, device=device)
     outs = torch.zeros(4, 96, device=device)
-    fp8_weight_matmul(xs[:, 64:320], w, outs[:, 16:80], split=2)
+    fp8_weight_matmul(xs[:, 64:320], w, outs[:, 16:80], tile=replace(FP8_DEFAULT, split=2))
     torch.testing.assert_close(outs[:, 16:80], fp8_reference(xs[:, 64:320], w), **tol(torch.float32))
     assert not outs[:, :16].any() and not outs[:, 80:].any()
 

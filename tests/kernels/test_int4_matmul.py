@@ -1,12 +1,17 @@
 """int4_matmul kernel against the reference (dequantize, then PyTorch's matmul): unsplit and split
-over K (the decode path), into out and accumulating; at Llama-3-8B's shapes on a GPU."""
+over K (the decode path), other tiles, warps and stages than the default's, into out and
+accumulating; which tile a product takes; at Llama-3-8B's shapes on a GPU."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 
-from services.worker.kernels.int4_matmul import int4_matmul
+from services.worker.kernels import gemm_tiles
+from services.worker.kernels.gemm_tiles import INT4_DEFAULT, Tile
+from services.worker.kernels.int4_matmul import choose_tile, int4_matmul
 from services.worker.models.int4_formats import from_awq, from_gptq, to_awq, to_gptq
 from services.worker.models.int4_weight import Int4Weight, int4_reference
 
@@ -35,8 +40,38 @@ def test_int4_matmul(
 ) -> None:
     w = _weight(n, k, group, method, device, dtype)
     x = torch.randn(m, k, device=device).to(dtype)
-    out = int4_matmul(x, w, split=split)
+    out = int4_matmul(x, w, tile=replace(choose_tile(m, w, None), split=split))
     torch.testing.assert_close(out, int4_reference(x, w), **tol(dtype))
+
+
+@pytest.mark.parametrize(
+    "tile",
+    [
+        Tile(block_n=16, block_k=32, num_warps=2, num_stages=2, split=3),
+        Tile(block_n=32, block_k=64, num_warps=8, num_stages=5),
+        Tile(block_n=128, block_k=128, num_warps=4, num_stages=4, split=1),
+    ],
+)
+def test_other_tiles(tile: Tile, device, tol) -> None:
+    w = _weight(80, 384, 128, "awq", device, torch.float16)
+    x = torch.randn(3, 384, device=device, dtype=torch.float16)
+    torch.testing.assert_close(int4_matmul(x, w, tile=tile), int4_reference(x, w), **tol(torch.float16))
+
+
+def test_tile_choice(monkeypatch) -> None:
+    """The caller's tile; else the table's where its BLOCK_K divides the group; else the default,
+    its BLOCK_K cut to a smaller group."""
+    w128 = _weight(96, 256, 128, "gptq", torch.device("cpu"), torch.float32)
+    w32 = _weight(96, 256, 32, "gptq", torch.device("cpu"), torch.float32)
+    assert choose_tile(1, w128, None) == INT4_DEFAULT
+    assert choose_tile(1, w32, None) == replace(INT4_DEFAULT, block_k=32)
+    mine = Tile(block_n=32, block_k=64, num_warps=2, num_stages=2)
+    monkeypatch.setitem(gemm_tiles.INT4_TILES, (96, 256, 4), mine)
+    assert choose_tile(3, w128, None) == mine
+    assert choose_tile(1, w128, None) == INT4_DEFAULT  # another M bucket
+    assert choose_tile(3, w32, None) == replace(INT4_DEFAULT, block_k=32)
+    with pytest.raises(ValueError, match="must divide the group size"):
+        int4_matmul(torch.randn(1, 256), w32, tile=mine)
 
 
 @pytest.mark.parametrize("split", [1, 2])
@@ -44,7 +79,7 @@ def test_int4_matmul_accumulates_into_out(split: int, device, tol) -> None:
     w = _weight(64, 128, 64, "awq", device, torch.float32)
     x = torch.randn(3, 128, device=device)
     base = torch.randn(3, 64, device=device)
-    out = int4_matmul(x, w, base.clone(), accumulate=True, split=split)
+    out = int4_matmul(x, w, base.clone(), accumulate=True, tile=replace(INT4_DEFAULT, block_k=64, split=split))
     torch.testing.assert_close(out, int4_reference(x, w, base.clone(), accumulate=True), **tol(torch.float32))
 
 

@@ -11,8 +11,10 @@ is the dot's first operand ([BLOCK_N, BLOCK_K]: its rows are K-contiguous as sto
 wide side of the product sits where the tensor cores' instruction is widest), the tokens its
 second. The K range is cut into shares (split_k_sum.py's choose_split) so a batch of one still
 puts several programs on every SM; the shares' float32 sums meet in split_k_sum, and an
-unsplit product writes its output directly. layers/fp8_product.py sends products of up to
-TRITON_MAX_M rows here and larger ones to torch._scaled_mm.
+unsplit product writes its output directly. The tile, warps, stages and split are a Tile
+(gemm_tiles.py): the caller's, else FP8_TILES' entry for the shape and batch, else FP8_DEFAULT.
+layers/fp8_product.py sends products of up to TRITON_MAX_M rows here and larger ones to
+torch._scaled_mm.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.gemm_tiles import FP8_DEFAULT, FP8_TILES, Tile, lookup
 from services.worker.kernels.launch import cdiv, launcher
 from services.worker.kernels.split_k_sum import plan_split, split_k_sum
 from services.worker.models.fp8_weight import FP8, Fp8Weight
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-BLOCK_N = 64
-BLOCK_K = 128
 
 
 @triton.jit
@@ -111,10 +112,11 @@ def fp8_weight_matmul(
     w: Fp8Weight,
     out: torch.Tensor | None = None,
     accumulate: bool = False,
-    split: int | None = None,
+    tile: Tile | None = None,
 ) -> torch.Tensor:
     """x [M, K] (float32, float16 or bfloat16, last dim contiguous) @ W.t() -> [M, N] in x's dtype
-    (into out when given; accumulate: added to out). split: shares of K (None: choose_split's)."""
+    (into out when given; accumulate: added to out). tile: the launch (None: the shape's in
+    FP8_TILES, else FP8_DEFAULT)."""
     _check(x, w, out)
     (m, k), n = x.shape, w.shape[0]
     if out is None:
@@ -122,7 +124,8 @@ def fp8_weight_matmul(
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    plan = plan_split(m, n, cdiv(k, BLOCK_K), BLOCK_N, BLOCK_K, n * k, x.device, split)
+    t = tile if tile is not None else lookup(FP8_TILES, FP8_DEFAULT, m, n, k)
+    plan = plan_split(m, n, cdiv(k, t.block_k), t.block_n, t.block_k, n * k, x.device, t.split)
     _fp8_weight_matmul_launch[plan.grid](
         x,
         w.weight,
@@ -137,13 +140,13 @@ def fp8_weight_matmul(
         m * n,
         plan.share_k,
         BLOCK_M=plan.block_m,
-        BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K,
-        EVEN_K=k % BLOCK_K == 0,
+        BLOCK_N=t.block_n,
+        BLOCK_K=t.block_k,
+        EVEN_K=k % t.block_k == 0,
         PARTIAL=plan.partials is not None,
         ACCUMULATE=accumulate,
         IEEE=x.dtype == torch.float32,
-        num_warps=4,
-        num_stages=4,
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
     )
     return out if plan.partials is None else split_k_sum(plan.partials, out, accumulate)

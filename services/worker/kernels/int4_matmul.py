@@ -12,21 +12,25 @@ At decode sizes (M of 1 to 64) the product is a read of the packed weight, and i
 are too few to fill a GPU (Llama-3-8B's down projection: 64 tiles of 64 columns on an H200's 132
 SMs). So K is cut into shares (split_k_sum.py's choose_split: several programs on every SM at a
 batch of one, fewer as M grows) whose float32 sums split_k_sum adds; an unsplit product writes
-its output directly.
+its output directly. The tile, warps, stages and split are a Tile (gemm_tiles.py): the caller's,
+else INT4_TILES' entry for the shape and batch when its BLOCK_K divides the weight's group size,
+else INT4_DEFAULT (its BLOCK_K cut to the group size when the group is smaller).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.gemm_tiles import INT4_DEFAULT, INT4_TILES, Tile, lookup
 from services.worker.kernels.launch import launcher
 from services.worker.kernels.split_k_sum import plan_split, split_k_sum
 from services.worker.models.int4_weight import Int4Weight
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-BLOCK_N = 64
 
 
 @triton.jit
@@ -90,15 +94,7 @@ def _int4_matmul_kernel(
 _int4_matmul_launch = launcher(_int4_matmul_kernel)
 
 
-def int4_matmul(
-    x: torch.Tensor,
-    w: Int4Weight,
-    out: torch.Tensor | None = None,
-    accumulate: bool = False,
-    split: int | None = None,
-) -> torch.Tensor:
-    """x [M, K] (float32, float16 or bfloat16, last dim contiguous) @ W.t() -> [M, N] in x's dtype
-    (into out when given; accumulate: added to out). split: shares of K (None: choose_split's)."""
+def _check(x: torch.Tensor, w: Int4Weight, out: torch.Tensor | None) -> None:
     n, k = w.shape
     if x.dim() != 2 or x.shape[1] != k or x.stride(-1) != 1 or x.dtype not in DTYPES:
         raise ValueError(
@@ -108,15 +104,45 @@ def int4_matmul(
         if not t.is_contiguous() or t.device != x.device:
             raise ValueError(f"int4_matmul: {name} must be contiguous on {x.device}")
     m = x.shape[0]
+    if out is not None and (out.shape != (m, n) or out.stride(-1) != 1 or out.dtype != x.dtype):
+        raise ValueError(f"int4_matmul: out must be [{m}, {n}] {x.dtype} with a contiguous last dim")
+
+
+def choose_tile(m: int, w: Int4Weight, tile: Tile | None) -> Tile:
+    """The launch of an [m, K] product with w: tile (whose BLOCK_K must divide the group size, so a
+    step reads one row of scales), else INT4_TILES' entry where its BLOCK_K divides the group,
+    else INT4_DEFAULT with BLOCK_K at most the group (the group sizes read, 32 to 256, are powers
+    of two: it divides them)."""
+    g = w.group_size
+    if tile is not None:
+        if g % tile.block_k:
+            raise ValueError(f"int4_matmul: BLOCK_K {tile.block_k} must divide the group size {g}")
+        return tile
+    n, k = w.shape
+    found = lookup(INT4_TILES, INT4_DEFAULT, m, n, k)
+    if g % found.block_k == 0:
+        return found
+    return replace(INT4_DEFAULT, block_k=min(INT4_DEFAULT.block_k, g))
+
+
+def int4_matmul(
+    x: torch.Tensor,
+    w: Int4Weight,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    tile: Tile | None = None,
+) -> torch.Tensor:
+    """x [M, K] (float32, float16 or bfloat16, last dim contiguous) @ W.t() -> [M, N] in x's dtype
+    (into out when given; accumulate: added to out). tile: the launch (None: choose_tile's)."""
+    _check(x, w, out)
+    (m, k), n = x.shape, w.shape[0]
     if out is None:
         assert not accumulate, "accumulate needs out"
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    elif out.shape != (m, n) or out.stride(-1) != 1 or out.dtype != x.dtype:
-        raise ValueError(f"int4_matmul: out must be [{m}, {n}] {x.dtype} with a contiguous last dim")
     if m == 0:
         return out
-    block_k = min(128, w.group_size)  # the group sizes read (32 to 256) are powers of two: it divides them
-    plan = plan_split(m, n, k // block_k, BLOCK_N, block_k, n * k // 2, x.device, split)
+    t = choose_tile(m, w, tile)
+    plan = plan_split(m, n, k // t.block_k, t.block_n, t.block_k, n * k // 2, x.device, t.split)
     _int4_matmul_launch[plan.grid](
         x,
         w.qweight,
@@ -132,12 +158,12 @@ def int4_matmul(
         plan.share_k,
         GROUP=w.group_size,
         BLOCK_M=plan.block_m,
-        BLOCK_N=BLOCK_N,
-        BLOCK_K=block_k,
+        BLOCK_N=t.block_n,
+        BLOCK_K=t.block_k,
         PARTIAL=plan.partials is not None,
         ACCUMULATE=accumulate,
         IEEE=x.dtype == torch.float32,
-        num_warps=4,
-        num_stages=3,
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
     )
     return out if plan.partials is None else split_k_sum(plan.partials, out, accumulate)

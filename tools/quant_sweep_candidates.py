@@ -1,0 +1,69 @@
+"""The candidates of tools/kernel_quant_sweep.py: the axes of a weight GEMM's launch (gemm_tiles.py's
+Tile) and its three rounds. First every BLOCK_N x BLOCK_K x num_warps with the default's stages and
+choose_split's split (and the default itself); then the splits of the round's best `keep`; then
+the stages of the best two: at most about 60 a point. `valid` drops what would not launch or
+would waste the GPU before anything is compiled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from services.worker.kernels.gemm_tiles import FP8_DEFAULT, INT4_DEFAULT, Tile
+
+VARIANTS = ("fp8", "int4")
+DEFAULTS = {"fp8": FP8_DEFAULT, "int4": INT4_DEFAULT}
+GROUP = 128  # the int4 weights' group size (AWQ's usual)
+PER_THREAD = (8, 128)  # weight-tile elements a thread holds: fewer idles warps, more spills registers
+SMEM_BYTES = 227 * 1024  # an H200 block's shared memory
+
+
+@dataclass(frozen=True)
+class Space:
+    """The candidates' axes and the timing's size."""
+
+    rows: tuple[int, ...] = (1, 4, 16)
+    block_n: tuple[int, ...] = (16, 32, 64, 128)
+    block_k: dict[str, tuple[int, ...]] = field(default_factory=lambda: {"fp8": (64, 128, 256), "int4": (32, 64, 128)})
+    warps: tuple[int, ...] = (2, 4, 8)
+    stages: tuple[int, ...] = (2, 3, 4, 5)
+    splits: tuple[int | None, ...] = (None, 1, 2, 4, 8, 16)
+    keep: int = 3  # the best of the first round whose splits the second varies; the best checked
+    replays: int = 20  # products a timed graph runs
+
+
+SMOKE = Space((1,), (16, 32), {"fp8": (64, 128), "int4": (32, 64)}, (4,), (2,), (None, 2), 2, 1)
+
+
+def k_steps(variant: str, k: int, t: Tile) -> int:
+    return -(-k // t.block_k) if variant == "fp8" else k // t.block_k
+
+
+def valid(variant: str, t: Tile, k: int) -> bool:
+    """Whether t is worth launching for a weight of k inputs: the int4 step within a group, the
+    weight tile's share of a thread and its stages' shared memory in bounds, and each share of
+    K at least two steps."""
+    if variant == "int4" and GROUP % t.block_k:
+        return False
+    per_thread = t.block_n * t.block_k // (32 * t.num_warps)
+    weight = t.block_n * t.block_k * (1 if variant == "fp8" else 0.5)
+    if not PER_THREAD[0] <= per_thread <= PER_THREAD[1] or t.num_stages * (weight + 16 * t.block_k * 2) > SMEM_BYTES:
+        return False
+    return t.split is None or t.split == 1 or k_steps(variant, k, t) // t.split >= 2
+
+
+def first_round(variant: str, k: int, space: Space) -> list[Tile]:
+    """Every tile and warp count with the default's stages and choose_split's split; the default."""
+    d = DEFAULTS[variant]
+    tiles = [
+        Tile(bn, bk, w, d.num_stages) for bn in space.block_n for bk in space.block_k[variant] for w in space.warps
+    ]
+    return [d, *(t for t in tiles if t != d and valid(variant, t, k))]
+
+
+def next_round(rnd: int, variant: str, k: int, ranked: list[Tile], space: Space) -> list[Tile]:
+    """Round 1: the splits of the best space.keep; round 2: the stages of the best two."""
+    if rnd == 1:
+        out = [replace(t, split=s) for t in ranked[: space.keep] for s in space.splits]
+    else:
+        out = [replace(t, num_stages=s) for t in ranked[:2] for s in space.stages]
+    return [t for t in dict.fromkeys(out) if valid(variant, t, k)]
