@@ -6,8 +6,9 @@ for M = 1, 4 and 16: the data behind gemm_tiles.py's FP8_TILES and INT4_TILES (i
     python tools/kernel_quant_sweep.py --cpu-smoke --out FILE.json   # tiny shapes, Triton interpreter
 
 A point (variant, projection, M) times its candidates (gemm_tiles.py's Tile) in the three rounds
-of tools/quant_sweep_candidates.py: the tiles and warps, then the splits of the best, then their
-stages; at most about 60 a point. Every kernel a round needs is compiled first by
+of tools/quant_sweep_candidates.py: the tiles and warps (at M <= 4 the FMA, dot=False, tiles
+too), then the splits of the best, then their stages; at most about 60 a point, 95 with the FMA
+tiles. Every kernel a round needs is compiled first by
 --workers processes into Triton's disk cache, so the timing process only loads them. Each
 candidate is timed from a CUDA graph of REPLAYS products that cycle through copies of the weight
 (at least FLUSH_BYTES of them, so the weight comes from memory as in a decode step, not from
@@ -106,8 +107,9 @@ def compile_key(variant: str, n: int, k: int, m: int, t: Tile, dev: torch.device
     from services.worker.kernels.split_k_sum import plan_split
 
     wb = n * k if variant == "fp8" else n * k // 2
-    plan = plan_split(m, n, k_steps(variant, k, t), t.block_n, t.block_k, wb, dev, t.split)
-    return (variant, replace(t, split=None), plan.partials is not None, k % t.block_k == 0, m == 1, m % 16 == 0)
+    plan = plan_split(m, n, k_steps(variant, k, t), t.block_n, t.block_k, wb, dev, t.split, t.dot)
+    split = plan.partials is not None
+    return (variant, replace(t, split=None), plan.block_m, split, k % t.block_k == 0, m == 1, m % 16 == 0)
 
 
 _WORKER: dict = {}  # a compile worker's last weight: (variant, n, k) -> weight
@@ -220,7 +222,10 @@ def run_round(rnd: int, points: list[Point], benches: dict, pool, dev: torch.dev
     todo: dict[int, list[Tile]] = {}
     jobs: dict[tuple, tuple] = {}
     for i, p in enumerate(points):
-        made = first_round(p.variant, p.k, space) if rnd == 0 else next_round(rnd, p.variant, p.k, p.ranked(), space)
+        if rnd == 0:
+            made = first_round(p.variant, p.k, p.m, space)
+        else:
+            made = next_round(rnd, p.variant, p.k, p.m, p.ranked(), space)
         todo[i] = [t for t in made if t not in p.us and t not in p.errors]
         for t in todo[i]:
             jobs.setdefault(compile_key(p.variant, p.n, p.k, p.m, t, dev), (p.variant, p.n, p.k, p.m, t))
@@ -256,7 +261,8 @@ def point_report(p: Point, bench: Bench, floor_us: float, space: Space) -> dict:
 
 
 def table_literal(report: dict) -> str:
-    """The gemm_tiles.py tables: each point whose best beats the default by MARGIN."""
+    """The gemm_tiles.py tables: each point whose best beats the default by MARGIN (an FMA tile
+    with dot=False after its split)."""
     from services.worker.kernels.gemm_tiles import m_bucket
 
     lines = []
@@ -271,6 +277,7 @@ def table_literal(report: dict) -> str:
                 t = Tile(**row["best"])
                 key = (shape["n"], shape["k"], m_bucket(int(m)))
                 fields = f"{t.block_n}, {t.block_k}, {t.num_warps}, {t.num_stages}, {t.split}"
+                fields += "" if t.dot else ", dot=False"
                 lines.append(
                     f"    {key}: Tile({fields}),  # {name}: {row['us']:.1f} us, default {row['default_us']:.1f}"
                 )

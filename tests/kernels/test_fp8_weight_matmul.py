@@ -1,7 +1,7 @@
 """fp8_weight_matmul against the reference (the weight dequantized to x's dtype, then PyTorch's
 matmul): unsplit and split over K, a K that is no multiple of the kernel's step, other tiles,
-warps and stages than the default's, into out and accumulating; at Llama-3-8B's projection shapes
-on a GPU."""
+warps and stages than the default's, the FMA (dot=False) tiles at 1 to 4 rows, into out and
+accumulating; at Llama-3-8B's projection shapes on a GPU."""
 
 from __future__ import annotations
 
@@ -57,6 +57,39 @@ def test_into_out_and_accumulating(split: int, device, tol) -> None:
     torch.testing.assert_close(out, fp8_reference(x, w), **tol(torch.float32))
     acc = fp8_weight_matmul(x, w, base.clone(), accumulate=True, tile=tile)
     torch.testing.assert_close(acc, fp8_reference(x, w, base.clone(), accumulate=True), **tol(torch.float32))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    "tile",
+    [
+        Tile(block_n=8, block_k=64, num_warps=1, num_stages=2, split=1, dot=False),
+        Tile(block_n=16, block_k=128, num_warps=2, num_stages=3, split=2, dot=False),  # K of 200: odd steps
+    ],
+)
+def test_fma_tiles(m: int, tile: Tile, device, tol) -> None:
+    """The FMA reduction at 1 to 4 rows, unsplit and split, over a K that is no multiple of its
+    step, into out and accumulating."""
+    w = _weight(40, 200, device)
+    x = torch.randn(m, 200, device=device)
+    torch.testing.assert_close(fp8_weight_matmul(x, w, tile=tile), fp8_reference(x, w), **tol(torch.float32))
+    base = torch.randn(m, 40, device=device)
+    acc = fp8_weight_matmul(x, w, base.clone(), accumulate=True, tile=tile)
+    torch.testing.assert_close(acc, fp8_reference(x, w, base.clone(), accumulate=True), **tol(torch.float32))
+
+
+def test_fma_tile_in_half(device, tol) -> None:
+    w = _weight(24, 256, device)
+    x = torch.randn(3, 256, device=device, dtype=torch.float16)
+    tile = Tile(block_n=16, block_k=64, num_warps=1, num_stages=1, split=2, dot=False)
+    torch.testing.assert_close(fp8_weight_matmul(x, w, tile=tile), fp8_reference(x, w), **tol(torch.float16))
+
+
+def test_fma_tile_refuses_five_rows(device) -> None:
+    with pytest.raises(ValueError, match="dot=False tile serves at most 4 rows"):
+        fp8_weight_matmul(
+            torch.randn(5, 128, device=device), _weight(16, 128, device), tile=Tile(8, 64, 1, 1, dot=False)
+        )
 
 
 def test_rows_of_a_wider_buffer(device, tol) -> None:

@@ -5,16 +5,49 @@ from __future__ import annotations
 
 import pytest
 
-from services.worker.kernels.gemm_tiles import FP8_DEFAULT, FP8_TILES, INT4_DEFAULT, INT4_TILES, Tile, lookup, m_bucket
+from services.worker.kernels.gemm_tiles import (
+    FMA_MAX_M,
+    FP8_DEFAULT,
+    FP8_TILES,
+    INT4_DEFAULT,
+    INT4_TILES,
+    Tile,
+    check_rows,
+    lookup,
+    m_bucket,
+)
 
 
 @pytest.mark.parametrize(
     "fields",
-    [(8, 128, 4, 4), (64, 96, 4, 4), (64, 128, 3, 4), (64, 128, 4, 0), (64, 128, 4, 4, 0)],
+    [
+        (8, 128, 4, 4),  # a dot operand of 8 rows
+        (64, 96, 4, 4),
+        (64, 128, 3, 4),
+        (64, 128, 4, 0),
+        (64, 128, 4, 4, 0),
+        (4, 128, 1, 2, None, False),  # an FMA tile below 8
+        (8, 96, 1, 2, None, False),
+    ],
 )
 def test_tile_refuses_what_cannot_launch(fields: tuple) -> None:
     with pytest.raises(ValueError, match="Tile"):
         Tile(*fields)
+
+
+def test_tile_fields() -> None:
+    """The tables' literal form (no dot field) is a dot tile; an FMA tile may be as small as 8."""
+    assert Tile(64, 128, 2, 3, 8).dot
+    fma = Tile(8, 8, 1, 1, 4, dot=False)
+    assert not fma.dot and fma == Tile(8, 8, 1, 1, 4, False)
+
+
+def test_fma_tiles_serve_few_rows() -> None:
+    fma = Tile(16, 256, 4, 3, dot=False)
+    check_rows("k", fma, FMA_MAX_M)
+    check_rows("k", FP8_DEFAULT, 300)
+    with pytest.raises(ValueError, match="k: a dot=False tile serves at most"):
+        check_rows("k", fma, FMA_MAX_M + 1)
 
 
 def test_m_buckets() -> None:

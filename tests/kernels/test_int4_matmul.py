@@ -1,6 +1,6 @@
 """int4_matmul kernel against the reference (dequantize, then PyTorch's matmul): unsplit and split
-over K (the decode path), other tiles, warps and stages than the default's, into out and
-accumulating; which tile a product takes; at Llama-3-8B's shapes on a GPU."""
+over K (the decode path), other tiles, warps and stages than the default's, the FMA (dot=False)
+tiles at 1 to 4 rows, into out and accumulating; which tile a product takes; at Llama-3-8B's shapes on a GPU."""
 
 from __future__ import annotations
 
@@ -56,6 +56,37 @@ def test_other_tiles(tile: Tile, device, tol) -> None:
     w = _weight(80, 384, 128, "awq", device, torch.float16)
     x = torch.randn(3, 384, device=device, dtype=torch.float16)
     torch.testing.assert_close(int4_matmul(x, w, tile=tile), int4_reference(x, w), **tol(torch.float16))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    "tile",
+    [
+        Tile(block_n=8, block_k=32, num_warps=1, num_stages=2, split=1, dot=False),
+        Tile(block_n=16, block_k=64, num_warps=2, num_stages=3, split=3, dot=False),  # 2 shares, 2 steps a group
+    ],
+)
+def test_fma_tiles(m: int, tile: Tile, device, tol) -> None:
+    """The FMA reduction at 1 to 4 rows, unsplit and split, into out and accumulating."""
+    w = _weight(40, 256, 128, "gptq", device, torch.float32)
+    x = torch.randn(m, 256, device=device)
+    torch.testing.assert_close(int4_matmul(x, w, tile=tile), int4_reference(x, w), **tol(torch.float32))
+    base = torch.randn(m, 40, device=device)
+    acc = int4_matmul(x, w, base.clone(), accumulate=True, tile=tile)
+    torch.testing.assert_close(acc, int4_reference(x, w, base.clone(), accumulate=True), **tol(torch.float32))
+
+
+def test_fma_tile_in_half(device, tol) -> None:
+    w = _weight(24, 256, 64, "awq", device, torch.float16)
+    x = torch.randn(3, 256, device=device, dtype=torch.float16)
+    tile = Tile(block_n=16, block_k=64, num_warps=1, num_stages=1, split=2, dot=False)
+    torch.testing.assert_close(int4_matmul(x, w, tile=tile), int4_reference(x, w), **tol(torch.float16))
+
+
+def test_fma_tile_refuses_five_rows(device) -> None:
+    w = _weight(16, 128, 128, "gptq", device, torch.float32)
+    with pytest.raises(ValueError, match="dot=False tile serves at most 4 rows"):
+        int4_matmul(torch.randn(5, 128, device=device), w, tile=Tile(8, 32, 1, 1, dot=False))
 
 
 def test_tile_choice(monkeypatch) -> None:

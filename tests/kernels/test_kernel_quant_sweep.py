@@ -1,15 +1,16 @@
 """tools/kernel_quant_sweep.py without a GPU: its candidates are valid launches and stay within the
-sweep's budget at Llama-3-8B's shapes, and the whole sweep runs at a tiny shape under the Triton
-interpreter (its timings mean nothing), so the script behind gemm_tiles.py's tables cannot rot
-between GPU runs."""
+sweep's budget at Llama-3-8B's shapes (the FMA tiles at M <= 4 included), its table literal pastes
+back, and the whole sweep runs at a tiny shape under the Triton interpreter (its timings mean
+nothing), so the script behind gemm_tiles.py's tables cannot rot between GPU runs."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
-from services.worker.kernels.gemm_tiles import Tile
+from services.worker.kernels.gemm_tiles import FMA_MAX_M, Tile
 from tools import kernel_quant_sweep
 from tools.quant_sweep_candidates import DEFAULTS, GROUP, VARIANTS, Space, first_round, next_round, valid
 
@@ -18,27 +19,48 @@ SHAPES = kernel_quant_sweep.projections(smoke=False)
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_candidates_are_valid_and_bounded(variant: str, shape: str) -> None:
+@pytest.mark.parametrize("m", Space().rows)
+def test_candidates_are_valid_and_bounded(variant: str, shape: str, m: int) -> None:
     space = Space()
     k = SHAPES[shape][1]
-    first = first_round(variant, k, space)
+    first = first_round(variant, k, m, space)
     assert first[0] == DEFAULTS[variant] and len(set(first)) == len(first)
-    assert all(valid(variant, t, k) for t in first)
+    assert all(valid(variant, t, k, m) for t in first)
+    # the FMA tiles join at 1 and 4 rows only
+    assert any(not t.dot for t in first) == (m <= FMA_MAX_M)
     # the worst case: the later rounds vary the tiles least like the ones already timed
-    split = next_round(1, variant, k, first[::-1], space)
-    stages = next_round(2, variant, k, [*split, *first][::-1], space)
-    assert {t.split for t in split} <= set(space.splits) and all(valid(variant, t, k) for t in split + stages)
-    assert len(first) + len(split) + len(stages) <= 60
+    split = next_round(1, variant, k, m, first[::-1], space)
+    stages = next_round(2, variant, k, m, [*split, *first][::-1], space)
+    assert {t.split for t in split} <= set(space.splits) and all(valid(variant, t, k, m) for t in split + stages)
+    assert {t.num_stages for t in stages if not t.dot} <= set(space.fma_stages)
+    assert len(first) + len(split) + len(stages) <= (95 if m <= FMA_MAX_M else 60)
     if variant == "int4":
         assert all(GROUP % t.block_k == 0 for t in first + split + stages)
 
 
 def test_valid_refuses() -> None:
-    assert not valid("int4", Tile(64, 256, 4, 3), 4096)  # a step across two groups
-    assert not valid("fp8", Tile(128, 256, 2, 4), 4096)  # 512 weight elements a thread
-    assert not valid("fp8", Tile(16, 64, 8, 4), 4096)  # 4 a thread: idle warps
-    assert not valid("fp8", Tile(64, 128, 4, 4, split=2), 256)  # shares of one step
-    assert valid("fp8", Tile(64, 128, 4, 4, split=1), 256)
+    assert not valid("int4", Tile(64, 256, 4, 3), 4096, 1)  # a step across two groups
+    assert not valid("fp8", Tile(128, 256, 2, 4), 4096, 1)  # 512 weight elements a thread
+    assert not valid("fp8", Tile(16, 64, 8, 4), 4096, 1)  # 4 a thread: idle warps
+    assert not valid("fp8", Tile(64, 128, 4, 4, split=2), 256, 1)  # shares of one step
+    assert valid("fp8", Tile(64, 128, 4, 4, split=1), 256, 1)
+    fma = Tile(32, 512, 4, 3, dot=False)  # 128 weight elements a thread
+    assert valid("fp8", fma, 4096, 1)
+    assert not valid("fp8", fma, 4096, 2)  # 256 products a thread
+    assert not valid("fp8", Tile(8, 128, 1, 3, dot=False), 4096, 16)  # more rows than FMA_MAX_M
+
+
+def test_table_literal() -> None:
+    """The printed entries paste back as Tiles; the dot field only when it is False."""
+    row = {"us": 1.0, "default_us": 2.0}
+    fma, mma = Tile(16, 256, 4, 3, 8, dot=False), Tile(64, 128, 2, 3, None)
+    rows = {"1": {**row, "best": asdict(fma)}, "16": {**row, "best": asdict(mma)}}
+    report = {"variants": ["fp8"], "fp8": {"qkv": {"n": 6144, "k": 4096, "rows": rows}}}
+    text = kernel_quant_sweep.table_literal(report)
+    assert "(6144, 4096, 1): Tile(16, 256, 4, 3, 8, dot=False)," in text
+    assert "(6144, 4096, 16): Tile(64, 128, 2, 3, None)," in text
+    table = eval(text.split("= ", 1)[1], {"Tile": Tile})  # the literal as pasted
+    assert table == {(6144, 4096, 1): fma, (6144, 4096, 16): mma}
 
 
 def test_cpu_smoke(tmp_path) -> None:

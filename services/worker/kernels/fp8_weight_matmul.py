@@ -9,10 +9,13 @@ torch._scaled_mm's FP8 kernels (with the quantization of x before them) spend mo
 product on it. Here a tile is BLOCK_N output rows against BLOCK_M tokens, and the weight tile
 is the dot's first operand ([BLOCK_N, BLOCK_K]: its rows are K-contiguous as stored, and the
 wide side of the product sits where the tensor cores' instruction is widest), the tokens its
-second. The K range is cut into shares (split_k_sum.py's choose_split) so a batch of one still
-puts several programs on every SM; the shares' float32 sums meet in split_k_sum, and an
-unsplit product writes its output directly. The tile, warps, stages and split are a Tile
-(gemm_tiles.py): the caller's, else FP8_TILES' entry for the shape and batch, else FP8_DEFAULT.
+second. A Tile with dot=False (at most FMA_MAX_M rows) replaces the dot, whose BLOCK_M of 16
+is mostly padding at M = 1, by an FMA reduction: each row of x (BLOCK_M the batch rounded up to
+a power of two) times the weight tile in float32, summed over K. The K range is cut into shares
+(split_k_sum.py's choose_split) so a batch of one still puts several programs on every SM; the
+shares' float32 sums meet in split_k_sum, and an unsplit product writes its output directly.
+The tile, warps, stages, split and dot are a Tile (gemm_tiles.py): the caller's, else
+FP8_TILES' entry for the shape and batch, else FP8_DEFAULT.
 layers/fp8_product.py sends products of up to TRITON_MAX_M rows here and larger ones to
 torch._scaled_mm.
 """
@@ -23,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.gemm_tiles import FP8_DEFAULT, FP8_TILES, Tile, lookup
+from services.worker.kernels.gemm_tiles import FP8_DEFAULT, FP8_TILES, Tile, check_rows, lookup
 from services.worker.kernels.launch import cdiv, launcher
 from services.worker.kernels.split_k_sum import plan_split, split_k_sum
 from services.worker.models.fp8_weight import FP8, Fp8Weight
@@ -52,6 +55,7 @@ def _fp8_weight_matmul_kernel(
     PARTIAL: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     IEEE: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -64,19 +68,39 @@ def _fp8_weight_matmul_kernel(
     # the weight's rows [BLOCK_N, BLOCK_K] and the tokens as columns [BLOCK_K, BLOCK_M]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * w_row_stride + offs_k[None, :]
     x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * x_row_stride + offs_k[:, None]
+    cols = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
+        in_k = k0 + offs_k < k_hi
         if EVEN_K:
             w = tl.load(w_ptrs + k0, mask=mask_n[:, None], other=0.0)
-            xt = tl.load(x_ptrs + k0, mask=mask_m[None, :], other=0.0)
         else:
-            in_k = k0 + offs_k < k_hi
             w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & in_k[None, :], other=0.0)
-            xt = tl.load(x_ptrs + k0, mask=mask_m[None, :] & in_k[:, None], other=0.0)
-        if IEEE:
-            acc += tl.dot(w.to(dtype), xt, input_precision="ieee")
+        if DOT:
+            if EVEN_K:
+                xt = tl.load(x_ptrs + k0, mask=mask_m[None, :], other=0.0)
+            else:
+                xt = tl.load(x_ptrs + k0, mask=mask_m[None, :] & in_k[:, None], other=0.0)
+            if IEEE:
+                acc += tl.dot(w.to(dtype), xt, input_precision="ieee")
+            else:
+                acc += tl.dot(w.to(dtype), xt)
         else:
-            acc += tl.dot(w.to(dtype), xt)
+            # FMA: each token row times the float32 weight tile, summed over K, into its column;
+            # a row past M reads row M - 1 (its column is not stored), so the loads need no row mask
+            wf = w.to(tl.float32)
+            for i in tl.static_range(BLOCK_M):
+                row = tl.minimum(tl.program_id(0) * BLOCK_M + i, M - 1)
+                x_row = x_ptr + row.to(tl.int64) * x_row_stride + k0 + offs_k
+                if EVEN_K:
+                    xi = tl.load(x_row).to(tl.float32)  # [BLOCK_K]
+                else:
+                    xi = tl.load(x_row, mask=in_k, other=0.0).to(tl.float32)
+                part = tl.sum(wf * xi[None, :], axis=1)  # [BLOCK_N]
+                if BLOCK_M == 1:
+                    acc += part[:, None]
+                else:
+                    acc += tl.where(cols[None, :] == i, part[:, None], 0.0)
     scale = tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)
     acc = acc * scale[:, None]  # [BLOCK_N, BLOCK_M]
     mask = mask_n[:, None] & mask_m[None, :]
@@ -116,7 +140,7 @@ def fp8_weight_matmul(
 ) -> torch.Tensor:
     """x [M, K] (float32, float16 or bfloat16, last dim contiguous) @ W.t() -> [M, N] in x's dtype
     (into out when given; accumulate: added to out). tile: the launch (None: the shape's in
-    FP8_TILES, else FP8_DEFAULT)."""
+    FP8_TILES, else FP8_DEFAULT); a dot=False tile for M > FMA_MAX_M is refused (ValueError)."""
     _check(x, w, out)
     (m, k), n = x.shape, w.shape[0]
     if out is None:
@@ -125,7 +149,8 @@ def fp8_weight_matmul(
     if m == 0:
         return out
     t = tile if tile is not None else lookup(FP8_TILES, FP8_DEFAULT, m, n, k)
-    plan = plan_split(m, n, cdiv(k, t.block_k), t.block_n, t.block_k, n * k, x.device, t.split)
+    check_rows("fp8_weight_matmul", t, m)
+    plan = plan_split(m, n, cdiv(k, t.block_k), t.block_n, t.block_k, n * k, x.device, t.split, t.dot)
     _fp8_weight_matmul_launch[plan.grid](
         x,
         w.weight,
@@ -146,6 +171,7 @@ def fp8_weight_matmul(
         PARTIAL=plan.partials is not None,
         ACCUMULATE=accumulate,
         IEEE=x.dtype == torch.float32,
+        DOT=t.dot,
         num_warps=t.num_warps,
         num_stages=t.num_stages,
     )

@@ -10,6 +10,12 @@ Llama-3-8B's projections for M = 1, 4 and 16 on an H200 and prints the entries o
 INT4_TILES below; a shape (or M bucket) not in a table runs its kernel's default. The wrappers
 look the table up on the host when they launch, so a CUDA graph captures the configuration its
 batch size chose.
+
+A Tile with dot=False runs the kernels' FMA reduction instead of tl.dot: a tl.dot operand has at
+least 16 rows, so at M = 1 fifteen sixteenths of its tensor-core work is padding, while the FMA
+path multiplies the float32 weight tile by each of the batch's rows (BLOCK_M the batch rounded up
+to a power of two) and sums over K, which can stream the weight faster. It serves at most
+FMA_MAX_M rows (the wrappers refuse more); its tiles may be as small as 8.
 """
 
 from __future__ import annotations
@@ -18,24 +24,29 @@ from dataclasses import dataclass
 
 WARPS = (1, 2, 4, 8, 16)
 M_BUCKETS = (1, 4, 16)  # a product of M rows takes the first bucket >= M; past the last, None
+FMA_MAX_M = 4  # the most rows a dot=False tile serves: its registers grow with BLOCK_M
 
 
 @dataclass(frozen=True)
 class Tile:
-    """One launch of a weight GEMM: BLOCK_N x BLOCK_K weight tiles (powers of two, at least 16: a
-    tl.dot operand), num_warps, num_stages, and split shares of K (None: choose_split's)."""
+    """One launch of a weight GEMM: BLOCK_N x BLOCK_K weight tiles (powers of two, at least 16 for
+    a tl.dot operand, at least 8 for the FMA path), num_warps, num_stages, split shares of K
+    (None: choose_split's), and dot: tl.dot on tensor cores, or (False) the FMA reduction of
+    products of at most FMA_MAX_M rows."""
 
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
     split: int | None = None
+    dot: bool = True
 
     def __post_init__(self) -> None:
+        least = 16 if self.dot else 8
         for name in ("block_n", "block_k"):
             v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"Tile: {name} must be a power of two of at least 16, got {v}")
+            if v < least or v & (v - 1):
+                raise ValueError(f"Tile: {name} must be a power of two of at least {least}, got {v}")
         if self.num_warps not in WARPS or self.num_stages < 1:
             raise ValueError(f"Tile: num_warps in {WARPS} and num_stages >= 1, got {self.num_warps}, {self.num_stages}")
         if self.split is not None and self.split < 1:
@@ -48,37 +59,45 @@ INT4_DEFAULT = Tile(block_n=64, block_k=128, num_warps=4, num_stages=3)
 
 TileTable = dict[tuple[int, int, int | None], Tile]  # (N, K, M bucket) -> Tile
 
+
+def check_rows(kernel: str, t: Tile, m: int) -> None:
+    """Refuse a dot=False tile for a product of more than FMA_MAX_M rows (the tables never hold
+    one past the bucket of FMA_MAX_M; a caller's tile that does is an error, not a silent swap)."""
+    if not t.dot and m > FMA_MAX_M:
+        raise ValueError(f"{kernel}: a dot=False tile serves at most {FMA_MAX_M} rows, got {m}")
+
+
 # Filled from `bash tools/gpu_run.sh OUT quant-sweep` (tools/kernel_quant_sweep.py; H200): its
 # printed table, entries whose best beat the default by a margin. Swept on an H200 on 2026-12-04
 # (docs/performance/quant-sweep.json).
 FP8_TILES: TileTable = {  # (N, K, M bucket): Tile(BLOCK_N, BLOCK_K, warps, stages, split)
-    (6144, 4096, 1): Tile(64, 128, 2, 3, 8),  # qkv: 12.8 us, default 15.6
-    (6144, 4096, 4): Tile(64, 128, 2, 2, 8),  # qkv: 14.1 us, default 16.3
-    (6144, 4096, 16): Tile(64, 128, 2, 3, 8),  # qkv: 14.3 us, default 16.4
-    (4096, 4096, 1): Tile(64, 64, 2, 4, 8),  # o: 10.4 us, default 12.2
-    (4096, 4096, 4): Tile(64, 64, 2, 4, 8),  # o: 10.4 us, default 12.3
-    (4096, 4096, 16): Tile(32, 128, 2, 3, 8),  # o: 10.8 us, default 12.4
-    (28672, 4096, 1): Tile(64, 128, 2, 4, 4),  # gate_up: 43.0 us, default 48.7
-    (28672, 4096, 4): Tile(32, 128, 2, 3, 8),  # gate_up: 43.1 us, default 49.0
-    (28672, 4096, 16): Tile(64, 128, 2, 4, 4),  # gate_up: 45.6 us, default 50.2
-    (4096, 14336, 1): Tile(64, 128, 2, 3, 8),  # down: 24.1 us, default 28.9
-    (4096, 14336, 4): Tile(32, 128, 2, 4, 8),  # down: 24.7 us, default 29.1
-    (4096, 14336, 16): Tile(64, 128, 2, 4, 8),  # down: 25.2 us, default 29.7
+    (6144, 4096, 1): Tile(8, 512, 8, 1, None, dot=False),  # qkv: 9.5 us, default 15.4
+    (6144, 4096, 4): Tile(64, 128, 2, 4, 8),  # qkv: 14.2 us, default 16.3
+    (6144, 4096, 16): Tile(64, 128, 2, 3, 8),  # qkv: 14.4 us, default 16.2
+    (4096, 4096, 1): Tile(64, 256, 8, 3, 8, dot=False),  # o: 7.9 us, default 12.2
+    (4096, 4096, 4): Tile(64, 64, 2, 4, None),  # o: 10.5 us, default 12.2
+    (4096, 4096, 16): Tile(64, 64, 2, 4, 8),  # o: 11.0 us, default 12.2
+    (28672, 4096, 1): Tile(32, 256, 4, 3, 1, dot=False),  # gate_up: 29.7 us, default 48.4
+    (28672, 4096, 4): Tile(32, 128, 2, 3, 8),  # gate_up: 43.5 us, default 48.7
+    (28672, 4096, 16): Tile(64, 128, 2, 4, 4),  # gate_up: 45.1 us, default 49.8
+    (4096, 14336, 1): Tile(64, 256, 8, 4, None, dot=False),  # down: 17.9 us, default 28.7
+    (4096, 14336, 4): Tile(32, 128, 2, 4, 8),  # down: 24.8 us, default 28.9
+    (4096, 14336, 16): Tile(64, 128, 2, 4, 8),  # down: 25.2 us, default 30.1
 }
 # group size 128: an entry whose block_k does not divide a weight's group is passed over
 INT4_TILES: TileTable = {  # (N, K, M bucket): Tile(BLOCK_N, BLOCK_K, warps, stages, split)
-    (6144, 4096, 1): Tile(128, 64, 4, 3, None),  # qkv: 16.8 us, default 21.8
-    (6144, 4096, 4): Tile(128, 64, 4, 3, None),  # qkv: 16.8 us, default 21.9
-    (6144, 4096, 16): Tile(64, 128, 2, 3, 8),  # qkv: 17.6 us, default 19.1
-    (4096, 4096, 1): Tile(128, 64, 4, 3, None),  # o: 12.9 us, default 16.0
-    (4096, 4096, 4): Tile(64, 64, 2, 3, 16),  # o: 12.9 us, default 16.1
-    (4096, 4096, 16): Tile(32, 128, 2, 3, 8),  # o: 14.3 us, default 15.6
-    (28672, 4096, 1): Tile(64, 64, 2, 3, 8),  # gate_up: 58.8 us, default 75.5
-    (28672, 4096, 4): Tile(64, 64, 2, 4, 4),  # gate_up: 59.4 us, default 76.5
-    (28672, 4096, 16): Tile(64, 64, 2, 3, 4),  # gate_up: 60.3 us, default 77.0
-    (4096, 14336, 1): Tile(128, 64, 4, 3, None),  # down: 32.9 us, default 42.2
-    (4096, 14336, 4): Tile(128, 64, 4, 3, None),  # down: 33.1 us, default 42.5
-    (4096, 14336, 16): Tile(64, 128, 2, 3, 8),  # down: 33.7 us, default 42.7
+    (6144, 4096, 1): Tile(64, 128, 2, 4, 8, dot=False),  # qkv: 12.5 us, default 21.7
+    (6144, 4096, 4): Tile(128, 64, 4, 3, None),  # qkv: 16.8 us, default 21.7
+    (6144, 4096, 16): Tile(64, 128, 2, 3, 8),  # qkv: 17.4 us, default 19.2
+    (4096, 4096, 1): Tile(64, 128, 2, 1, 16, dot=False),  # o: 10.2 us, default 16.2
+    (4096, 4096, 4): Tile(128, 64, 4, 3, None),  # o: 13.0 us, default 16.3
+    (4096, 4096, 16): Tile(32, 128, 2, 3, 8),  # o: 14.2 us, default 15.8
+    (28672, 4096, 1): Tile(64, 64, 1, 4, 16, dot=False),  # gate_up: 38.8 us, default 76.7
+    (28672, 4096, 4): Tile(64, 64, 2, 3, 4),  # gate_up: 59.4 us, default 77.1
+    (28672, 4096, 16): Tile(64, 64, 2, 3, 4),  # gate_up: 61.1 us, default 77.3
+    (4096, 14336, 1): Tile(64, 128, 2, 3, 16, dot=False),  # down: 24.3 us, default 42.7
+    (4096, 14336, 4): Tile(128, 64, 4, 3, None),  # down: 33.2 us, default 42.7
+    (4096, 14336, 16): Tile(64, 128, 2, 3, 8),  # down: 33.7 us, default 43.1
 }
 
 

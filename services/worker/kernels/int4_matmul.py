@@ -6,7 +6,10 @@ steps; BLOCK_K divides the group size, so a step reads one row of scales and zer
 loads its packed words once ([BLOCK_K / 8, BLOCK_N] int32: eight input rows a word), shifts
 each into its eight 4-bit values and lays them out as [BLOCK_K, BLOCK_N]; (q - zero) * scale is
 computed in float32 and rounded to x's dtype, as the reference (``int4_reference``) dequantizes
-before its matmul; products accumulate in float32 (IEEE for float32 inputs, not TF32).
+before its matmul; products accumulate in float32 (IEEE for float32 inputs, not TF32). A Tile
+with dot=False (at most FMA_MAX_M rows: BLOCK_M the batch rounded up to a power of two, not a
+dot operand's 16) replaces the dot by an FMA reduction: the dequantized step, kept in float32,
+times each row of x, summed over K.
 
 At decode sizes (M of 1 to 64) the product is a read of the packed weight, and its output tiles
 are too few to fill a GPU (Llama-3-8B's down projection: 64 tiles of 64 columns on an H200's 132
@@ -25,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.gemm_tiles import INT4_DEFAULT, INT4_TILES, Tile, lookup
+from services.worker.kernels.gemm_tiles import INT4_DEFAULT, INT4_TILES, Tile, check_rows, lookup
 from services.worker.kernels.launch import launcher
 from services.worker.kernels.split_k_sum import plan_split, split_k_sum
 from services.worker.models.int4_weight import Int4Weight
@@ -54,6 +57,7 @@ def _int4_matmul_kernel(
     PARTIAL: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     IEEE: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -68,18 +72,35 @@ def _int4_matmul_kernel(
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * x_row_stride + offs_k[None, :]
     qw_ptrs = qw_ptr + offs_w[:, None].to(tl.int64) * N + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    rows = tl.arange(0, BLOCK_M)
+    offs_x = offs_w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [BLOCK_K / 8, 8]: input 8i + j
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        a = tl.load(x_ptrs + k0, mask=mask_m[:, None], other=0.0)
         packed = tl.load(qw_ptrs + (k0 // 8) * N, mask=mask_n[None, :], other=0)  # [BLOCK_K / 8, BLOCK_N]
-        q = tl.reshape((packed[:, None, :] >> shifts) & 0xF, (BLOCK_K, BLOCK_N))
         g = k0 // GROUP
         z = tl.load(z_ptr + g * N + offs_n, mask=mask_n, other=0).to(tl.int32)
         s = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        w = ((q - z[None, :]).to(tl.float32) * s[None, :]).to(dtype)
-        if IEEE:
-            acc += tl.dot(a, w, input_precision="ieee")
+        if DOT:
+            a = tl.load(x_ptrs + k0, mask=mask_m[:, None], other=0.0)
+            q = tl.reshape((packed[:, None, :] >> shifts) & 0xF, (BLOCK_K, BLOCK_N))
+            w = ((q - z[None, :]).to(tl.float32) * s[None, :]).to(dtype)
+            if IEEE:
+                acc += tl.dot(a, w, input_precision="ieee")
+            else:
+                acc += tl.dot(a, w)
         else:
-            acc += tl.dot(a, w)
+            # FMA: the weight stays [BLOCK_K / 8, 8, BLOCK_N] in float32 (no reshape, no rounding
+            # to x's dtype); each token row times it, summed over K, into its row of acc (a row
+            # past M reads row M - 1, whose sum is not stored: the loads need no row mask)
+            w3 = (((packed[:, None, :] >> shifts) & 0xF) - z[None, None, :]).to(tl.float32) * s[None, None, :]
+            for i in tl.static_range(BLOCK_M):
+                row = tl.minimum(tl.program_id(0) * BLOCK_M + i, M - 1)
+                x_row = x_ptr + row.to(tl.int64) * x_row_stride + k0 + offs_x
+                xi = tl.load(x_row).to(tl.float32)  # [BLOCK_K / 8, 8]
+                part = tl.sum(tl.sum(w3 * xi[:, :, None], axis=1), axis=0)  # [BLOCK_N]
+                if BLOCK_M == 1:
+                    acc += part[None, :]
+                else:
+                    acc += tl.where(rows[:, None] == i, part[None, :], 0.0)
     mask = mask_m[:, None] & mask_n[None, :]
     if PARTIAL:
         part_ptrs = out_ptr + tl.program_id(2).to(tl.int64) * share_stride
@@ -133,7 +154,8 @@ def int4_matmul(
     tile: Tile | None = None,
 ) -> torch.Tensor:
     """x [M, K] (float32, float16 or bfloat16, last dim contiguous) @ W.t() -> [M, N] in x's dtype
-    (into out when given; accumulate: added to out). tile: the launch (None: choose_tile's)."""
+    (into out when given; accumulate: added to out). tile: the launch (None: choose_tile's); a
+    dot=False tile for M > FMA_MAX_M is refused (ValueError)."""
     _check(x, w, out)
     (m, k), n = x.shape, w.shape[0]
     if out is None:
@@ -142,7 +164,8 @@ def int4_matmul(
     if m == 0:
         return out
     t = choose_tile(m, w, tile)
-    plan = plan_split(m, n, k // t.block_k, t.block_n, t.block_k, n * k // 2, x.device, t.split)
+    check_rows("int4_matmul", t, m)
+    plan = plan_split(m, n, k // t.block_k, t.block_n, t.block_k, n * k // 2, x.device, t.split, t.dot)
     _int4_matmul_launch[plan.grid](
         x,
         w.qweight,
@@ -163,6 +186,7 @@ def int4_matmul(
         PARTIAL=plan.partials is not None,
         ACCUMULATE=accumulate,
         IEEE=x.dtype == torch.float32,
+        DOT=t.dot,
         num_warps=t.num_warps,
         num_stages=t.num_stages,
     )

@@ -116,11 +116,23 @@ class SplitPlan(NamedTuple):
 
 
 def plan_split(
-    m: int, n: int, k_steps: int, block_n: int, block_k: int, weight_bytes: int, device: torch.device, split: int | None
+    m: int,
+    n: int,
+    k_steps: int,
+    block_n: int,
+    block_k: int,
+    weight_bytes: int,
+    device: torch.device,
+    split: int | None,
+    dot: bool = True,
 ) -> SplitPlan:
     """The launch of an [m, n] product over k_steps steps of block_k: row blocks of 16, 32 or 64
-    (the batch's), and split shares of K (None: choose_split's)."""
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    (the batch's; a tl.dot operand has at least 16 rows), or without dot (the FMA path) the batch
+    rounded up to a power of two, and split shares of K (None: choose_split's)."""
+    if dot:
+        block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    else:
+        block_m = triton.next_power_of_2(m)
     tiles = cdiv(m, block_m) * cdiv(n, block_n)
     if split is None:
         split = choose_split(tiles, k_steps, m, n, weight_bytes, sm_count(device))
