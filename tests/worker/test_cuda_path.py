@@ -16,11 +16,13 @@ from __future__ import annotations
 import gc
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import torch
 
 from services.worker.build import build_engine
+from services.worker.memory.kv_cache import KVLayout
 from services.worker.models.layers.fp8_product import fp8_tensor_cores
 from shared.config import WorkerConfig
 from tests import hf_reference, quant_models
@@ -256,9 +258,19 @@ def test_quantized_kv_holds_at_least_1_9_times_the_tokens(model_1b: str, kv: str
             )
         )
         n = engine.kv.capacity
+        layouts.append(engine.kv.layout)
         del engine
         return n / (free - 0.5 * total)
 
+    layouts: list[KVLayout] = []
     bf16, quant = capacity("auto"), capacity(kv)
-    print(f"KV tokens per GB of budget: bf16 {bf16 * 1e9:.0f}, {kv} {quant * 1e9:.0f} ({quant / bf16:.3f}x)")
-    assert quant >= 1.9 * bf16
+    by_bytes = layouts[0].bytes_per_token / layouts[1].bytes_per_token
+    print(
+        f"KV tokens per GB of budget: bf16 {bf16 * 1e9:.0f}, {kv} {quant * 1e9:.0f} ({quant / bf16:.3f}x; "
+        f"bytes per token allow {by_bytes:.3f}x at head_dim {layouts[0].head_dim})"
+    )
+    # the pool holds what its bytes per token allow: nothing else of the budget goes to quantization
+    assert quant >= 0.99 * by_bytes * bf16
+    # a float32 scale a head a token: 1.94x at head_dim 128 (Llama-3-8B; measured 1.92-2.00x in
+    # docs/performance.md), but 128 / 68 = 1.88x at this model's head_dim 64
+    assert replace(layouts[0], head_dim=128).bytes_per_token / replace(layouts[1], head_dim=128).bytes_per_token >= 1.9
