@@ -13,7 +13,7 @@ from itertools import islice
 from services.router.actions import Actions, RouterStats
 from services.router.group import GroupState
 from services.router.metrics import RouterFigures
-from services.router.routing import Routing
+from services.router.routing import LaneRound, Routing
 from services.router.waiting import RecentAborts, WaitingQueue
 from shared.config import RouterConfig
 from shared.messages import (
@@ -207,26 +207,27 @@ class RouterCore:
         prefers the same group (first in, first out within a lane), while later requests for
         groups with room go on. The scan stops when every group's lane is blocked, or after
         LANE_SCAN requests."""
-        lanes: dict[str, int] = {}  # group -> requests scanned that wait for it
+        rnd = LaneRound()
         live = [g for g in self.groups.values() if not g.draining]
         for req in list(islice(self.waiting, LANE_SCAN)):
-            if not live or len(lanes) >= len(live):
+            if not live or len(rnd.waiting) >= len(live):
                 return
             why = self._late(req, now_unix)
             if why:
                 self.waiting.remove(req.rid)
                 self._reject(req, why, act, ERR_DEADLINE)
                 continue
-            choice = self.routing.prefer(req, live, lanes)
-            if choice is None:  # too large for every pool, or only for draining groups' (it waits)
+            found = self.routing.prefer(req, live, rnd)
+            if found is None:  # too large for every pool, or only for draining groups' (it waits)
                 self._can_never_fit(req, act)
                 continue
-            g = choice.group
-            if g.name not in lanes and g.can_take(req, choice.look, self.cfg):
+            choice, now = found
+            if now:
                 self.waiting.remove(req.rid)
-                self._place(req, g, choice.matched, act)
+                self._place(req, choice.group, choice.matched, act)
+                rnd.placed_on(choice.group)
             else:
-                lanes[g.name] = lanes.get(g.name, 0) + 1
+                rnd.wait_for(choice.group)
 
     def _place(self, req: GenerateReq, g: GroupState, matched: int, act: Actions) -> None:
         key = (g.name, g.instance)

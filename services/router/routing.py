@@ -15,15 +15,15 @@ each group would then see every prefix and the caches would thrash as under roun
 - cache_aware (SGLang's cache-aware router, over the router's per-group prefix index): the
   group whose index matches the longest prefix of the prompt, unless its match is hardly
   longer than that of the group least_loaded would pick (by less than cache_aware_min_match
-  of the prompt), or it holds more than cache_aware_balance_margin requests more than the
-  group (counting the requests already waiting in each group's lane); then the group that can
+  of the prompt), or it holds more than cache_aware_balance_margin requests more than the least
+  loaded group (counting the requests already waiting in each group's lane); then the group that can
   take it now with the most room, or with none, the one with the fewest requests placed and waiting.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from services.router.group import GroupState, PrefixLookup
 from shared.config import RouterConfig
@@ -41,64 +41,83 @@ class Candidate:
         return self.look.matched
 
 
+@dataclass
+class LaneRound:
+    """One admission round under cache_aware: the requests found waiting for each group (its
+    lane is blocked once one does), and each group's room by the router's count, kept until a
+    request is placed there (it is a sum over the group's requests)."""
+
+    waiting: dict[str, int] = field(default_factory=dict)
+    _headroom: dict[str, int] = field(default_factory=dict)
+
+    def blocked(self, g: GroupState) -> bool:
+        return g.name in self.waiting
+
+    def wait_for(self, g: GroupState) -> None:
+        self.waiting[g.name] = self.waiting.get(g.name, 0) + 1
+
+    def placed_on(self, g: GroupState) -> None:
+        self._headroom.pop(g.name, None)
+
+    def headroom(self, g: GroupState) -> int:
+        if g.name not in self._headroom:
+            self._headroom[g.name] = g.headroom()
+        return self._headroom[g.name]
+
+    def queued(self, g: GroupState) -> int:
+        """Requests placed on the group and waiting in its lane."""
+        return len(g.placed) + self.waiting.get(g.name, 0)
+
+
 class Routing:
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
         self._last = ""  # round_robin: the group chosen last
-        policies: dict[str, Callable[[GenerateReq, list[Candidate]], Candidate]] = {
-            "cache_aware": self._cache_aware,
-            "least_loaded": lambda req, cands: least_loaded(cands),
+        policies: dict[str, Callable[[list[Candidate]], Candidate]] = {
+            "least_loaded": least_loaded,
             "round_robin": self._round_robin,
         }
-        self._policy = policies[cfg.routing_policy]
-
-    def choose(self, req: GenerateReq, groups: Iterable[GroupState]) -> Candidate | None:
-        """The group req goes to, of those that can take it now; None: none can."""
-        cands = []
-        for g in groups:
-            look = g.lookup(req)
-            if g.can_take(req, look, self.cfg):
-                cands.append(Candidate(g, look))
-        return self._policy(req, cands) if cands else None
+        self._policy = policies.get(cfg.routing_policy, least_loaded)
 
     @property
     def by_lane(self) -> bool:
         """Requests wait for the group they prefer (``prefer``), not for any group with room."""
         return self.cfg.routing_policy == "cache_aware"
 
-    def prefer(self, req: GenerateReq, groups: Iterable[GroupState], lanes: Mapping[str, int]) -> Candidate | None:
+    def choose(self, req: GenerateReq, groups: Iterable[GroupState]) -> Candidate | None:
+        """least_loaded's or round_robin's group for req, of those that can take it now; None: none can."""
+        cands = []
+        for g in groups:
+            look = g.lookup(req)
+            if g.can_take(req, look, self.cfg):
+                cands.append(Candidate(g, look))
+        return self._policy(cands) if cands else None
+
+    def prefer(self, req: GenerateReq, groups: Iterable[GroupState], rnd: LaneRound) -> tuple[Candidate, bool] | None:
         """cache_aware's group for req among those not draining whose pool could hold it alone,
-        whether or not it can take req now; lanes: requests already waiting for each group.
-        None: no group could."""
+        whether or not it can take req now, and whether it can (a group whose lane is blocked
+        cannot: req would overtake the request waiting there). None: no group could hold it."""
         alone = req.prompt_len + req.params.max_new_tokens
         cands = [Candidate(g, g.lookup(req)) for g in groups if not g.draining and g.capacity >= alone]
         if not cands:
             return None
-        now = [c for c in cands if c.group.can_take(req, c.look, self.cfg)]
-        fallback = least_loaded(now) if now else min(cands, key=lambda c: _queue_key(c, lanes))
-        best = max(cands, key=lambda c: (c.matched, -_queue_key(c, lanes)[0]))
-        if best.matched - fallback.matched < max(self.cfg.cache_aware_min_match * len(req.input_ids), 1):
-            return fallback
-        lightest = min(_queue_key(c, lanes)[0] for c in cands)
-        if _queue_key(best, lanes)[0] - lightest > self.cfg.cache_aware_balance_margin:
-            return fallback
-        return best
+        now = [c for c in cands if not rnd.blocked(c.group) and c.group.can_take(req, c.look, self.cfg)]
+        queued = {c.group.name: rnd.queued(c.group) for c in cands}
+        if now:  # least_loaded among them
+            fallback = max(now, key=lambda c: (rnd.headroom(c.group), -len(c.group.placed)))
+        else:
+            fallback = min(cands, key=lambda c: (queued[c.group.name], -rnd.headroom(c.group)))
+        best = max(cands, key=lambda c: (c.matched, -queued[c.group.name]))
+        hardly_longer = best.matched - fallback.matched < max(self.cfg.cache_aware_min_match * len(req.input_ids), 1)
+        too_far_ahead = queued[best.group.name] - min(queued.values()) > self.cfg.cache_aware_balance_margin
+        chosen = fallback if hardly_longer or too_far_ahead else best
+        return chosen, any(c is chosen for c in now)
 
     def is_hit(self, req: GenerateReq, matched: int) -> bool:
         """A placement that reuses a prefix worth routing for (the figures count these)."""
         return matched > 0 and matched >= self.cfg.cache_aware_min_match * len(req.input_ids)
 
-    def _cache_aware(self, req: GenerateReq, cands: list[Candidate]) -> Candidate:
-        fallback = least_loaded(cands)
-        best = max(cands, key=lambda c: (c.matched, _load_key(c)))
-        if best.matched - fallback.matched < max(self.cfg.cache_aware_min_match * len(req.input_ids), 1):
-            return fallback
-        lightest = min(len(c.group.placed) for c in cands)
-        if len(best.group.placed) - lightest > self.cfg.cache_aware_balance_margin:
-            return fallback
-        return best
-
-    def _round_robin(self, req: GenerateReq, cands: list[Candidate]) -> Candidate:
+    def _round_robin(self, cands: list[Candidate]) -> Candidate:
         ordered = sorted(cands, key=lambda c: c.group.name)
         chosen = next((c for c in ordered if c.group.name > self._last), ordered[0])
         self._last = chosen.group.name
@@ -106,13 +125,4 @@ class Routing:
 
 
 def least_loaded(cands: list[Candidate]) -> Candidate:
-    return max(cands, key=_load_key)  # the first of equals: the group that joined first
-
-
-def _load_key(c: Candidate) -> tuple[int, int]:
-    return c.group.headroom(), -len(c.group.placed)
-
-
-def _queue_key(c: Candidate, lanes: Mapping[str, int]) -> tuple[int, int]:
-    """Requests placed on the group and waiting in its lane (fewer first), then the most room."""
-    return len(c.group.placed) + lanes.get(c.group.name, 0), -c.group.headroom()
+    return max(cands, key=lambda c: (c.group.headroom(), -len(c.group.placed)))  # the first of equals: joined first
