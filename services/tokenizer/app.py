@@ -57,14 +57,18 @@ def create_app(ctx: FrontContext, drain: Drain | None = None) -> ASGIApp:
     @app.get("/health")
     async def health() -> JSONResponse:  # liveness (and the services seen); /readiness also says no while draining
         live = ctx.pipeline.live
+        vision = ctx.images.vision is not None  # its images are encoded by a visual replica
+        ready = live.ready and (bool(live.visuals) or not vision)
         body = {
-            "status": "ok" if live.ready else "unavailable",
+            "status": "ok" if ready else "unavailable",
             "redis": "ok" if live.redis else "unreachable",
             "workers": sorted(live.workers),
             "detokenizers": sorted(live.detoks),
             "routers": sorted(live.routers),
         }
-        return JSONResponse(body, status_code=200 if live.ready else 503)
+        if vision:
+            body["visual_replicas"] = sorted(live.visuals)
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -46,6 +46,8 @@ def not_ready_because(ctx: FrontContext, drain: Drain) -> list[str]:
         why.append("no detokenizer is alive")
     if not live.routers:
         why.append("the router is not alive")
+    if ctx.images.vision is not None and not live.visuals:
+        why.append("no visual replica is alive (the model's images are encoded there)")
     return why
 
 

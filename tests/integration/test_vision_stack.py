@@ -181,5 +181,13 @@ def test_visual_killed_with_requests_waiting_then_restarted(stack: Stack) -> Non
     assert time.monotonic() - killed < 10
     for r in answers:
         assert r.status_code == 500 and "visual" in r.json()["error"], r.text
+    reason = "no visual replica is alive (the model's images are encoded there)"
+    until(
+        lambda: reason in httpx.get(stack.url + "/readiness").json().get("reasons", []),
+        timeout_s=20,
+        what="/readiness naming the dead visual replica",
+        every_s=0.25,
+    )
     stack.start_service("visual-0")
     until(lambda: ask(300).status_code == 200, timeout_s=60, what="an image request after the restart", every_s=0.5)
+    assert httpx.get(stack.url + "/readiness").status_code == 200
