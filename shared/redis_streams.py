@@ -16,6 +16,11 @@ exactly what the lost answer held, since new entries come in id order, and never
 entries a consumer still holds unacknowledged (the router's queue). The rule is written once
 (StreamReader's ``_start``, ``_commands`` and ``_answered``) and followed by both ways of
 reading: ``read`` through redis-py, ``aread`` through redis.asyncio on an event loop.
+
+A group hands entries out in id order, so a read of new entries never returns one at or below
+the highest the reader has handed out, unless the group forgot its last deliveries: a replica
+promoted by a Sentinel failover before the old master's last reads reached it. Those entries
+are dropped (``_drop_seen``), not handed out twice; a group the reader made again starts over.
 """
 
 from __future__ import annotations
@@ -160,6 +165,8 @@ class StreamReader:
             except redis.ResponseError as e:
                 if "BUSYGROUP" not in str(e):
                     raise
+                return
+            self._handed_out = (0, 0)  # a group made new hands the stream out again from its start
 
         self.link.call(run)
 
@@ -254,7 +261,30 @@ class StreamReader:
         full may have left more behind, so the next read recovers too."""
         taken = [e for _stream, entries in answer or [] for e in entries]
         self._unanswered = start != ">" and len(taken) >= count
+        if start == ">":
+            taken = self._drop_seen(taken)
         return self._decode_entries(taken)
+
+    def _drop_seen(self, taken: list[Any]) -> list[Any]:
+        """A read of new entries without those this reader has handed out already, acknowledged.
+        A group hands entries out in id order, so a new entry at or below the highest handed out
+        means the group forgot its last deliveries: a replica promoted by a failover before the
+        old master's last reads reached it. A group this reader made again (``ensure_group``)
+        starts over from the stream's start on purpose, and its reads are kept whole. What came
+        again is acknowledged: the reader still holds what it has not finished (a crash before it
+        does loses those to a claim, a second fault), and the promoted group has lost the
+        acknowledgements made after its copy, which would otherwise stay pending for good."""
+        seen = [entry_id for entry_id, _fields in taken if _id_key(entry_id) <= self._handed_out]
+        if not seen:
+            return taken
+        log.warning(
+            "%s on %s: %d entries handed out before came again (a failover's lagging group); acknowledged",
+            self.group,
+            self.stream,
+            len(seen),
+        )
+        self._call_group(lambda r: r.xack(self.stream, self.group, *seen))
+        return [(entry_id, fields) for entry_id, fields in taken if _id_key(entry_id) > self._handed_out]
 
     def release(self) -> None:
         """On a clean exit: give up the lease now, so another consumer of the group claims what
