@@ -68,7 +68,8 @@ for part in "$@"; do
                   --running-max-req-size 2048 --out "$out/quant_int4.json" 2>&1 | grep -v "it/s\]" | grep -v " INFO " | tail -20 ;;
     quant-gemm) timeout 300 python3 tools/bench_kernels.py --parts ceilings,quant_gemm --out "$out/quant_gemm.json" \
                   > "$out/quant_gemm.log" 2>&1; grep " us$\|Error" "$out/quant_gemm.log" | tail -20 ;;
-    quant-sweep) timeout 300 python3 tools/kernel_quant_sweep.py --out "$out/quant_sweep.json" > "$out/quant_sweep.log" 2>&1
+    quant-sweep) timeout 300 python3 tools/kernel_quant_sweep.py --rows "${ROWS:-1,4,16}" --variants "${SWEEP_VARIANTS:-fp8,int4}" \
+                   --out "$out/quant_sweep.json" > "$out/quant_sweep.log" 2>&1
                  grep "^round\|M=\|swept\|Tile\|^}\|Error" "$out/quant_sweep.log" | tail -64 ;;
     engine-int8) timeout 300 python3 tools/benchmark_engine.py --kv-dtype int8 --parts static,offline --out "$out/engine_int8.json" 2>&1 | tail -8 ;;
     tp-tests) timeout 300 python3 -m pytest -m gpu tests/worker/test_tp_cuda.py -q -s -p no:cacheprovider -rA 2>&1 \

@@ -1,8 +1,9 @@
 """Launch configurations of the decode-size weight GEMMs (kernels/fp8_weight_matmul.py and
 kernels/int4_matmul.py, AWQ group 128), swept at Llama-3-8B's projections (qkv, o, gate|up, down)
-for M = 1, 4 and 16: the data behind gemm_tiles.py's FP8_TILES and INT4_TILES (issue 47).
+for M = 1, 4 and 16 (--rows: others; past 16 rows FP8's x8 tiles against torch._scaled_mm): the
+data behind gemm_tiles.py's FP8_TILES and INT4_TILES (issue 47).
 
-    python tools/kernel_quant_sweep.py --out FILE.json [--workers 12]
+    python tools/kernel_quant_sweep.py --out FILE.json [--workers 12] [--rows 1,4,16] [--variants fp8,int4]
     python tools/kernel_quant_sweep.py --cpu-smoke --out FILE.json   # tiny shapes, Triton interpreter
 
 A point (variant, projection, M) times its candidates (gemm_tiles.py's Tile) in the three rounds
@@ -40,6 +41,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch
 
 from services.worker.kernels.gemm_tiles import Tile
+from services.worker.models.layers.fp8_product import TRITON_MAX_M
 from tools.quant_sweep_candidates import (
     DEFAULTS,
     GROUP,
@@ -146,6 +148,7 @@ class Point:
     m: int
     us: dict[Tile, float] = field(default_factory=dict)
     errors: dict[Tile, str] = field(default_factory=dict)
+    scaled_mm_us: float | None = None  # FP8 past TRITON_MAX_M rows: what runs without an entry
 
     def ranked(self) -> list[Tile]:
         return sorted(self.us, key=self.us.__getitem__)
@@ -165,13 +168,26 @@ class Bench:
         """i -> the product of M rows with the i-th weight copy (cyclically)."""
         return lambda i: self.fn(self.xs[m], self.weights[i % len(self.weights)], tile=t)
 
+    def scaled_mm(self, m: int) -> Callable[[int], torch.Tensor]:
+        """i -> what an FP8 product of M rows past TRITON_MAX_M runs without a table entry:
+        x quantized per token, then torch._scaled_mm."""
+        from services.worker.models.layers.fp8_product import fp8_scaled_mm
+
+        return lambda i: fp8_scaled_mm(self.xs[m], self.weights[i % len(self.weights)])
+
     def check(self, m: int, t: Tile) -> float:
         """The largest error of t's product past the reference's tolerance (<= 0: it agrees)."""
         from services.worker.models.fp8_weight import Fp8Weight, fp8_reference
         from services.worker.models.int4_weight import int4_reference
 
         w, x = self.weights[0], self.xs[m]
+        if t.x8:  # the reference multiplies the x the kernel quantized
+            from services.worker.models.layers.fp8_product import quantize_tokens
+
+            xq, xs = quantize_tokens(x)
+            x = xq.float() * xs
         ref = (fp8_reference if isinstance(w, Fp8Weight) else int4_reference)(x, w).float()
+        x = self.xs[m]
         got = self.fn(x, w, tile=t).float()
         return float(((got - ref).abs() - TOLERANCE * (1 + ref.abs())).max())
 
@@ -254,6 +270,7 @@ def point_report(p: Point, bench: Bench, floor_us: float, space: Space) -> dict:
         row.update(best=tile, us=best["us"], of_floor=floor_us / best["us"])
         row["speedup"] = d_us / best["us"] if d_us else None
     row["default_of_floor"] = floor_us / d_us if d_us else None
+    row["scaled_mm_us"] = p.scaled_mm_us
     row.update(timed=len(p.us), failed=len(p.errors), checked=checked)
     row["fastest"] = [{**asdict(t), "us": p.us[t]} for t in p.ranked()[:8]]
     row["errors"] = sorted(set(p.errors.values()))[:5]
@@ -261,8 +278,9 @@ def point_report(p: Point, bench: Bench, floor_us: float, space: Space) -> dict:
 
 
 def table_literal(report: dict) -> str:
-    """The gemm_tiles.py tables: each point whose best beats the default by MARGIN (an FMA tile
-    with dot=False after its split)."""
+    """The gemm_tiles.py tables: each point whose best beats by MARGIN what runs without an entry
+    (the default; for FP8 past TRITON_MAX_M rows, torch._scaled_mm), an FMA tile with dot=False
+    and an e4m3-activation tile with x8=True after its split."""
     from services.worker.kernels.gemm_tiles import m_bucket
 
     lines = []
@@ -272,15 +290,15 @@ def table_literal(report: dict) -> str:
         ]
         for name, shape in report[variant].items():
             for m, row in shape["rows"].items():
-                if row["best"] is None or row["default_us"] is None or row["us"] > row["default_us"] * (1 - MARGIN):
+                base = row.get("scaled_mm_us") or row["default_us"]
+                if row["best"] is None or base is None or row["us"] > base * (1 - MARGIN):
                     continue
                 t = Tile(**row["best"])
                 key = (shape["n"], shape["k"], m_bucket(int(m)))
                 fields = f"{t.block_n}, {t.block_k}, {t.num_warps}, {t.num_stages}, {t.split}"
-                fields += "" if t.dot else ", dot=False"
-                lines.append(
-                    f"    {key}: Tile({fields}),  # {name}: {row['us']:.1f} us, default {row['default_us']:.1f}"
-                )
+                fields += ("" if t.dot else ", dot=False") + (", x8=True" if t.x8 else "")
+                versus = "_scaled_mm" if row.get("scaled_mm_us") else "default"
+                lines.append(f"    {key}: Tile({fields}),  # {name}: {row['us']:.1f} us, {versus} {base:.1f}")
         lines.append("}")
     return "\n".join(lines)
 
@@ -292,6 +310,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=max(0, min(12, (os.cpu_count() or 1) - 2)), help="compile processes")
     p.add_argument("--budget-s", type=float, default=200, help="no further round starts past this many seconds")
     p.add_argument("--cpu-smoke", action="store_true", help="a tiny shape under the Triton interpreter, on the CPU")
+    p.add_argument("--rows", default=None, help="the M values swept (default 1,4,16; e.g. 32,64,128,256)")
     return p.parse_args(argv)
 
 
@@ -300,6 +319,8 @@ def sweep(args: argparse.Namespace, dev: torch.device, copy_gbs: float) -> dict:
     import multiprocessing
 
     space = SMOKE if args.cpu_smoke else Space()
+    if args.rows:
+        space = replace(space, rows=tuple(int(m) for m in args.rows.split(",")))
     dtype = torch.float16 if args.cpu_smoke else torch.bfloat16  # the interpreter has no bfloat16 dot
     variants = args.variants.split(",")
     shapes = projections(args.cpu_smoke)
@@ -316,6 +337,9 @@ def sweep(args: argparse.Namespace, dev: torch.device, copy_gbs: float) -> dict:
                 break
             run_round(rnd, points, benches, pool, dev, space)
             print(f"round {rnd} done at {time.time() - started:.0f} s", flush=True)
+        for p in points:
+            if p.variant == "fp8" and p.m > TRITON_MAX_M and dev.type == "cuda":
+                p.scaled_mm_us = time_us(benches[p.variant, p.name].scaled_mm(p.m), True, space.replays)
     finally:
         if pool is not None:
             pool.shutdown()
@@ -326,7 +350,8 @@ def sweep(args: argparse.Namespace, dev: torch.device, copy_gbs: float) -> dict:
         row = point_report(p, benches[p.variant, p.name], moved / (copy_gbs * 1e3), space)
         shape["rows"][str(p.m)] = row
         us, d_us = (f"{v:.1f}" if v else "-" for v in (row.get("us"), row["default_us"]))
-        print(f"{p.variant} {p.name} M={p.m}: best {row['best']} {us} us, default {d_us} us", flush=True)
+        sm = f", _scaled_mm {row['scaled_mm_us']:.1f} us" if row["scaled_mm_us"] else ""
+        print(f"{p.variant} {p.name} M={p.m}: best {row['best']} {us} us, default {d_us} us{sm}", flush=True)
     return report
 
 

@@ -2,8 +2,8 @@
 Tile) and its three rounds. First every BLOCK_N x BLOCK_K x num_warps with the default's stages and
 choose_split's split (and the default itself), and for M <= FMA_MAX_M the FMA (dot=False) tiles as
 well; then the splits of the round's best `keep`; then the stages of the best two: at most about
-60 a point, 95 where the FMA tiles join. `valid` drops what would not launch or would waste the
-GPU before anything is compiled."""
+60 a point, 95 where the FMA tiles join, about 110 where FP8's x8 tiles do (past one row). `valid`
+drops what would not launch or would waste the GPU before anything is compiled."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ DEFAULTS = {"fp8": FP8_DEFAULT, "int4": INT4_DEFAULT}
 GROUP = 128  # the int4 weights' group size (AWQ's usual)
 PER_THREAD = (8, 128)  # weight-tile elements a thread holds: fewer idles warps, more spills registers
 SMEM_BYTES = 227 * 1024  # an H200 block's shared memory
+X8_MIN_M = 1  # x8 tiles (e4m3 activations) are tried past this many rows: a row alone pays for its quantization
 
 
 @dataclass(frozen=True)
@@ -73,24 +74,30 @@ def valid(variant: str, t: Tile, k: int, m: int) -> bool:
     stages' shared memory in bounds, and each share of K at least two steps."""
     if variant == "int4" and GROUP % t.block_k:
         return False
-    if not t.dot and m > FMA_MAX_M:
+    if (not t.dot and m > FMA_MAX_M) or (t.x8 and (variant != "fp8" or m <= X8_MIN_M)):
         return False
     per_thread = t.block_n * t.block_k // (32 * t.num_warps)
     held = per_thread if t.dot else per_thread * block_m(t, m)
     if per_thread < PER_THREAD[0] or held > PER_THREAD[1]:
         return False
     weight = t.block_n * t.block_k * (1 if variant == "fp8" else 0.5)
-    if t.num_stages * (weight + block_m(t, m) * t.block_k * 2) > SMEM_BYTES:
+    if t.num_stages * (weight + block_m(t, m) * t.block_k * (1 if t.x8 else 2)) > SMEM_BYTES:
         return False
     return t.split is None or t.split == 1 or k_steps(variant, k, t) // t.split >= 2
 
 
 def first_round(variant: str, k: int, m: int, space: Space) -> list[Tile]:
     """Every tile and warp count with the default's stages and choose_split's split (for
-    m <= FMA_MAX_M the FMA tiles too); the default."""
+    m <= FMA_MAX_M the FMA tiles too, for FP8 past X8_MIN_M rows each dot tile with e4m3
+    activations too); the default."""
     d = DEFAULTS[variant]
+    x8s = (False, True) if variant == "fp8" and m > X8_MIN_M else (False,)
     tiles = [
-        Tile(bn, bk, w, d.num_stages) for bn in space.block_n for bk in space.block_k[variant] for w in space.warps
+        Tile(bn, bk, w, d.num_stages, x8=x8)
+        for bn in space.block_n
+        for bk in space.block_k[variant]
+        for w in space.warps
+        for x8 in x8s
     ]
     if m <= FMA_MAX_M:
         tiles += [

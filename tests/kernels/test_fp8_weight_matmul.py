@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from services.worker.kernels.fp8_weight_matmul import fp8_weight_matmul
-from services.worker.kernels.gemm_tiles import FP8_DEFAULT, Tile
+from services.worker.kernels.gemm_tiles import FP8_DEFAULT, FP8_TILES, Tile, lookup
 from services.worker.models.fp8_weight import Fp8Weight, fp8_reference
+from services.worker.models.layers.fp8_product import quantize_tokens
 
 
 def _weight(n: int, k: int, device: torch.device) -> Fp8Weight:
@@ -112,10 +113,37 @@ def test_rejects_a_wrong_width(device) -> None:
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
     reason="needs a CUDA GPU with e4m3 conversions (compute capability 8.9+)",
 )
-@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("m", [1, 4, 16, 32, 64, 128])
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])
 def test_llama3_8b_projections(m: int, n: int, k: int, tol) -> None:
-    """Llama-3-8B's qkv, o, gate|up and down, in bf16, with the default split."""
+    """Llama-3-8B's qkv, o, gate|up and down, in bf16, with FP8_TILES' tile (an x8 tile against
+    the reference on the x it quantized)."""
     w = _weight(n, k, torch.device("cuda"))
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    torch.testing.assert_close(fp8_weight_matmul(x, w), fp8_reference(x, w), **tol(torch.bfloat16))
+    ref_x = x
+    if lookup(FP8_TILES, FP8_DEFAULT, m, n, k).x8:
+        xq, xs = quantize_tokens(x)
+        ref_x = xq.float() * xs
+    got = fp8_weight_matmul(x, w).float()
+    torch.testing.assert_close(got, fp8_reference(ref_x, w).float(), **tol(torch.bfloat16))
+
+
+@pytest.mark.parametrize(("m", "split"), [(1, 1), (20, 3), (70, None)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_x8_tiles(m: int, split: int | None, accumulate: bool, device, tol) -> None:
+    """An x8 tile: x quantized per token to e4m3 (fp8_product.quantize_tokens' bytes), e4m3 dots,
+    both scales on the float32 sums; against the reference on the dequantized x."""
+    w = _weight(96, 384, device)
+    x = (torch.randn(m, 384, device=device) * torch.logspace(-1, 1, m, device=device)[:, None]).to(torch.float16)
+    xq, xs = quantize_tokens(x)
+    base = torch.randn(m, 96, device=device).to(torch.float16)
+    tile = Tile(block_n=32, block_k=128, num_warps=4, num_stages=2, split=split, x8=True)
+    got = fp8_weight_matmul(x, w, base.clone() if accumulate else None, accumulate=accumulate, tile=tile)
+    want = fp8_reference(xq.float() * xs, w, base.float() if accumulate else None, accumulate=accumulate)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), want, **tol(torch.float16))
+
+
+def test_x8_needs_dot() -> None:
+    with pytest.raises(ValueError, match="x8"):
+        Tile(block_n=16, block_k=64, num_warps=2, num_stages=2, dot=False, x8=True)

@@ -51,7 +51,7 @@ def test_fma_tiles_serve_few_rows() -> None:
 
 
 def test_m_buckets() -> None:
-    assert [m_bucket(m) for m in (1, 2, 4, 5, 16, 17, 300)] == [1, 4, 4, 16, 16, None, None]
+    assert [m_bucket(m) for m in (1, 2, 4, 5, 16, 17, 64, 65, 256, 300)] == [1, 4, 4, 16, 16, 32, 64, 128, 256, None]
 
 
 def test_unknown_shapes_take_the_default() -> None:

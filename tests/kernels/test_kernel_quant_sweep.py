@@ -6,20 +6,31 @@ nothing), so the script behind gemm_tiles.py's tables cannot rot between GPU run
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
+import torch
 
 from services.worker.kernels.gemm_tiles import FMA_MAX_M, Tile
 from tools import kernel_quant_sweep
-from tools.quant_sweep_candidates import DEFAULTS, GROUP, VARIANTS, Space, first_round, next_round, valid
+from tools.quant_sweep_candidates import (
+    DEFAULTS,
+    GROUP,
+    SMOKE,
+    VARIANTS,
+    X8_MIN_M,
+    Space,
+    first_round,
+    next_round,
+    valid,
+)
 
 SHAPES = kernel_quant_sweep.projections(smoke=False)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("m", Space().rows)
+@pytest.mark.parametrize("m", [*Space().rows, 64, 256])
 def test_candidates_are_valid_and_bounded(variant: str, shape: str, m: int) -> None:
     space = Space()
     k = SHAPES[shape][1]
@@ -28,12 +39,15 @@ def test_candidates_are_valid_and_bounded(variant: str, shape: str, m: int) -> N
     assert all(valid(variant, t, k, m) for t in first)
     # the FMA tiles join at 1 and 4 rows only
     assert any(not t.dot for t in first) == (m <= FMA_MAX_M)
+    # the e4m3-activation tiles past one row, for FP8 only
+    assert any(t.x8 for t in first) == (variant == "fp8" and m > X8_MIN_M)
     # the worst case: the later rounds vary the tiles least like the ones already timed
     split = next_round(1, variant, k, m, first[::-1], space)
     stages = next_round(2, variant, k, m, [*split, *first][::-1], space)
     assert {t.split for t in split} <= set(space.splits) and all(valid(variant, t, k, m) for t in split + stages)
     assert {t.num_stages for t in stages if not t.dot} <= set(space.fma_stages)
-    assert len(first) + len(split) + len(stages) <= (95 if m <= FMA_MAX_M else 60)
+    bound = (95 if m <= FMA_MAX_M else 60) + (50 if variant == "fp8" and m > X8_MIN_M else 0)
+    assert len(first) + len(split) + len(stages) <= bound
     if variant == "int4":
         assert all(GROUP % t.block_k == 0 for t in first + split + stages)
 
@@ -48,6 +62,9 @@ def test_valid_refuses() -> None:
     assert valid("fp8", fma, 4096, 1)
     assert not valid("fp8", fma, 4096, 2)  # 256 products a thread
     assert not valid("fp8", Tile(8, 128, 1, 3, dot=False), 4096, 16)  # more rows than FMA_MAX_M
+    assert not valid("fp8", Tile(64, 128, 4, 4, x8=True), 4096, X8_MIN_M)  # x8 past X8_MIN_M rows only
+    assert valid("fp8", Tile(64, 128, 4, 4, x8=True), 4096, 64)
+    assert not valid("int4", Tile(64, 128, 4, 4, x8=True), 4096, 64)
 
 
 def test_table_literal() -> None:
@@ -61,6 +78,25 @@ def test_table_literal() -> None:
     assert "(6144, 4096, 16): Tile(64, 128, 2, 3, None)," in text
     table = eval(text.split("= ", 1)[1], {"Tile": Tile})  # the literal as pasted
     assert table == {(6144, 4096, 1): fma, (6144, 4096, 16): mma}
+    # past 16 rows an FP8 entry must beat torch._scaled_mm, not the default
+    x8 = Tile(64, 128, 4, 3, 2, x8=True)
+    rows["64"] = {"us": 1.0, "default_us": 9.0, "scaled_mm_us": 1.01, "best": asdict(x8)}
+    rows["256"] = {"us": 1.0, "default_us": 9.0, "scaled_mm_us": 2.0, "best": asdict(x8)}
+    text = kernel_quant_sweep.table_literal(report)
+    assert "(6144, 4096, 256): Tile(64, 128, 4, 3, 2, x8=True),  # qkv: 1.0 us, _scaled_mm 2.0" in text
+    assert "(6144, 4096, 64)" not in text
+
+
+def test_cpu_smoke_x8(tmp_path) -> None:
+    """Past 16 rows the FP8 sweep times x8 tiles too, and checks them against the reference on the
+    quantized x (an x8 tile measured against the reference on x itself would fail)."""
+    report = kernel_quant_sweep.main(["--cpu-smoke", "--variants", "fp8", "--rows", "32", "--out", str(tmp_path / "s")])
+    row = report["fp8"]["qkv"]["rows"]["32"]
+    assert row["failed"] == 0 and all(c["excess_err"] <= 0 for c in row["checked"])
+    assert row["timed"] > len(first_round("fp8", 256, 32, SMOKE)) / 2  # the x8 half included
+    space = replace(SMOKE, rows=(32,))
+    bench = kernel_quant_sweep.Bench("fp8", 256, 256, torch.device("cpu"), torch.float16, space)
+    assert bench.check(32, Tile(32, 128, 4, 2, x8=True)) <= 0
 
 
 def test_cpu_smoke(tmp_path) -> None:

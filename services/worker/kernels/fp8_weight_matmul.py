@@ -14,10 +14,14 @@ is mostly padding at M = 1, by an FMA reduction: each row of x (BLOCK_M the batc
 a power of two) times the weight tile in float32, summed over K. The K range is cut into shares
 (split_k_sum.py's choose_split) so a batch of one still puts several programs on every SM; the
 shares' float32 sums meet in split_k_sum, and an unsplit product writes its output directly.
-The tile, warps, stages, split and dot are a Tile (gemm_tiles.py): the caller's, else
+A Tile with x8=True quantizes x per token first (fp8_quant_rows.py, each row's absmax / 448)
+and runs the dot on the FP8 tensor cores, e4m3 against e4m3, both scales applied to the float32
+sums: past about 16 rows the conversion of every weight tile to bf16 and a bf16 dot of 32 to 256
+rows cost more than the extra launch (on the H200 at 64 rows, docs/performance.md).
+The tile, warps, stages, split, dot and x8 are a Tile (gemm_tiles.py): the caller's, else
 FP8_TILES' entry for the shape and batch, else FP8_DEFAULT.
-layers/fp8_product.py sends products of up to TRITON_MAX_M rows here and larger ones to
-torch._scaled_mm.
+layers/fp8_product.py sends products of up to TRITON_MAX_M rows here, and larger ones that
+FP8_TILES has an entry for; the rest go to torch._scaled_mm.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.fp8_quant_rows import fp8_quant_rows
 from services.worker.kernels.gemm_tiles import FP8_DEFAULT, FP8_TILES, Tile, check_rows, lookup
 from services.worker.kernels.launch import cdiv, launcher
 from services.worker.kernels.split_k_sum import plan_split, split_k_sum
@@ -37,6 +42,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 @triton.jit
 def _fp8_weight_matmul_kernel(
     x_ptr,
+    xs_ptr,
     w_ptr,
     s_ptr,
     out_ptr,
@@ -56,6 +62,7 @@ def _fp8_weight_matmul_kernel(
     ACCUMULATE: tl.constexpr,
     IEEE: tl.constexpr,
     DOT: tl.constexpr,
+    X8: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -81,7 +88,9 @@ def _fp8_weight_matmul_kernel(
                 xt = tl.load(x_ptrs + k0, mask=mask_m[None, :], other=0.0)
             else:
                 xt = tl.load(x_ptrs + k0, mask=mask_m[None, :] & in_k[:, None], other=0.0)
-            if IEEE:
+            if X8:  # e4m3 against e4m3 on the FP8 tensor cores
+                acc += tl.dot(w, xt)
+            elif IEEE:
                 acc += tl.dot(w.to(dtype), xt, input_precision="ieee")
             else:
                 acc += tl.dot(w.to(dtype), xt)
@@ -103,6 +112,8 @@ def _fp8_weight_matmul_kernel(
                     acc += tl.where(cols[None, :] == i, part[:, None], 0.0)
     scale = tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)
     acc = acc * scale[:, None]  # [BLOCK_N, BLOCK_M]
+    if X8:
+        acc = acc * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[None, :]
     mask = mask_n[:, None] & mask_m[None, :]
     if PARTIAL:
         part_ptrs = out_ptr + tl.program_id(2).to(tl.int64) * share_stride
@@ -140,7 +151,9 @@ def fp8_weight_matmul(
 ) -> torch.Tensor:
     """x [M, K] (float32, float16 or bfloat16, last dim contiguous) @ W.t() -> [M, N] in x's dtype
     (into out when given; accumulate: added to out). tile: the launch (None: the shape's in
-    FP8_TILES, else FP8_DEFAULT); a dot=False tile for M > FMA_MAX_M is refused (ValueError)."""
+    FP8_TILES, else FP8_DEFAULT); a dot=False tile for M > FMA_MAX_M is refused (ValueError).
+    An x8 tile quantizes x per token to e4m3 first (fp8_quant_rows) and multiplies on the FP8
+    tensor cores."""
     _check(x, w, out)
     (m, k), n = x.shape, w.shape[0]
     if out is None:
@@ -151,15 +164,17 @@ def fp8_weight_matmul(
     t = tile if tile is not None else lookup(FP8_TILES, FP8_DEFAULT, m, n, k)
     check_rows("fp8_weight_matmul", t, m)
     plan = plan_split(m, n, cdiv(k, t.block_k), t.block_n, t.block_k, n * k, x.device, t.split, t.dot)
+    xq, xs = fp8_quant_rows(x) if t.x8 else (x, w.scale)  # w.scale: a pointer the kernel does not read
     _fp8_weight_matmul_launch[plan.grid](
-        x,
+        xq,
+        xs,
         w.weight,
         w.scale,
         out if plan.partials is None else plan.partials,
         m,
         n,
         k,
-        x.stride(0),
+        xq.stride(0),
         w.weight.stride(0),
         out.stride(0),
         m * n,
@@ -172,6 +187,7 @@ def fp8_weight_matmul(
         ACCUMULATE=accumulate,
         IEEE=x.dtype == torch.float32,
         DOT=t.dot,
+        X8=t.x8,
         num_warps=t.num_warps,
         num_stages=t.num_stages,
     )

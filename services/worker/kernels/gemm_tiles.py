@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 WARPS = (1, 2, 4, 8, 16)
-M_BUCKETS = (1, 4, 16)  # a product of M rows takes the first bucket >= M; past the last, None
+M_BUCKETS = (1, 4, 16, 32, 64, 128, 256)  # a product of M rows takes the first bucket >= M; past the last, None
 FMA_MAX_M = 4  # the most rows a dot=False tile serves: its registers grow with BLOCK_M
 
 
@@ -32,7 +32,8 @@ class Tile:
     """One launch of a weight GEMM: BLOCK_N x BLOCK_K weight tiles (powers of two, at least 16 for
     a tl.dot operand, at least 8 for the FMA path), num_warps, num_stages, split shares of K
     (None: choose_split's), and dot: tl.dot on tensor cores, or (False) the FMA reduction of
-    products of at most FMA_MAX_M rows."""
+    products of at most FMA_MAX_M rows; x8 (FP8 weights only): the activations quantized per
+    token to e4m3 and the dot run e4m3 against e4m3."""
 
     block_n: int
     block_k: int
@@ -40,6 +41,7 @@ class Tile:
     num_stages: int
     split: int | None = None
     dot: bool = True
+    x8: bool = False
 
     def __post_init__(self) -> None:
         least = 16 if self.dot else 8
@@ -51,6 +53,8 @@ class Tile:
             raise ValueError(f"Tile: num_warps in {WARPS} and num_stages >= 1, got {self.num_warps}, {self.num_stages}")
         if self.split is not None and self.split < 1:
             raise ValueError(f"Tile: split must be None or at least 1, got {self.split}")
+        if self.x8 and not self.dot:
+            raise ValueError("Tile: x8 (e4m3 activations on the FP8 tensor cores) needs dot=True")
 
 
 # the configurations every product ran with before the tables
@@ -69,20 +73,33 @@ def check_rows(kernel: str, t: Tile, m: int) -> None:
 
 # Filled from `bash tools/gpu_run.sh OUT quant-sweep` (tools/kernel_quant_sweep.py; H200): its
 # printed table, entries whose best beat the default by a margin. Swept on an H200 on 2026-12-04
-# (docs/performance/quant-sweep.json).
+# (docs/performance/quant-sweep.json). The FP8 entries past 16 rows beat torch._scaled_mm, which
+# runs the rest (`ROWS=32,64,128,256 SWEEP_VARIANTS=fp8`, 2026-12-04: quant-sweep-x8.json); the
+# entries at M = 4 and 16 were swept again with the x8 tiles among the candidates (ROWS=4,16:
+# quant-sweep-x8-small.json).
 FP8_TILES: TileTable = {  # (N, K, M bucket): Tile(BLOCK_N, BLOCK_K, warps, stages, split)
     (6144, 4096, 1): Tile(8, 512, 8, 1, None, dot=False),  # qkv: 9.5 us, default 15.4
-    (6144, 4096, 4): Tile(64, 128, 2, 4, 8),  # qkv: 14.2 us, default 16.3
-    (6144, 4096, 16): Tile(64, 128, 2, 3, 8),  # qkv: 14.4 us, default 16.2
+    (6144, 4096, 4): Tile(128, 128, 4, 4, 4, x8=True),  # qkv: 12.9 us, default 15.6
+    (6144, 4096, 16): Tile(64, 128, 4, 4, 4, x8=True),  # qkv: 13.9 us, default 16.3
+    (6144, 4096, 32): Tile(64, 128, 4, 4, 4, x8=True),  # qkv: 14.1 us, _scaled_mm 21.2
+    (6144, 4096, 64): Tile(128, 256, 8, 4, 2, x8=True),  # qkv: 16.2 us, _scaled_mm 18.8
     (4096, 4096, 1): Tile(64, 256, 8, 3, 8, dot=False),  # o: 7.9 us, default 12.2
-    (4096, 4096, 4): Tile(64, 64, 2, 4, None),  # o: 10.5 us, default 12.2
-    (4096, 4096, 16): Tile(64, 64, 2, 4, 8),  # o: 11.0 us, default 12.2
+    (4096, 4096, 4): Tile(64, 64, 2, 4, 8),  # o: 10.4 us, default 12.3
+    (4096, 4096, 16): Tile(64, 64, 2, 4, 8),  # o: 10.8 us, default 12.3
+    (4096, 4096, 32): Tile(64, 128, 4, 3, None),  # o: 12.1 us, _scaled_mm 18.1
+    (4096, 4096, 64): Tile(64, 256, 4, 4, None, x8=True),  # o: 13.4 us, _scaled_mm 18.1
+    (4096, 4096, 128): Tile(64, 256, 4, 4, None, x8=True),  # o: 14.0 us, _scaled_mm 18.2
     (28672, 4096, 1): Tile(32, 256, 4, 3, 1, dot=False),  # gate_up: 29.7 us, default 48.4
-    (28672, 4096, 4): Tile(32, 128, 2, 3, 8),  # gate_up: 43.5 us, default 48.7
-    (28672, 4096, 16): Tile(64, 128, 2, 4, 4),  # gate_up: 45.1 us, default 49.8
+    (28672, 4096, 4): Tile(32, 128, 2, 4, None, x8=True),  # gate_up: 35.3 us, default 48.9
+    (28672, 4096, 16): Tile(32, 128, 2, 4, 1, x8=True),  # gate_up: 36.1 us, default 50.0
+    (28672, 4096, 32): Tile(32, 128, 2, 4, 1, x8=True),  # gate_up: 38.9 us, _scaled_mm 50.8
+    (28672, 4096, 64): Tile(128, 128, 8, 4, 1, x8=True),  # gate_up: 38.5 us, _scaled_mm 48.9
     (4096, 14336, 1): Tile(64, 256, 8, 4, None, dot=False),  # down: 17.9 us, default 28.7
-    (4096, 14336, 4): Tile(32, 128, 2, 4, 8),  # down: 24.8 us, default 28.9
-    (4096, 14336, 16): Tile(64, 128, 2, 4, 8),  # down: 25.2 us, default 30.1
+    (4096, 14336, 4): Tile(32, 128, 2, 4, 8),  # down: 24.6 us, default 29.1
+    (4096, 14336, 16): Tile(64, 128, 2, 4, 8),  # down: 25.0 us, default 29.9
+    (4096, 14336, 32): Tile(64, 128, 4, 3, 4),  # down: 29.2 us, _scaled_mm 49.6
+    (4096, 14336, 64): Tile(128, 256, 8, 4, 4, x8=True),  # down: 33.3 us, _scaled_mm 49.4
+    (4096, 14336, 128): Tile(64, 128, 4, 4, None, x8=True),  # down: 37.7 us, _scaled_mm 49.7
 }
 # group size 128: an entry whose block_k does not divide a weight's group is passed over
 INT4_TILES: TileTable = {  # (N, K, M bucket): Tile(BLOCK_N, BLOCK_K, warps, stages, split)
@@ -109,3 +126,8 @@ def m_bucket(m: int) -> int | None:
 def lookup(table: TileTable, default: Tile, m: int, n: int, k: int) -> Tile:
     """The table's Tile for an [m, k] @ [n, k].t() product, default when the shape is not in it."""
     return table.get((n, k, m_bucket(m)), default)
+
+
+def has_tile(table: TileTable, m: int, n: int, k: int) -> bool:
+    """Whether the table holds an entry for an [m, k] @ [n, k].t() product."""
+    return (n, k, m_bucket(m)) in table

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.worker.kernels.gemm_tiles import FP8_DEFAULT, FP8_TILES, has_tile, lookup
 from services.worker.models.fp8_weight import Fp8Weight, fp8_reference
 from services.worker.models.layers.fp8_product import (
     TRITON_MAX_M,
@@ -88,15 +89,17 @@ def test_scaled_mm_agrees_with_the_dequantized_reference(m: int, n: int, k: int)
 @pytest.mark.parametrize("m", [1, 7, 16, 17, 64, 300])
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336)])
 def test_fp8_matmul_chooses_by_rows_and_agrees(m: int, n: int, k: int) -> None:
-    """Up to TRITON_MAX_M rows the Triton kernel (x unquantized: only the output's bf16 rounding
-    apart from the reference), past it _scaled_mm; plain and accumulating."""
+    """Up to TRITON_MAX_M rows the Triton kernel, past it FP8_TILES' tile where it has one, else
+    _scaled_mm; plain and accumulating. Where x stays bf16 (a tile without x8) only the output's
+    bf16 rounding sets it apart from the reference; where x is quantized per token, more."""
     w = Fp8Weight.quantize(torch.randn(n, k, device="cuda") * k**-0.5)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    assert triton_fits(x) == (m <= TRITON_MAX_M)
+    assert triton_fits(x, w) == (m <= TRITON_MAX_M or has_tile(FP8_TILES, m, n, k))
     want = fp8_reference(x.float(), w)
     got = fp8_matmul(x, w, None, False)
     assert got.dtype == torch.bfloat16 and got.shape == (m, n)
-    assert _rel(got, want) < (0.01 if m <= TRITON_MAX_M else 0.04)
+    x_kept = m <= TRITON_MAX_M and not lookup(FP8_TILES, FP8_DEFAULT, m, n, k).x8  # x not quantized
+    assert _rel(got, want) < (0.01 if x_kept else 0.04)
     base = torch.randn(m, n, device="cuda").to(torch.bfloat16)
     acc = fp8_matmul(x, w, base.clone(), True)
     assert _rel(acc - base, want) < 0.05

@@ -10,7 +10,10 @@ shape: a decode graph (one per batch size) or a piecewise graph (one per token b
 the kernel its size chose, and replays it. TRITON_MAX_M is where the two cross on
 an H200 (tools/bench_kernels.py --parts ceilings,quant_gemm times both at M = 1, 16, 64, 256).
 
-Past it, the FP8 product quantizes x per token on the fly (each row's absmax / 448, e4m3; one Triton
+Past it, where kernels/gemm_tiles.py's FP8_TILES holds a tile for the shape and row bucket (an
+x8 tile that tools/kernel_quant_sweep.py found faster than torch._scaled_mm there), the same
+kernel quantizes x per token and multiplies e4m3 by e4m3 on the tensor cores. Elsewhere the FP8
+product quantizes x per token on the fly (each row's absmax / 448, e4m3; one Triton
 kernel, kernels/fp8_quant_rows.py, whose reference is quantize_tokens) and runs
 torch._scaled_mm with row-wise scales: x's [T, 1] and the weight's [1, N], the float32 sums
 scaled and rounded once to bf16. Everything is a plain device op with no host sync, so the
@@ -33,9 +36,10 @@ from services.worker.models.fp8_weight import FP8_MAX, MIN_SCALE, Fp8Weight, fp8
 
 log = logging.getLogger(__name__)
 
-# rows up to which the Triton kernel runs the product, past which torch._scaled_mm: on the H200 at
-# Llama-3-8B's projections (4ec4781) the kernel is faster for all four at M = 16 and slower in sum at
-# M = 64 (146 against 131 us a layer; the engine's batch-64 step 7.59 ms against 7.07 with _scaled_mm)
+# rows up to which the Triton kernel runs the product, past which torch._scaled_mm unless FP8_TILES
+# has a tile for the shape: on the H200 at Llama-3-8B's projections (4ec4781) the kernel with bf16
+# activations is faster for all four at M = 16 and slower in sum at M = 64 (146 against 131 us a
+# layer); its x8 tiles (e4m3 activations) are swept against _scaled_mm past 16 rows
 TRITON_MAX_M = 16
 TESTED_TORCH = ((2, 5), (2, 13))  # the releases torch._scaled_mm's row-wise form was tested with, inclusive
 
@@ -91,15 +95,21 @@ def fp8_scaled_mm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
     return torch._scaled_mm(xq, w.weight.t(), scale_a=xs, scale_b=w.scale[None, :], out_dtype=x.dtype)
 
 
-def triton_fits(x: torch.Tensor) -> bool:
-    """Whether the Triton kernel runs x's product: up to TRITON_MAX_M rows of bf16 or fp16 on a GPU
-    with e4m3 (the CPU keeps the reference: its results are Hugging Face's exactly)."""
-    return 0 < x.shape[0] <= TRITON_MAX_M and x.dtype in (torch.bfloat16, torch.float16) and fp8_triton(x.device)
+def triton_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
+    """Whether the Triton kernel runs x's product: bf16 or fp16 on a GPU with e4m3 (the CPU keeps
+    the reference: its results are Hugging Face's exactly), of up to TRITON_MAX_M rows, or more
+    where FP8_TILES holds a tile for the shape (one that beat torch._scaled_mm there)."""
+    from services.worker.kernels.gemm_tiles import FP8_TILES, has_tile
+
+    m = x.shape[0]
+    if m == 0 or x.dtype not in (torch.bfloat16, torch.float16) or not fp8_triton(x.device):
+        return False
+    return m <= TRITON_MAX_M or has_tile(FP8_TILES, m, *w.shape)
 
 
 def fp8_matmul(x: torch.Tensor, w: Fp8Weight, out: torch.Tensor | None, accumulate: bool) -> torch.Tensor:
     """x [T, K] @ W.t() -> [T, N] (into out when given; accumulate: added to out)."""
-    if triton_fits(x):
+    if triton_fits(x, w):
         # imported here: the kernels compile for the device they first see
         from services.worker.kernels.fp8_weight_matmul import fp8_weight_matmul
 
