@@ -132,6 +132,9 @@ class DetokenizerService:
                     session = self.sessions.get(item.rid)
                     if session is None or (from_worker and session.stale(item)):
                         continue  # ended already (stop string hit; its abort is in flight), or handed over
+                    if session.repeated(item):
+                        log.warning("a token batch came twice; dropped", extra={"rid": item.rid})
+                        continue
                     text, ended = session.apply(item)
                     texts.setdefault(session.front, []).append(text)
                     if ended:
@@ -180,7 +183,7 @@ class DetokenizerService:
         elif isinstance(msg, TokenBatch):
             for item in msg.items:
                 session = self.sessions.get(item.rid) if item.rid in restored else None
-                if session is None or (msg.source != "router" and session.stale(item)):
+                if session is None or (msg.source != "router" and session.stale(item)) or session.repeated(item):
                     continue
                 if session.apply(item)[1]:  # it ended then (its registration is acknowledged)
                     self._acks += self._close(item.rid)

@@ -48,6 +48,13 @@ class DetokSession:
         declared dead that was only silent): the copy handed over goes on in its place."""
         return item.handovers < self.handovers
 
+    def repeated(self, item: TokenItem) -> bool:
+        """An item whose tokens this session already holds where its count puts them: the same
+        batch sent again (a worker's send retried after Redis's answer was lost, or handed out
+        again by a group a failover set back). Dropped; tokens that differ there are a restart."""
+        n, ids = item.output_tokens, item.token_ids
+        return bool(ids) and len(ids) <= n <= self.output_tokens and self.output_ids[n - len(ids) : n] == ids
+
     def hand_over(self, req: GenerateReq) -> GenerateReq:
         """The request to continue on another group: its prompt and the tokens sent on so far."""
         self.handovers = req.handovers + 1

@@ -65,6 +65,7 @@ class PendingRequest:
     finished: bool = False
     answered: bool = False  # an item has come: the request is past the router
     images: bool = False  # it went to the visual service first
+    output_tokens: int = 0  # the count its items with tokens have reached
 
 
 class Pipeline:
@@ -266,9 +267,16 @@ class Pipeline:
             if isinstance(entry.msg, TextBatch):
                 for item in entry.msg.items:
                     pending = self.pending.get(item.rid)
-                    if pending is not None:
-                        pending.answered = True
-                        pending.queue.put_nowait((pending.index, item))
+                    if pending is None:
+                        continue
+                    if item.token_ids and item.output_tokens <= pending.output_tokens:
+                        # text this request has had: a detokenizer's send retried after Redis's
+                        # answer was lost (its output count never goes back otherwise)
+                        log.warning("a text item came twice; dropped", extra={"rid": item.rid})
+                        continue
+                    pending.output_tokens = max(pending.output_tokens, item.output_tokens)
+                    pending.answered = True
+                    pending.queue.put_nowait((pending.index, item))
 
     def _fail(self, failures: list[tuple[PendingRequest, str]]) -> None:
         """From another thread (the watchdog): each request's last item, an error, and its abort."""

@@ -85,3 +85,17 @@ def test_a_hand_over_continues_from_the_tokens_sent_and_drops_the_dead_copys_ite
     assert not s.stale(fresh) and s.apply(fresh)[0].text == "d"
     again = s.hand_over(go_on)  # its second group died too: the prompt is still the first five
     assert (again.input_ids, again.resumed, again.handovers) == ([1, 2, 3, 4, 5, 97, 98, 99, 100], 4, 2)
+
+
+def test_a_batch_sent_twice_is_known_and_a_different_one_is_not() -> None:
+    """A worker's batch sent again (a retried send, a failover's set-back group) holds the tokens
+    the session has where its count puts them: repeated, to be dropped. Other tokens there are a
+    restart (test_a_restarted_request_is_failed_not_repeated)."""
+    s = _session([])
+    s.apply(_item("ab", 0))
+    assert s.repeated(_item("ab", 0))
+    s.apply(_item("cd", 2))
+    assert s.repeated(_item("ab", 0)) and s.repeated(_item("cd", 2))
+    assert not s.repeated(_item("ax", 0))  # other tokens at that place
+    assert not s.repeated(_item("e", 4))  # the next batch
+    assert not s.repeated(_item("", 4, "length"))  # an end without tokens

@@ -143,3 +143,26 @@ def test_a_lone_requests_task_runs_to_its_chunk_before_the_next_read(redis_url: 
     assert len(p.reader.starts) > 10  # it polled
     for got, done in steps:
         assert not [t for t in p.reader.starts if got < t < done], "a read began while the task ran"
+
+
+def test_a_text_item_sent_twice_reaches_the_request_once(redis_url: str) -> None:
+    """A detokenizer whose send was retried after Redis's answer was lost writes its batch twice:
+    the copy (an output count the request has reached) is dropped; items without tokens, whose
+    count does not move, go through."""
+    link = RedisLink(redis_url)
+    p = pipeline(link, "twice", BusyPoll(0.0))
+    writer = StreamWriter(link)
+    front = p.names.front("front-0")
+
+    async def run() -> list[tuple[str, int, str]]:
+        queue = await submitted(p)
+        items = [TextItem("r0", "ab", [97, 98], output_tokens=2), TextItem("r0", "c", [99], output_tokens=3)]
+        for item in (items[0], items[0], items[1], items[0], TextItem("r0", "", finish_reason="length")):
+            writer.send(front, TextBatch([item]))
+        got = [(await asyncio.wait_for(queue.get(), 5))[1] for _ in range(3)]
+        await asyncio.sleep(0.3)
+        assert queue.empty()
+        p.stop()
+        return [(i.text, i.output_tokens, i.finish_reason) for i in got]
+
+    assert asyncio.run(run()) == [("ab", 2, ""), ("c", 3, ""), ("", 0, "length")]
