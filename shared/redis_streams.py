@@ -266,14 +266,10 @@ class StreamReader:
         return self._decode_entries(taken)
 
     def _drop_seen(self, taken: list[Any]) -> list[Any]:
-        """A read of new entries without those this reader has handed out already, acknowledged.
-        A group hands entries out in id order, so a new entry at or below the highest handed out
-        means the group forgot its last deliveries: a replica promoted by a failover before the
-        old master's last reads reached it. A group this reader made again (``ensure_group``)
-        starts over from the stream's start on purpose, and its reads are kept whole. What came
-        again is acknowledged: the reader still holds what it has not finished (a crash before it
-        does loses those to a claim, a second fault), and the promoted group has lost the
-        acknowledgements made after its copy, which would otherwise stay pending for good."""
+        """A read of new entries less those this reader has handed out already (the module's
+        docstring: a failover's lagging group), which are acknowledged: the reader still holds
+        what it has not finished, and the promoted group lost the acknowledgements made after
+        its copy, so they would stay pending for good."""
         seen = [entry_id for entry_id, _fields in taken if _id_key(entry_id) <= self._handed_out]
         if not seen:
             return taken
