@@ -6,6 +6,7 @@ and its KV tokens free in its next status, as the streams between the services s
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -41,20 +42,43 @@ StreamId = tuple[int, int]
 
 
 class Watch:
-    """What the services say to each other, read back from the Redis streams."""
+    """What the services say to each other, read back from the Redis streams. Each stream read
+    is kept: its readers trim what they have consumed (shared/stream_trim.py, once a second),
+    so an entry read once stays here after Redis drops it; a thread reads the router's, the
+    worker's and the detokenizer's streams every FOLLOW_S from the start."""
+
+    FOLLOW_S = 0.02
+    FOLLOW_FOR_S = 60.0
 
     def __init__(self, stack: Stack) -> None:
         self.r = redis.Redis.from_url(stack.opts.redis_url)
         self.names = StreamNames(stack.opts.namespace)
         sec, usec = self.r.time()
         self.start = f"{sec * 1000 + usec // 1000}-0"
+        self._seen: dict[str, dict[StreamId, Any]] = {}
+        self._lock = threading.Lock()
+        streams = [self.names.router, self.names.worker("0"), self.names.detok("detok-0")]
+        threading.Thread(target=self._follow, args=(streams,), daemon=True).start()
+
+    def _follow(self, streams: list[str]) -> None:
+        """Until FOLLOW_FOR_S have passed (a test's span) or Redis is gone (its stack stopped)."""
+        end = time.monotonic() + self.FOLLOW_FOR_S
+        while time.monotonic() < end:
+            time.sleep(self.FOLLOW_S)
+            try:
+                for stream in streams:
+                    self.entries(stream)
+            except redis.RedisError:
+                return
 
     def entries(self, stream: str) -> list[tuple[StreamId, Any]]:
-        out = []
-        for raw_id, fields in self.r.xrange(stream, min=self.start):
-            ms, seq = raw_id.decode().split("-")
-            out.append(((int(ms), int(seq)), decode(fields[FIELD])))
-        return out
+        raw = self.r.xrange(stream, min=self.start)
+        with self._lock:
+            seen = self._seen.setdefault(stream, {})
+            for raw_id, fields in raw:
+                ms, seq = raw_id.decode().split("-")
+                seen.setdefault((int(ms), int(seq)), fields)
+            return [(i, decode(seen[i][FIELD])) for i in sorted(seen)]
 
     def statuses(self) -> list[tuple[StreamId, WorkerStatus]]:
         return [(i, m) for i, m in self.entries(self.names.router) if isinstance(m, WorkerStatus)]
