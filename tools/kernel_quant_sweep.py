@@ -179,15 +179,11 @@ class Bench:
         """The largest error of t's product past the reference's tolerance (<= 0: it agrees)."""
         from services.worker.models.fp8_weight import Fp8Weight, fp8_reference
         from services.worker.models.int4_weight import int4_reference
+        from services.worker.models.layers.fp8_product import tokens_as_quantized
 
         w, x = self.weights[0], self.xs[m]
-        if t.x8:  # the reference multiplies the x the kernel quantized
-            from services.worker.models.layers.fp8_product import quantize_tokens
-
-            xq, xs = quantize_tokens(x)
-            x = xq.float() * xs
-        ref = (fp8_reference if isinstance(w, Fp8Weight) else int4_reference)(x, w).float()
-        x = self.xs[m]
+        ref_x = tokens_as_quantized(x) if t.x8 else x  # an x8 tile multiplies the x it quantized
+        ref = (fp8_reference if isinstance(w, Fp8Weight) else int4_reference)(ref_x, w).float()
         got = self.fn(x, w, tile=t).float()
         return float(((got - ref).abs() - TOLERANCE * (1 + ref.abs())).max())
 

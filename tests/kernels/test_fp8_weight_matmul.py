@@ -13,7 +13,7 @@ import torch
 from services.worker.kernels.fp8_weight_matmul import fp8_weight_matmul
 from services.worker.kernels.gemm_tiles import FP8_DEFAULT, FP8_TILES, Tile, lookup
 from services.worker.models.fp8_weight import Fp8Weight, fp8_reference
-from services.worker.models.layers.fp8_product import quantize_tokens
+from services.worker.models.layers.fp8_product import tokens_as_quantized
 
 
 def _weight(n: int, k: int, device: torch.device) -> Fp8Weight:
@@ -120,10 +120,7 @@ def test_llama3_8b_projections(m: int, n: int, k: int, tol) -> None:
     the reference on the x it quantized)."""
     w = _weight(n, k, torch.device("cuda"))
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    ref_x = x
-    if lookup(FP8_TILES, FP8_DEFAULT, m, n, k).x8:
-        xq, xs = quantize_tokens(x)
-        ref_x = xq.float() * xs
+    ref_x = tokens_as_quantized(x) if lookup(FP8_TILES, FP8_DEFAULT, m, n, k).x8 else x
     got = fp8_weight_matmul(x, w).float()
     torch.testing.assert_close(got, fp8_reference(ref_x, w).float(), **tol(torch.bfloat16))
 
@@ -135,11 +132,10 @@ def test_x8_tiles(m: int, split: int | None, accumulate: bool, device, tol) -> N
     both scales on the float32 sums; against the reference on the dequantized x."""
     w = _weight(96, 384, device)
     x = (torch.randn(m, 384, device=device) * torch.logspace(-1, 1, m, device=device)[:, None]).to(torch.float16)
-    xq, xs = quantize_tokens(x)
     base = torch.randn(m, 96, device=device).to(torch.float16)
     tile = Tile(block_n=32, block_k=128, num_warps=4, num_stages=2, split=split, x8=True)
     got = fp8_weight_matmul(x, w, base.clone() if accumulate else None, accumulate=accumulate, tile=tile)
-    want = fp8_reference(xq.float() * xs, w, base.float() if accumulate else None, accumulate=accumulate)
+    want = fp8_reference(tokens_as_quantized(x), w, base.float() if accumulate else None, accumulate=accumulate)
     assert got.dtype == torch.float16
     torch.testing.assert_close(got.float(), want, **tol(torch.float16))
 

@@ -79,6 +79,13 @@ def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return to_fp8(x.float() / scale), scale
 
 
+def tokens_as_quantized(x: torch.Tensor) -> torch.Tensor:
+    """x [T, K] -> float32 [T, K]: what a product with e4m3 activations multiplies, x quantized
+    per token (quantize_tokens) and scaled back; the reference's x for such a product."""
+    xq, xs = quantize_tokens(x)
+    return xq.float() * xs
+
+
 def scaled_mm_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
     n, k = w.shape
     return x.dtype == torch.bfloat16 and k % 16 == 0 and n % 16 == 0 and fp8_tensor_cores(x.device)
