@@ -8,10 +8,11 @@ CPU the same code runs with every launch finishing at once.
 
 Structured output keeps the overlap: a constrained request decodes in every step. Its
 token mask for step N+1 needs its token of step N, so a step with constrained requests
-launches its forward, then waits for step N's tokens (the device runs N before N+1 anyway),
-advances the requests' grammars with them and fills the mask on the host while the device
-runs N+1's forward; the mask is applied to the logits on the device before sampling
-(grammar.py, token_mask.py). A step without constrained requests does none of this.
+hands the mask to the mask thread, which waits for step N's tokens (the device runs N before
+N+1 anyway), advances the requests' grammars with them and fills the mask on the host while
+the step loop builds and launches N+1's forward and the device runs it; the mask is applied
+to the logits on the device before sampling (grammar.py, token_mask.py). A step without
+constrained requests does none of this.
 
 The engine knows nothing of Redis: the worker service feeds it admitted requests and
 aborts, and publishes what each step returns.
@@ -21,18 +22,19 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
 
 from services.worker.batch_builder import PreviousTokens, build_batch
-from services.worker.grammar import Grammars, GrammarState
+from services.worker.grammar import Grammars
 from services.worker.memory.kv_manager import KVManager
 from services.worker.request import ImageSpan, Req
 from services.worker.runtime.model_runner import ModelRunner
 from services.worker.sampler import Sampler, SampleResult
 from services.worker.scheduler import Scheduler
-from services.worker.token_mask import StepMask, TokenMasks
+from services.worker.token_mask import TokenMasks
 from shared.messages import (
     ERR_FAILED,
     ERR_INVALID,
@@ -141,34 +143,34 @@ class Engine:
     def _launch(self, plan) -> InFlight:
         self.sampler.state.assign(plan.new_rows)
         sampled = plan.sampled()
+        filling = self._begin_mask(sampled) if self.scheduler.constrained else None
         prev = self.inflight.previous_tokens() if self.inflight is not None else None
         batch = build_batch(plan, self.kv.table.table, self.device, prev, self.runner.staging)
         sample_batch = self.sampler.batch(sampled, self.device, batch.sample_rows)
-        logits = self.runner.forward(batch)  # [S, V]
-        if self.scheduler.constrained:
-            constrained = [(i, r.grammar) for i, r in enumerate(sampled) if r.grammar is not None]
-            if constrained and (mask := self._mask(constrained)) is not None:
-                mask.apply(logits)
+        try:
+            logits = self.runner.forward(batch)  # [S, V]
+        finally:  # the mask thread lets go of the grammars before anything else touches them
+            mask = self.masks.finish(filling) if filling is not None and self.masks is not None else None
+        if mask is not None:
+            mask.apply(logits)
         result = self.sampler.sample(logits, sample_batch)
         host, event = self._copy_to_host(result)
         positions = self.scheduler.launched(plan, sampled)
         self.steps += 1
         return InFlight(sampled, positions, result, host, event)
 
-    def _mask(self, constrained: list[tuple[int, GrammarState]]) -> StepMask | None:
-        """The bitmask rows of this step's constrained requests, filled while the device runs
-        its forward. Their last tokens may be in the step in flight: wait for it (it is queued
-        ahead of this one's forward, so the device loses nothing) and advance their grammars."""
-        if self.inflight is not None:
-            self._advance_grammars(self.inflight)
+    def _begin_mask(self, sampled: list[Req]) -> Future[list[int]] | None:
+        """Fill the bitmask rows of this step's constrained requests in the mask thread while this
+        one builds and launches the forward. Their last tokens may be in the step in flight: the
+        thread waits for it (it is queued ahead of this one's forward, so the device loses
+        nothing) and advances their grammars first."""
+        constrained = [(i, r.grammar) for i, r in enumerate(sampled) if r.grammar is not None]
+        if not constrained:
+            return None
         if self.masks is None:
             self.masks = TokenMasks(self.scheduler.limits.max_running, self.sampler.state.vocab, self.device)
-        return self.masks.fill(constrained)
-
-    def _advance_grammars(self, f: InFlight) -> None:
-        for req, pos, tok in zip(f.sampled, f.positions, f.host_tokens(), strict=True):
-            if req.grammar is not None:
-                req.grammar.advance(pos, tok)
+        inflight = self.inflight
+        return self.masks.begin(lambda: _advance_grammars(inflight), constrained)
 
     def _copy_to_host(self, r: SampleResult) -> tuple[SampleResult, torch.cuda.Event | None]:
         if self.device.type != "cuda":
@@ -241,6 +243,15 @@ class Engine:
                 req.finish_reason = FINISH_ERROR
                 self.scheduler.finished.append(req)
         return [(r.detok, _item(r, None, None, None)) for r in self.scheduler.take_finished()]
+
+
+def _advance_grammars(f: InFlight | None) -> None:
+    """The grammars of a step's requests take its tokens (waiting for them)."""
+    if f is None:
+        return
+    for req, pos, tok in zip(f.sampled, f.positions, f.host_tokens(), strict=True):
+        if req.grammar is not None:
+            req.grammar.advance(pos, tok)
 
 
 def _grammar_end(req: Req, pos: int, tok: int) -> str:

@@ -5,10 +5,19 @@ token, int32 words) into a host buffer, in its own threads for a batch; the rows
 device in one copy and mask the logits in place (disallowed tokens to -inf) before sampling.
 Only the constrained rows are filled, copied and masked: a step without constrained requests
 does none of this, and unconstrained rows of a step with some are left as they are.
+
+The rows are filled in a thread of their own (``begin``), beside the step loop's build and
+launch of the step's forward: the fill waits for the step in flight (its tokens advance the
+grammars) and xgrammar's fill lets go of the interpreter, so on a step whose launch keeps the
+host busy (a mixed prefill step, launched kernel by kernel) the fill costs the step nothing.
+``finish`` waits for the rows and queues their copy to the device, in the step loop's thread
+and stream.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -42,18 +51,30 @@ class TokenMasks:
         self.host = torch.full(shape, -1, dtype=xgr.bitmask_dtype, pin_memory=cuda)  # [rows, W]
         self.dev = torch.empty(shape, dtype=xgr.bitmask_dtype, device=device) if cuda else self.host
         self.batch = xgr.BatchGrammarMatcher()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="token-mask")
 
-    def fill(self, states: list[tuple[int, GrammarState]]) -> StepMask | None:
-        """states: (sample index, grammar) of the step's constrained requests. The host buffer
-        must not be in a copy still: the caller has waited for the step before (whose copy it was).
-        None when no row needs a mask (every grammar has ended: their tokens are dropped)."""
-        live = [(i, s.matcher) for i, s in states if s.needs_mask]
-        if not live:
+    def begin(self, advance: Callable[[], None], states: list[tuple[int, GrammarState]]) -> Future[list[int]]:
+        """Start filling the rows of states ((sample index, grammar) of the step's constrained
+        requests) in the mask thread: first ``advance`` (the grammars take the tokens of the step
+        in flight, waiting for them), then the fill. The caller must not touch those grammars
+        until ``finish``. The host buffer is free then: the step in flight held its last copy."""
+        return self._thread.submit(self._fill, advance, states)
+
+    def finish(self, filling: Future[list[int]]) -> StepMask | None:
+        """The rows begun, on the device (the copy queued on the caller's stream); None when no
+        row needs a mask (every grammar has ended: their tokens are dropped)."""
+        rows = filling.result()
+        if not rows:
             return None
-        rows = [i for i, _ in live]
-        self.batch.batch_fill_next_token_bitmask([m for _, m in live], self.host, rows)
         n = max(rows) + 1
         if self.dev is self.host:
             return StepMask(self.host[:n], rows, self.vocab_size)
         self.dev[:n].copy_(self.host[:n], non_blocking=True)
         return StepMask(self.dev[:n], to_device(rows, torch.int32, self.device), self.vocab_size)
+
+    def _fill(self, advance: Callable[[], None], states: list[tuple[int, GrammarState]]) -> list[int]:
+        advance()
+        live = [(i, s.matcher) for i, s in states if s.needs_mask]
+        if live:
+            self.batch.batch_fill_next_token_bitmask([m for _, m in live], self.host, [i for i, _ in live])
+        return [i for i, _ in live]

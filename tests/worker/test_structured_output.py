@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 
 import jsonschema
 import pytest
@@ -174,6 +175,40 @@ def test_steps_without_constrained_requests_make_no_mask(tiny_llama: str) -> Non
     engine = build_engine(WorkerConfig(model_dir=tiny_llama))
     run(engine, [request("a", [0, 5, 6], max_new_tokens=6), request("b", [0, 7], max_new_tokens=6)])
     assert engine.masks is None
+
+
+def test_the_mask_is_filled_while_the_step_loop_launches_the_forward(tiny_llama: str) -> None:
+    """The fill runs in the mask thread, beside the forward's launch (which on the CPU is its run),
+    and the step waits for it before sampling."""
+    engine = build_engine(WorkerConfig(model_dir=tiny_llama))
+    spans: dict[str, list[tuple[float, float, str]]] = {"fill": [], "forward": []}
+
+    def timed(name: str, f):
+        def call(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spans[name].append((started, time.perf_counter(), threading.current_thread().name))
+
+        return call
+
+    forward = engine.runner.forward
+    engine.runner.forward = timed("forward", lambda batch: (time.sleep(0.05), forward(batch))[1])  # type: ignore[method-assign]
+    c = Constraint("regex", "[0-9]{6}")
+    run(engine, [request("a", [0, 5, 6], max_new_tokens=8, constraint=c)], later={2: []})
+    assert engine.masks is not None
+    fill = engine.masks._fill
+    engine.masks._fill = timed("fill", lambda *a: (time.sleep(0.03), fill(*a))[1])  # type: ignore[method-assign]
+    out = run(engine, [request("b", [0, 5, 7], max_new_tokens=8, constraint=c)])["b"]
+    assert out.finish_reason == "stop" and re.fullmatch("[0-9]{6}", _text(tiny_llama, out.tokens))
+    fills = spans["fill"]
+    assert len(fills) >= 6 and all(name.startswith("token-mask") for _, _, name in fills)
+    # each fill overlaps a forward in the step loop's thread, and the sampling waits for it
+    forwards = spans["forward"][-len(fills) :]
+    assert all(name == threading.current_thread().name for _, _, name in forwards)
+    for (fill_start, fill_end, _), (fwd_start, fwd_end, _) in zip(fills, forwards, strict=True):
+        assert fill_start < fwd_end and fwd_start < fill_end
 
 
 def test_an_invalid_constraint_is_an_invalid_request(tiny_llama: str) -> None:
