@@ -147,11 +147,8 @@ class Engine:
         prev = self.inflight.previous_tokens() if self.inflight is not None else None
         batch = build_batch(plan, self.kv.table.table, self.device, prev, self.runner.staging)
         sample_batch = self.sampler.batch(sampled, self.device, batch.sample_rows)
-        try:
-            logits = self.runner.forward(batch)  # [S, V]
-        finally:  # the mask thread lets go of the grammars before anything else touches them
-            mask = self.masks.finish(filling) if filling is not None and self.masks is not None else None
-        if mask is not None:
+        logits = self.runner.forward(batch)  # [S, V]
+        if filling is not None and self.masks is not None and (mask := self.masks.finish(filling)) is not None:
             mask.apply(logits)
         result = self.sampler.sample(logits, sample_batch)
         host, event = self._copy_to_host(result)

@@ -11,13 +11,17 @@ launch of the step's forward: the fill waits for the step in flight (its tokens 
 grammars) and xgrammar's fill lets go of the interpreter, so on a step whose launch keeps the
 host busy (a mixed prefill step, launched kernel by kernel) the fill costs the step nothing.
 ``finish`` waits for the rows and queues their copy to the device, in the step loop's thread
-and stream.
+and stream. A step whose forward fails does not wait for its fill: the fill may wait for a step
+the device never ends (a tensor-parallel peer died in its all-reduce), so the thread is a
+daemon, and it cannot hold the failing worker at its exit.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +55,7 @@ class TokenMasks:
         self.host = torch.full(shape, -1, dtype=xgr.bitmask_dtype, pin_memory=cuda)  # [rows, W]
         self.dev = torch.empty(shape, dtype=xgr.bitmask_dtype, device=device) if cuda else self.host
         self.batch = xgr.BatchGrammarMatcher()
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="token-mask")
+        self._thread = _MaskThread()
 
     def begin(self, advance: Callable[[], None], states: list[tuple[int, GrammarState]]) -> Future[list[int]]:
         """Start filling the rows of states ((sample index, grammar) of the step's constrained
@@ -78,3 +82,25 @@ class TokenMasks:
         if live:
             self.batch.batch_fill_next_token_bitmask([m for _, m in live], self.host, [i for i, _ in live])
         return [i for i, _ in live]
+
+
+class _MaskThread:
+    """One daemon thread that runs the fills in order (a ThreadPoolExecutor's thread would be
+    joined at exit)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="token-mask", daemon=True).start()
+
+    def submit(self, fn: Callable, *args) -> Future:
+        done: Future = Future()
+        self._jobs.put((done, fn, args))
+        return done
+
+    def _run(self) -> None:
+        while True:
+            done, fn, args = self._jobs.get()
+            try:
+                done.set_result(fn(*args))
+            except BaseException as e:  # the step loop's finish() raises it
+                done.set_exception(e)

@@ -211,6 +211,28 @@ def test_the_mask_is_filled_while_the_step_loop_launches_the_forward(tiny_llama:
         assert fill_start < fwd_end and fwd_start < fill_end
 
 
+def test_a_failed_forward_does_not_wait_for_its_fill(tiny_llama: str) -> None:
+    """The fill may wait for a step the device never ends (a tensor-parallel peer died in its
+    all-reduce): the step's forward failing ends the step at once."""
+    engine = build_engine(WorkerConfig(model_dir=tiny_llama))
+    engine.add(request("a", [0, 5, 6], max_new_tokens=8, constraint=Constraint("regex", "[0-9]{6}")))
+    while engine.masks is None:
+        engine.step()
+    stuck = threading.Event()
+    fill = engine.masks._fill
+    engine.masks._fill = lambda *a: (stuck.wait(30), fill(*a))[1]  # type: ignore[method-assign]
+
+    def dead(batch):
+        raise RuntimeError("a rank died")
+
+    engine.runner.forward = dead  # type: ignore[method-assign]
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError, match="a rank died"):
+        engine.step()
+    assert time.perf_counter() - started < 5
+    stuck.set()
+
+
 def test_an_invalid_constraint_is_an_invalid_request(tiny_llama: str) -> None:
     engine = build_engine(WorkerConfig(model_dir=tiny_llama))
     engine.add(request("bad", [0, 5], constraint=Constraint("regex", "(")))
