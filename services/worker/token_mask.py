@@ -79,9 +79,10 @@ class TokenMasks:
     def _fill(self, advance: Callable[[], None], states: list[tuple[int, GrammarState]]) -> list[int]:
         advance()
         live = [(i, s.matcher) for i, s in states if s.needs_mask]
+        rows = [i for i, _ in live]
         if live:
-            self.batch.batch_fill_next_token_bitmask([m for _, m in live], self.host, [i for i, _ in live])
-        return [i for i, _ in live]
+            self.batch.batch_fill_next_token_bitmask([m for _, m in live], self.host, rows)
+        return rows
 
 
 class _MaskThread:

@@ -196,7 +196,7 @@ def test_the_mask_is_filled_while_the_step_loop_launches_the_forward(tiny_llama:
     forward = engine.runner.forward
     engine.runner.forward = timed("forward", lambda batch: (time.sleep(0.05), forward(batch))[1])  # type: ignore[method-assign]
     c = Constraint("regex", "[0-9]{6}")
-    run(engine, [request("a", [0, 5, 6], max_new_tokens=8, constraint=c)], later={2: []})
+    run(engine, [request("a", [0, 5, 6], max_new_tokens=8, constraint=c)])  # makes the masks
     assert engine.masks is not None
     fill = engine.masks._fill
     engine.masks._fill = timed("fill", lambda *a: (time.sleep(0.03), fill(*a))[1])  # type: ignore[method-assign]
