@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from services.worker.mrope_index import RopePositions, rope_index
+from services.worker.prefill_sharing import block_hashes
 from shared.messages import GenerateReq, SamplingParams
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class Req:
         "images",
         "kv_len",
         "params",
+        "prompt_blocks",
         "prompt_len",
         "rid",
         "rope",
@@ -79,6 +81,7 @@ class Req:
         self.finish_reason = ""
         self.error = ""  # why it failed, when finish_reason is "error"
         self.error_kind = ""
+        self.prompt_blocks: list[int] | None = None  # its prompt's block hashes (prefill_sharing.py), once asked
         self.unresolved = 0  # placeholder tokens of steps still in flight
         self.closing = False  # its last token is in flight; it is scheduled no more
         self.grammar: GrammarState | None = None  # structured output: what its tokens must spell
@@ -97,6 +100,13 @@ class Req:
     @property
     def output_ids(self) -> list[int]:
         return self.tokens[self.prompt_len :]
+
+    @property
+    def blocks(self) -> list[int]:
+        """Its prompt's block hashes (prefill_sharing.py)."""
+        if self.prompt_blocks is None:
+            self.prompt_blocks = block_hashes(self.tokens[: self.prompt_len])
+        return self.prompt_blocks
 
     @property
     def pending(self) -> int:

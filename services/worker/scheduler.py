@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.worker.memory.kv_manager import KVManager
+from services.worker.prefill_sharing import Prefilling
 from services.worker.request import PLACEHOLDER, Req
 from shared.messages import (
     ERR_DEADLINE,
@@ -42,6 +43,8 @@ from shared.messages import (
 )
 
 log = logging.getLogger(__name__)
+
+MAX_HELD_BACK = 64  # requests held back for a prefix being prefilled, in one step at most
 
 
 @dataclass
@@ -139,31 +142,49 @@ class Scheduler:
                     break
                 self._plan_extend(plan, req, n)
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_running:
-            req = self.waiting[0]
+        self._start_waiting(plan, len(decodes), budget)
+        plan.decodes = decodes
+        if decodes:
+            plan.decode_slots = self.kv.allocate_one_each(decodes)
+        return plan
+
+    def _start_waiting(self, plan: StepPlan, decodes: int, budget: int) -> None:
+        """Waiting requests start in arrival order while the budget and the pool allow, keeping
+        room for this step's decodes and the next. One that would compute a prompt prefix that a
+        request being prefilled computes too waits for it (prefill_sharing.py); later ones go on."""
+        prefilling = Prefilling()
+        if self.kv.caching:
+            for r in self.running:
+                if not r.decoding and r.pending > 0:
+                    prefilling.add(r.blocks)
+        held_back, i = 0, 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.limits.max_running:
+            req = self.waiting[i]
             if req.unresolved:  # paused while a token of it was in flight: wait for the token
                 break
             hit = self.kv.lookup(req)  # its cached prefix, if any, is reused rather than recomputed
             cached, pinned = (hit.length, hit.unlocked) if hit is not None else (0, 0)
+            if prefilling and held_back < MAX_HELD_BACK and prefilling.worth_waiting(req.blocks, cached):
+                held_back += 1
+                i += 1
+                continue
             n = min(len(req.tokens) - cached, budget)
             # keep room for this step's decodes and the next step's
-            if not self.kv.can_allocate(n + 2 * len(decodes) + 1, new_rows=1, pinned=pinned):
+            if not self.kv.can_allocate(n + 2 * decodes + 1, new_rows=1, pinned=pinned):
                 alone = len(req.tokens) - cached
                 if not self.running and not self.kv.can_allocate(alone, new_rows=1, pinned=pinned):
-                    self.waiting.popleft()
+                    del self.waiting[i]
                     self._fail(req, "the request needs more KV tokens than the pool has")
                     continue
                 break
-            self.waiting.popleft()
+            del self.waiting[i]
             self.running.append(req)
             self.kv.start(req, hit)
             plan.new_rows.append(req)
             self._plan_extend(plan, req, n)
             budget -= n
-        plan.decodes = decodes
-        if decodes:
-            plan.decode_slots = self.kv.allocate_one_each(decodes)
-        return plan
+            if self.kv.caching:
+                prefilling.add(req.blocks)
 
     def _take_compiled(self) -> None:
         """Requests whose grammar is compiled join the waiting queue (in arrival order); those

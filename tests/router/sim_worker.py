@@ -4,7 +4,8 @@ It takes AdmitReqs and AbortReqs, and each step follows the real scheduler's rul
 (services/worker/scheduler.py): one decode token for every prefilled request, pausing
 the newest requests when the pool cannot hold those tokens, prefill chunks within a
 token budget (part-way prefills first, then new or paused requests in order, keeping
-room for this step's decodes and the next), a request finishing at EOS or at
+room for this step's decodes and the next, holding back one that would compute a prefix a
+prompt being prefilled computes: prefill_sharing.py), a request finishing at EOS or at
 max_new_tokens. It reports a WorkerStatus like the real worker's.
 
 The "model" makes a request's next token a function of every token before it, through a
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from services.worker.prefill_sharing import Prefilling, block_hashes
 from shared.messages import (
     ERR_DEADLINE,
     ERR_TOO_LARGE,
@@ -38,6 +40,7 @@ from shared.prefix_tree import Node
 from tests.router.sim_pool import SimPool
 
 EOS = 0
+MAX_HELD_BACK = 64  # as the real scheduler's
 _MASK = (1 << 64) - 1
 
 
@@ -90,6 +93,7 @@ class SimReq:
         self.kv: list[int] = []  # one rolling state per token in the pool
         self.cached = 0  # of kv, the tokens in the prompt cache's tree (the first ones)
         self.node: Node | None = None  # the tree path it holds locked
+        self.prompt_blocks: list[int] | None = None  # its prompt's block hashes (prefill_sharing.py)
         self.started = False
         self.finish_reason = ""
         self.error_kind = ""
@@ -101,6 +105,12 @@ class SimReq:
     @property
     def pending(self) -> int:
         return len(self.tokens) - len(self.kv)
+
+    @property
+    def blocks(self) -> list[int]:
+        if self.prompt_blocks is None:
+            self.prompt_blocks = block_hashes(self.tokens[: self.prompt_len])
+        return self.prompt_blocks
 
     @property
     def decoding(self) -> bool:
@@ -191,8 +201,8 @@ class SimWorker:
         sampled: list[SimReq] = []
         for req, n in extends:
             self._compute(req, n)
+            self.pool.cache(req)  # what its prefill has computed joins the prompt cache
             if req.pending == 0:
-                self.pool.cache(req)  # its prefill is done: its tokens join the prompt cache
                 sampled.append(req)
         for req in decodes:
             self._compute(req, 1)
@@ -221,23 +231,35 @@ class SimWorker:
     ) -> None:
         """New or paused requests start, in order, while the budget and the pool allow (keeping
         room for this step's decodes and the next)."""
-        while self.waiting and budget > 0 and len(self.running) < self.max_running:
-            req = self.waiting[0]
+        caching = self.pool.tree is not None
+        prefilling = Prefilling()
+        for r in self.running if caching else []:
+            if not r.decoding and r.pending > 0:
+                prefilling.add(r.blocks)
+        held_back, i = 0, 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_running:
+            req = self.waiting[i]
             cached, unlocked = self.pool.peek(req)
+            if prefilling and held_back < MAX_HELD_BACK and prefilling.worth_waiting(req.blocks, cached):
+                held_back += 1
+                i += 1
+                continue
             pending = len(req.tokens) - cached
             n = min(pending, budget)
             if self.pool.room - unlocked < n + 2 * decodes + 1:
                 if not self.running and self.pool.room - unlocked < pending:
-                    self.waiting.popleft()
+                    del self.waiting[i]
                     items.append(self._item(self._finish(req, FINISH_ERROR, ERR_TOO_LARGE), with_token=False))
                     continue
                 break
-            self.waiting.popleft()
+            del self.waiting[i]
             self.running.append(req)
             self.pool.start(req)
             extends.append((req, n))
             self.pool.alloc(n)
             budget -= n
+            if caching:
+                prefilling.add(req.blocks)
 
     def _make_room(self, decodes: list[SimReq], items: list[TokenItem]) -> list[SimReq]:
         """Pause the newest requests until this step's decode tokens fit (as the real scheduler)."""

@@ -9,6 +9,7 @@ import torch
 
 from services.worker.build import build_engine
 from services.worker.engine import Engine
+from services.worker.prefill_sharing import BLOCK
 from shared.config import WorkerConfig
 from tests import hf_reference
 from tests.worker.engine_driver import request, run
@@ -98,6 +99,31 @@ def test_requests_arriving_while_their_prefix_is_still_being_prefilled(tiny_llam
     got = run(engine, reqs, later=later)
     assert engine.kv.cache.stats.hits >= 16
     _check(tiny_llama, engine, all_reqs, got)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_requests_sharing_an_uncached_prefix_start_one_after_the_other(tiny_llama: str, device: str) -> None:
+    """Three requests arrive together with a shared prefix of several blocks that nothing cached:
+    the first computes it and the other two wait a step and reuse it (prefill_sharing.py); a
+    request sharing nothing starts at once, in the first step."""
+    ids = _ids(tiny_llama)
+    prefix = (ids * 4)[: 2 * BLOCK + 10]
+    reqs = [request(f"share-{i}", [*prefix, 200 + i, 300 + i], max_new_tokens=5, ignore_eos=True) for i in range(3)]
+    reqs.append(request("alone", [7, *ids[1:]], max_new_tokens=5, ignore_eos=True))
+    engine = _engine(tiny_llama, device, batch_max_tokens=4096)
+    started = []
+    step = engine.scheduler.schedule
+
+    def schedule():
+        plan = step()
+        started.append(sorted(r.rid for r in plan.new_rows))
+        return plan
+
+    engine.scheduler.schedule = schedule
+    got = run(engine, reqs)
+    assert started[:2] == [["alone", "share-0"], ["share-1", "share-2"]]
+    assert [got[f"share-{i}"].cached_tokens for i in (1, 2)] == [len(prefix), len(prefix)]
+    _check(tiny_llama, engine, reqs, got)
 
 
 @pytest.mark.parametrize("device", DEVICES)

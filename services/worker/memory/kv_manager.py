@@ -38,6 +38,11 @@ class KVManager:
         return self.cache.locked if self.cache is not None else 0
 
     @property
+    def caching(self) -> bool:
+        """The prompt cache is on."""
+        return self.cache is not None
+
+    @property
     def available_tokens(self) -> int:
         """Free tokens and cached ones no request holds: all of the pool when nothing runs."""
         return self.allocator.num_free + self.evictable_tokens
