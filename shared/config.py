@@ -254,6 +254,12 @@ class RouterConfig(CommonConfig):
         "cache_aware: a request follows its longest prefix match only when that match is longer, by at least "
         "this fraction of its prompt, than the match on the group least_loaded would pick",
     )
+    cache_aware_max_overtake: int = option(
+        256,
+        "cache_aware: a request whose prompt prefix the requests running in its group hold may start ahead of "
+        "the request its group's lane waits for, at most this many times for one waiting request "
+        "(0: first in, first out within a lane)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -263,6 +269,7 @@ class RouterConfig(CommonConfig):
         )
         _check(self.cache_aware_balance_margin >= 0, "cache_aware_balance_margin must be >= 0")
         _check(0.0 <= self.cache_aware_min_match <= 1.0, "cache_aware_min_match must be in [0, 1]")
+        _check(self.cache_aware_max_overtake >= 0, "cache_aware_max_overtake must be >= 0")
         _check(0.0 <= self.router_token_ratio <= 1.0, "router_token_ratio must be in [0, 1]")
         _check(self.router_max_new_token_len >= 1, "router_max_new_token_len must be >= 1")
         _check(self.running_max_req_size >= 1, "running_max_req_size must be >= 1")

@@ -205,12 +205,12 @@ class RouterCore:
         """Each request in turn goes to the group Routing.prefer names, once that group can take
         it; until then it waits in that group's lane, and so does every later request that
         prefers the same group (first in, first out within a lane), while later requests for
-        groups with room go on. The scan stops when every group's lane is blocked, or after
-        LANE_SCAN requests."""
+        groups with room go on, as do requests that may overtake (Routing._open). The scan ends
+        as LaneRound.over says, or after LANE_SCAN requests."""
         rnd = LaneRound()
         live = [g for g in self.groups.values() if not g.draining]
         for req in list(islice(self.waiting, LANE_SCAN)):
-            if not live or len(rnd.waiting) >= len(live):
+            if not live or rnd.over(live, self.cfg.cache_aware_max_overtake):
                 return
             why = self._late(req, now_unix)
             if why:
@@ -227,7 +227,7 @@ class RouterCore:
                 self._place(req, choice.group, choice.matched, act)
                 rnd.placed_on(choice.group)
             else:
-                rnd.wait_for(choice.group)
+                rnd.wait_for(choice.group, req)
 
     def _place(self, req: GenerateReq, g: GroupState, matched: int, act: Actions) -> None:
         key = (g.name, g.instance)

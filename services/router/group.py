@@ -78,6 +78,9 @@ class GroupState:
     cache_seen: bool = False
     draining: bool = False  # shutting down, by its statuses: nothing more is placed here
     index: PrefixIndex = field(default_factory=lambda: PrefixIndex(0))
+    # cache_aware: the request this group's lane waits for, and how many requests started ahead of it
+    lane_head: str = ""
+    overtaken: int = 0
 
     @classmethod
     def from_status(cls, st: WorkerStatus, now: float) -> GroupState:

@@ -4,9 +4,12 @@ least_loaded and round_robin choose among the groups that can take the request n
 (GroupState.can_take); with none, the request waits at the head of the queue. cache_aware
 chooses among every group that could ever hold it (``prefer``): when that group is full the
 request waits for it, in that group's lane, while requests behind it that prefer another group
-go on (RouterCore._admit_by_lane). Choosing only among groups with room would, once every pool
-is full, send each request to whichever group's status freed room last, whatever its prefix:
-each group would then see every prefix and the caches would thrash as under round_robin.
+go on (RouterCore._admit_by_lane), as does one whose prompt prefix the requests placed on that
+group hold, up to cache_aware_max_overtake times per waiting request (``_open``: the group's
+cache surely has the prefix, and the request adds only its own tokens). Choosing only among
+groups with room would, once every pool is full, send each request to whichever group's status
+freed room last, whatever its prefix: each group would then see every prefix and the caches
+would thrash as under round_robin.
 
 - least_loaded: the most KV tokens free by the router's count (ties: fewer requests). Not the
   room left under the peak estimate: a short request leaves a group's peak as it was, so that
@@ -41,6 +44,9 @@ class Candidate:
         return self.look.matched
 
 
+OVERTAKE_SCAN = 16  # requests looked at once every lane is blocked: only one that may overtake can go on
+
+
 @dataclass
 class LaneRound:
     """One admission round under cache_aware: the requests found waiting for each group (its
@@ -49,14 +55,29 @@ class LaneRound:
 
     waiting: dict[str, int] = field(default_factory=dict)
     _headroom: dict[str, int] = field(default_factory=dict)
+    _past: int = 0  # requests looked at since every lane was blocked
+
+    def over(self, live: list[GroupState], max_overtake: int) -> bool:
+        """The round can end: every lane is blocked and either OVERTAKE_SCAN requests have been
+        looked at since, or no group's waiting request may be overtaken any more."""
+        if not all(self.blocked(g) for g in live):
+            return False
+        if self._past >= OVERTAKE_SCAN or all(g.overtaken >= max_overtake for g in live):
+            return True
+        self._past += 1
+        return False
 
     def blocked(self, g: GroupState) -> bool:
         return g.name in self.waiting
 
-    def wait_for(self, g: GroupState) -> None:
+    def wait_for(self, g: GroupState, req: GenerateReq) -> None:
+        if g.name not in self.waiting and g.lane_head != req.rid:  # a new head: nothing has overtaken it yet
+            g.lane_head, g.overtaken = req.rid, 0
         self.waiting[g.name] = self.waiting.get(g.name, 0) + 1
 
     def placed_on(self, g: GroupState) -> None:
+        if self.blocked(g):  # it started ahead of the request g's lane waits for
+            g.overtaken += 1
         self._headroom.pop(g.name, None)
 
     def headroom(self, g: GroupState) -> int:
@@ -101,7 +122,7 @@ class Routing:
         cands = [Candidate(g, g.lookup(req)) for g in groups if not g.draining and g.capacity >= alone]
         if not cands:
             return None
-        now = [c for c in cands if not rnd.blocked(c.group) and c.group.can_take(req, c.look, self.cfg)]
+        now = [c for c in cands if self._open(req, c, rnd) and c.group.can_take(req, c.look, self.cfg)]
         queued = {c.group.name: rnd.queued(c.group) for c in cands}
         if now:  # least_loaded among them
             fallback = max(now, key=lambda c: (rnd.headroom(c.group), -len(c.group.placed)))
@@ -112,6 +133,16 @@ class Routing:
         too_far_ahead = queued[best.group.name] - min(queued.values()) > self.cfg.cache_aware_balance_margin
         chosen = fallback if hardly_longer or too_far_ahead else best
         return chosen, any(c is chosen for c in now)
+
+    def _open(self, req: GenerateReq, c: Candidate, rnd: LaneRound) -> bool:
+        """Whether req may start on c's group in this round: its lane is not blocked, or req's prompt
+        prefix is held by requests running there (its cache surely has it; req adds only its own
+        tokens) and the request the lane waits for has not been overtaken too often."""
+        g = c.group
+        if not rnd.blocked(g):
+            return True
+        held = len(req.input_ids) - c.look.adds
+        return g.overtaken < self.cfg.cache_aware_max_overtake and self.is_hit(req, held)
 
     def is_hit(self, req: GenerateReq, matched: int) -> bool:
         """A placement that reuses a prefix worth routing for (the figures count these)."""

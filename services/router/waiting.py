@@ -2,7 +2,8 @@
 
 The queue is first in, first out: the head waits until some group can hold it, and
 nothing overtakes it, so a large request is never starved by a stream of small ones. Under
-cache_aware routing the order is kept per group (RouterCore._admit_by_lane).
+cache_aware routing the order is kept per group (RouterCore._admit_by_lane), where a request
+whose prefix the group's running requests hold may overtake, a bounded number of times.
 Rids are indexed so that a duplicate delivery or an abort is found without a scan.
 """
 

@@ -91,6 +91,24 @@ def test_a_request_waits_for_its_full_group_while_later_ones_for_others_go_on() 
     assert _place(core) == {"b1": "0"}  # and b2 waits for b1, though group 1 has room
 
 
+@pytest.mark.parametrize("max_overtake", [0, 1, 256])
+def test_a_request_whose_prefix_runs_in_its_group_overtakes_the_lane_within_a_bound(max_overtake: int) -> None:
+    """b0 runs with P on group 0 and leaves room for small requests only; b1 (P, long) waits in
+    group 0's lane. Small requests with P would add only their own tokens to a pool that surely
+    holds P: up to max_overtake of them start ahead of b1; the rest wait behind it."""
+    core = _core(cache_aware_max_overtake=max_overtake)
+    _with_prefix_on_group_0(core)
+    assert _place(core, _req("b0", [*P, 1], max_new=3_700)) == {"b0": "0"}
+    small = [_req(f"s{i}", [*P, 10 + i], max_new=50) for i in range(3)]
+    placed = _place(core, _req("b1", [*P, 2], max_new=3_000), *small)
+    overtakers = min(max_overtake, len(small))
+    assert placed == {f"s{i}": "0" for i in range(overtakers)}
+    assert [r.rid for r in core.waiting] == ["b1", *(f"s{i}" for i in range(overtakers, len(small)))]
+    assert core.groups["0"].overtaken == overtakers
+    # a request with no prefix in group 0 does not overtake there: it goes to group 1, which has room
+    assert _place(core, _req("other", list(range(1, 60)))) == {"other": "1"}
+
+
 def test_least_loaded_ignores_the_prefix() -> None:
     core = _core(routing_policy="least_loaded")
     _with_prefix_on_group_0(core)
@@ -160,6 +178,7 @@ def test_an_emptied_cache_empties_the_index() -> None:
 
 
 def test_an_unknown_policy_or_a_bad_knob_is_refused_at_start() -> None:
-    for bad in ({"routing_policy": "random"}, {"cache_aware_balance_margin": -1}, {"cache_aware_min_match": 1.5}):
+    bad_knobs = ({"cache_aware_balance_margin": -1}, {"cache_aware_min_match": 1.5}, {"cache_aware_max_overtake": -1})
+    for bad in ({"routing_policy": "random"}, *bad_knobs):
         with pytest.raises(ConfigError):
             RouterConfig(**bad)
