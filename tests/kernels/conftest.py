@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from services.worker.memory.kv_cache import KV_QUANT_DTYPES, quantize_kv
+from services.worker.memory.kv_cache import KV_QUANT_DTYPES, SCALE_DTYPES, quantize_kv, scale_values
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
@@ -84,8 +84,10 @@ def _make_pooled(
         # garbage in unused slots: any byte but e4m3's NaN (0x7F, 0xFF) decodes to a finite value
         k_pool = torch.randint(0, 127, shape, dtype=torch.uint8, device=device).view(quant)
         v_pool = torch.randint(0, 127, shape, dtype=torch.uint8, device=device).view(quant)
-        k_scale = torch.full(shape[:2], float("nan"), device=device)
-        v_scale = torch.full(shape[:2], float("nan"), device=device)
+        # and scales that poison what reads them: NaN, or (e4m3's int8 exponents) 2^127
+        poison = float("nan") if SCALE_DTYPES[quant].is_floating_point else 127
+        k_scale = torch.full(shape[:2], poison, dtype=SCALE_DTYPES[quant], device=device)
+        v_scale = torch.full(shape[:2], poison, dtype=SCALE_DTYPES[quant], device=device)
     else:
         k_pool = torch.full(shape, float("nan"), dtype=dtype, device=device)
         v_pool = torch.full(shape, float("nan"), dtype=dtype, device=device)
@@ -103,8 +105,8 @@ def _make_pooled(
             k_pool[idx], k_scale[idx] = quantize_kv(k, quant)
             v_pool[idx], v_scale[idx] = quantize_kv(v, quant)
             # what KVCache.dequantized gives the torch backend
-            k = (k_pool[idx].float() * k_scale[idx][..., None]).to(dtype)
-            v = (v_pool[idx].float() * v_scale[idx][..., None]).to(dtype)
+            k = (k_pool[idx].float() * scale_values(k_scale[idx])[..., None]).to(dtype)
+            v = (v_pool[idx].float() * scale_values(v_scale[idx])[..., None]).to(dtype)
         else:
             k_pool[idx] = k
             v_pool[idx] = v

@@ -74,8 +74,9 @@ def _check_store_fp8(t: int, hkv: int, d: int, dtype: torch.dtype, device: torch
     # 0x7F is e4m3's NaN, never written by the quantizer: it marks slots the kernel did not touch
     k_pool = torch.full((capacity, hkv, d), 0x7F, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
     v_pool = k_pool.clone()
-    k_scale = torch.full((capacity, hkv), float("nan"), device=device)
-    v_scale = torch.full_like(k_scale, float("nan"))
+    # exponents: 127 is more than any float32 absmax / 448 needs, never written by the quantizer either
+    k_scale = torch.full((capacity, hkv), 127, dtype=torch.int8, device=device)
+    v_scale = k_scale.clone()
     slots = torch.randperm(capacity, device=device)[:t].to(torch.int32)
     store_kv_fp8(k, v, k_pool, v_pool, k_scale, v_scale, slots)
     idx = slots.long()
@@ -85,7 +86,7 @@ def _check_store_fp8(t: int, hkv: int, d: int, dtype: torch.dtype, device: torch
         assert torch.equal(pool[idx].view(torch.uint8), ref_q.view(torch.uint8))
         untouched = torch.ones(capacity, dtype=torch.bool, device=device)
         untouched[idx] = False
-        assert (pool[untouched].view(torch.uint8) == 0x7F).all() and scale[untouched].isnan().all()
+        assert (pool[untouched].view(torch.uint8) == 0x7F).all() and (scale[untouched] == 127).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

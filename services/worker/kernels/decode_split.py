@@ -18,6 +18,7 @@ import triton.language as tl
 
 from services.worker.kernels.decode_combine import combine_head, tokens_per_split, visible_len
 from services.worker.kernels.extend_attention import dot, online_softmax_step, softcap_scores
+from services.worker.kernels.kv_scale import load_kv_scale
 from services.worker.kernels.launch import launcher
 from services.worker.kernels.rmsnorm import row_inv_rms
 from services.worker.kernels.rotary import load_cos_sin, load_halves, rotate_loaded
@@ -228,8 +229,8 @@ def _decode_split_kernel(
             v_ptr + slots[:, None] * vp_slot_stride + kvh * vp_head_stride + offs_d[None, :], mask=kv_mask, other=0.0
         )
         if QUANT:
-            k_s = tl.load(ks_ptr + slots * ks_slot_stride + kvh * ks_head_stride, mask=nmask, other=0.0)
-            v_s = tl.load(vs_ptr + slots * vs_slot_stride + kvh * vs_head_stride, mask=nmask, other=0.0)
+            k_s = load_kv_scale(ks_ptr, slots, ks_slot_stride, kvh, ks_head_stride, nmask)
+            v_s = load_kv_scale(vs_ptr, slots, vs_slot_stride, kvh, vs_head_stride, nmask)
             qk = dot(q, tl.trans(k.to(q.dtype)), IEEE) * k_s[None, :]  # [BLOCK_G, BLOCK_N]
         else:
             v_s = None

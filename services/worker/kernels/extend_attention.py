@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.kv_scale import load_kv_scale
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
 from services.worker.kernels.strides import PoolStrides, ScaleStrides
 
@@ -178,8 +179,8 @@ def _extend_kernel(
         k = _load(kp_base + slots[:, None] * kp_slot_stride, nmask, dmask, True, PAD_D)  # [BLOCK_N, BLOCK_D]
         v = _load(vp_base + slots[:, None] * vp_slot_stride, nmask, dmask, True, PAD_D)
         if QUANT:
-            k_s = tl.load(ks_ptr + slots * ks_slot_stride + kvh * ks_head_stride, mask=nmask, other=0.0)
-            v_s = tl.load(vs_ptr + slots * vs_slot_stride + kvh * vs_head_stride, mask=nmask, other=0.0)
+            k_s = load_kv_scale(ks_ptr, slots, ks_slot_stride, kvh, ks_head_stride, nmask)
+            v_s = load_kv_scale(vs_ptr, slots, vs_slot_stride, kvh, vs_head_stride, nmask)
             qk = dot(q, tl.trans(k.to(q.dtype)), IEEE) * k_s[None, :]  # [BLOCK_M, BLOCK_N]
         else:
             v_s = None
@@ -282,9 +283,10 @@ def check_pool(
     if k_scale is not None and v_scale is not None:
         if k_pool.dtype not in QUANT_POOLS or v_pool.dtype != k_pool.dtype:
             raise ValueError(f"{name}: scales given but the pools are {k_pool.dtype}, not int8 or float8_e4m3fn")
+        kinds = (torch.float32, torch.int8) if k_pool.dtype == torch.float8_e4m3fn else (torch.float32,)
         for s in (k_scale, v_scale):
-            if s.shape != k_pool.shape[:2] or s.dtype != torch.float32:
-                raise ValueError(f"{name}: scales must be {tuple(k_pool.shape[:2])} float32, got {tuple(s.shape)}")
+            if s.shape != k_pool.shape[:2] or s.dtype not in kinds:
+                raise ValueError(f"{name}: scales must be {tuple(k_pool.shape[:2])} {kinds}, got {s.shape} {s.dtype}")
     elif k_pool.dtype != q.dtype or v_pool.dtype != q.dtype:
         raise ValueError(f"{name}: pools are {k_pool.dtype}/{v_pool.dtype} but q is {q.dtype}")
     return hkv

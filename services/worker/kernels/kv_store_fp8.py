@@ -1,10 +1,11 @@
 """Quantize this step's K and V to FP8 e4m3 and write them into the token KV pool.
 
-Each token's K and V are stored per head as e4m3 with a float32 scale absmax / 448, matching
-``kv_cache.quantize_fp8``: the divisions are IEEE-rounded (div_rn), and each value is rounded
-to its nearest e4m3 neighbour here, ties to even, before the conversion (which then only
-changes the format of a value e4m3 holds exactly), so the stored bytes equal the reference's
-on any conversion instruction, Triton's interpreter's too.
+Each token's K and V are stored per head as e4m3 with a power-of-two scale 2^e kept as its int8
+exponent e, the smallest power of two not under absmax / 448, matching ``kv_cache.quantize_fp8``:
+the division is IEEE-rounded (div_rn) and e is read from the quotient's bits, the values are
+multiplied by 2^-e (exact), and each is rounded to its nearest e4m3 neighbour here, ties to even,
+before the conversion (which then only changes the format of a value e4m3 holds exactly), so the
+stored bytes equal the reference's on any conversion instruction, Triton's interpreter's too.
 """
 
 from __future__ import annotations
@@ -61,11 +62,13 @@ def _quantize_store(
     x = tl.load(x_ptr + token * row_stride + offs_h[:, None] * head_stride + offs_d[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     absmax = tl.max(tl.abs(x), axis=1)  # [BLOCK_H]
-    scale = tl.math.div_rn(tl.maximum(absmax, 1e-8), 448.0)
-    y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[:, None]), -448.0), 448.0)
+    bits = tl.math.div_rn(tl.maximum(absmax, 1e-8), 448.0).to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # 2^e >= absmax / 448
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e
+    y = tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0)
     q = round_to_e4m3(y).to(pool_ptr.dtype.element_ty)
     tl.store(pool_ptr + slot * pool_slot_stride + offs_h[:, None] * pool_head_stride + offs_d[None, :], q, mask=mask)
-    tl.store(scale_ptr + slot * scale_slot_stride + offs_h * scale_head_stride, scale, mask=hmask)
+    tl.store(scale_ptr + slot * scale_slot_stride + offs_h * scale_head_stride, e.to(tl.int8), mask=hmask)
 
 
 @triton.jit
@@ -144,13 +147,15 @@ def store_kv_fp8(
     v_scale: torch.Tensor,
     slots: torch.Tensor,
 ) -> None:
-    """k, v: [T, Hkv, D]; pools: [C, Hkv, D] float8_e4m3fn; scales: [C, Hkv] float32; slots: [T]."""
+    """k, v: [T, Hkv, D]; pools: [C, Hkv, D] float8_e4m3fn; scales: [C, Hkv] int8 exponents; slots: [T]."""
     check_kv_store_args("store_kv_fp8", k, v, k_pool, v_pool, slots)
     if k_pool.dtype != FP8 or v_pool.dtype != FP8:
         raise ValueError(f"store_kv_fp8: pools must be float8_e4m3fn, got {k_pool.dtype} {v_pool.dtype}")
     for s in (k_scale, v_scale):
-        if s.shape != k_pool.shape[:2] or s.dtype != torch.float32:
-            raise ValueError(f"store_kv_fp8: scales must be {tuple(k_pool.shape[:2])} float32, got {tuple(s.shape)}")
+        if s.shape != k_pool.shape[:2] or s.dtype != torch.int8:
+            raise ValueError(
+                f"store_kv_fp8: scales must be {tuple(k_pool.shape[:2])} int8 exponents, got {tuple(s.shape)} {s.dtype}"
+            )
     t, h, d = k.shape
     if t == 0:
         return

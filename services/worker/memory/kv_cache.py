@@ -5,8 +5,12 @@ kept in the request-to-token table (req_table.py) and which are free by the allo
 (token_allocator.py). The slot at index ``capacity`` is scratch: padded rows of a
 CUDA-graph batch write there, so they never touch a live token.
 
-A quantized pool stores each token's K and V per head as int8 (scale absmax / 127) or as FP8
-e4m3 (scale absmax / 448) with a float32 scale: about half the bytes of bf16 per token.
+A quantized pool stores each token's K and V per head as int8 with a float32 scale (absmax /
+127), or as FP8 e4m3 with a power-of-two scale kept as its int8 exponent (the smallest 2^e not
+under absmax / 448): about half the bytes of bf16 per token. A floating-point format's precision
+does not depend on where in its range a value sits, so e4m3 loses nothing to a power-of-two
+scale but range it has to spare, and the scale costs one byte a head instead of four (head dim
+64: 1.97x bf16's tokens instead of 1.88x).
 """
 
 from __future__ import annotations
@@ -26,10 +30,15 @@ class KVLayout:
     quant_dtype: torch.dtype = torch.int8  # a quantized pool's storage: int8 or float8_e4m3fn
 
     @property
+    def scale_dtype(self) -> torch.dtype:
+        """A quantized pool's scales: float32, or int8 exponents for e4m3 values."""
+        return SCALE_DTYPES[self.quant_dtype]
+
+    @property
     def bytes_per_token(self) -> int:
         """Bytes one token slot costs over all layers, K and V."""
         if self.quantized:
-            per_layer = self.kv_heads * (self.head_dim * 1 + 4)
+            per_layer = self.kv_heads * (self.head_dim * 1 + self.scale_dtype.itemsize)
         else:
             per_layer = self.kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
         return 2 * self.num_layers * per_layer
@@ -51,11 +60,12 @@ class KVCache:
         self.v_scale: list[torch.Tensor] | None = None
         if layout.quantized:
             scale_shape = (rows, layout.kv_heads)  # [slots, kv_heads]
+            one = 1 if layout.scale_dtype.is_floating_point else 0  # 2^0
             self.k_scale = [
-                torch.ones(scale_shape, dtype=torch.float32, device=device) for _ in range(layout.num_layers)
+                torch.full(scale_shape, one, dtype=layout.scale_dtype, device=device) for _ in range(layout.num_layers)
             ]
             self.v_scale = [
-                torch.ones(scale_shape, dtype=torch.float32, device=device) for _ in range(layout.num_layers)
+                torch.full(scale_shape, one, dtype=layout.scale_dtype, device=device) for _ in range(layout.num_layers)
             ]
 
     def dequantized(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,13 +74,24 @@ class KVCache:
         v = self.v[layer][slots]
         if self.layout.quantized:
             assert self.k_scale is not None and self.v_scale is not None
-            k = (k.float() * self.k_scale[layer][slots][..., None]).to(self.layout.dtype)
-            v = (v.float() * self.v_scale[layer][slots][..., None]).to(self.layout.dtype)
+            k = (k.float() * scale_values(self.k_scale[layer][slots])[..., None]).to(self.layout.dtype)
+            v = (v.float() * scale_values(self.v_scale[layer][slots])[..., None]).to(self.layout.dtype)
         return k, v
 
 
 KV_QUANT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}  # --kv-dtype -> a quantized pool's storage
+SCALE_DTYPES = {torch.int8: torch.float32, torch.float8_e4m3fn: torch.int8}  # a quantized pool's scales
 FP8_MAX = 448.0
+
+
+def scale_values(s: torch.Tensor) -> torch.Tensor:
+    """Scales as a pool keeps them -> float32: an int8 exponent e stands for 2^e."""
+    return _pow2(s.to(torch.int32)) if s.dtype == torch.int8 else s
+
+
+def _pow2(e: torch.Tensor) -> torch.Tensor:
+    """int32 e in [-126, 127] -> float32 2^e, exactly (its bits)."""
+    return ((e + 127) << 23).view(torch.float32)
 
 
 def quantize_kv(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,12 +100,14 @@ def quantize_kv(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torc
 
 
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: [n, heads, dim] -> (e4m3 values [n, heads, dim], float32 scales [n, heads]): absmax / 448,
-    each value rounded to the nearest e4m3, ties to even."""
+    """x: [n, heads, dim] -> (e4m3 values [n, heads, dim], int8 exponents e [n, heads]): 2^e is the
+    smallest power of two not under the head's absmax / 448 (from that quotient's bits), each value
+    times 2^-e (exact) rounded to the nearest e4m3, ties to even."""
     absmax = x.float().abs().amax(dim=-1)
-    scale = torch.clamp(absmax, min=1e-8) / FP8_MAX
-    q = (x.float() / scale[..., None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q, scale
+    bits = (torch.clamp(absmax, min=1e-8) / FP8_MAX).view(torch.int32)
+    e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    q = (x.float() * _pow2(-e)[..., None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, e.to(torch.int8)
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

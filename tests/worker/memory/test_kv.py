@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.memory.kv_cache import KV_QUANT_DTYPES, KVCache, KVLayout, quantize_fp8, quantize_int8
+from services.worker.memory.kv_cache import (
+    KV_QUANT_DTYPES,
+    KVCache,
+    KVLayout,
+    quantize_fp8,
+    quantize_int8,
+    scale_values,
+)
 from services.worker.memory.kv_manager import KVManager
 from services.worker.memory.req_table import ReqTable
 from services.worker.memory.token_allocator import TokenAllocator
@@ -74,18 +81,32 @@ def test_quantized_layout_holds_about_twice_the_tokens(kv: str) -> None:
 
 def test_fp8_quantization_round_trips_within_e4m3s_step() -> None:
     """e4m3 keeps 3 mantissa bits: each value within 1/16 of its own magnitude (relative), or half
-    the smallest subnormal step of its head's scale."""
-    x = torch.randn(64, 4, 32)
-    q, scale = quantize_fp8(x)
-    assert q.dtype == torch.float8_e4m3fn and scale.shape == (64, 4)
-    assert torch.equal(q.float().abs().amax(-1), torch.full((64, 4), 448.0))  # each head's absmax lands on 448
+    the smallest subnormal step of its head's scale. The scale is a power of two, an int8 exponent."""
+    x = torch.randn(64, 4, 32) * torch.logspace(-6, 6, 64)[:, None, None]
+    x[0, 0] = 0.0  # an all-zero head: the 1e-8 floor
+    q, e = quantize_fp8(x)
+    assert q.dtype == torch.float8_e4m3fn and e.shape == (64, 4) and e.dtype == torch.int8
+    top = q.float().abs().amax(-1)[1:]
+    assert (top >= 224).all() and (top <= 448).all()  # each head's absmax lands in (224, 448], rounded
     cache = KVCache(KVLayout(1, 4, 32, torch.float32, quantized=True, quant_dtype=torch.float8_e4m3fn), 64, "cpu")
+    assert cache.k_scale[0].dtype == torch.int8 and bool((cache.k_scale[0] == 0).all())  # 2^0 until written
     slots = torch.arange(64)
-    cache.k[0][slots], cache.k_scale[0][slots] = q, scale
-    cache.v[0][slots], cache.v_scale[0][slots] = q, scale
+    cache.k[0][slots], cache.k_scale[0][slots] = q, e
+    cache.v[0][slots], cache.v_scale[0][slots] = q, e
     k, _ = cache.dequantized(0, slots)
-    bound = x.abs() / 16 + scale[..., None] * 2.0**-10
+    bound = x.abs() / 16 + scale_values(e)[..., None] * 2.0**-10
     assert ((k - x).abs() <= bound).all()
+
+
+def test_fp8_scales_cost_a_byte_a_head() -> None:
+    """Head dim 64: bf16 128 bytes a head a token, e4m3 64 + 1 (int8 KV: 64 + a float32 scale)."""
+    layout = {
+        kv: KVLayout(16, 8, 64, torch.bfloat16, quantized=True, quant_dtype=KV_QUANT_DTYPES[kv])
+        for kv in KV_QUANT_DTYPES
+    }
+    bf16 = KVLayout(16, 8, 64, torch.bfloat16, quantized=False)
+    assert bf16.bytes_per_token / layout["fp8"].bytes_per_token == 128 / 65
+    assert bf16.bytes_per_token / layout["int8"].bytes_per_token == 128 / 68
 
 
 def test_int8_quantization_round_trips_closely() -> None:
