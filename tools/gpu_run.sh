@@ -9,8 +9,9 @@
 #         GEMM at M = 1 to 256 against its bytes-moved floor)
 #         quant-sweep   (the FP8 and int4 GEMMs' tiles, warps, stages and split at each projection and M = 1, 4, 16:
 #         the best against the default, and the table literal for services/worker/kernels/gemm_tiles.py)
-#         cache-prefix | cache-turns | cache-offline | cache-routing   (the prompt cache, issue 44: each on and
-#         off, or under both router policies, in one run; cache-routing runs two groups on the one GPU)
+#         cache-prefix | cache-turns | cache-offline | cache-routing | cache-pipeline   (the prompt cache, issue 44:
+#         each on and off, or under both router policies, in one run; cache-routing runs two groups on the one GPU;
+#         cache-pipeline: WORKLOAD (shared_prefix, or multi_turn) through the whole pipeline, one group, on and off)
 #         structured   (issue 48: the fixed workload under JSON schemas against unconstrained, one stack)
 #         families-tests | families | families-rest   (issue 45: each family's 1B model in bf16 against Hugging
 #         Face fp32; Qwen3-8B's decode step against Llama-3-8B's, then the issue's four benchmark families against
@@ -86,6 +87,9 @@ for part in "$@"; do
                      --workload shared_prefix --policies cache_aware,round_robin --groups 2 --gpus-per-group 0 \
                      --kv-tokens "${KV_TOKENS:-100000}" 2>&1 | grep -v "it/s\]" | tail -6
                    tar czf "$out/cache_logs.tgz" -C /tmp/lightstream-bench-cache logs 2>/dev/null ;;
+    cache-pipeline) timeout 580 python3 tools/bench_prompt_cache.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" \
+                      --workload "${WORKLOAD:-shared_prefix}" --policies default --prompt-cache on,off --groups 1 2>&1 \
+                      | grep -v "it/s\]" | tail -6 ;;
     structured) timeout 580 python3 tools/bench_structured.py --out-dir "$out" --redis-server "$PWD/.redis/redis-server" 2>&1 \
                   | grep -v "it/s\]" | tail -12
                 tar czf "$out/structured_logs.tgz" -C /tmp/lightstream-bench-structured logs 2>/dev/null ;;
