@@ -230,9 +230,7 @@ class RouterConfig(CommonConfig):
         "its full max_new_tokens (0.0: always); below it a request without ignore_eos counts at a guess",
     )
     router_max_new_token_len: int = option(1024, "the guess of a request's output length when not busy")
-    running_max_req_size: int = option(
-        1000, "most requests placed on one worker group at once (also capped by the group's own)"
-    )
+    running_max_req_size: int = option(1000, "most requests placed on one worker group at once (and its own cap)")
     batch_max_tokens: int = option(0, "most prefill tokens placed on a group and not started yet; 0: no limit")
     worker_dead_after_s: float = option(3.0, "a group with no status for this long is dead")
     max_waiting: int = option(10_000, "waiting-queue bound; past it requests are rejected (overloaded, 503)")
@@ -240,25 +238,19 @@ class RouterConfig(CommonConfig):
     status_log_every_s: float = option(10.0, "seconds between the router's status log lines")
     routing_policy: str = option(
         "cache_aware",
-        "which of the groups that can take a request gets it: cache_aware (the longest prefix match in the "
-        "router's index of each group's prompt cache, within the balance margin), least_loaded (the most KV "
-        "tokens free, ties: fewer requests) or round_robin (the next in turn)",
+        "the group a request goes to: cache_aware (its longest prefix match), least_loaded or round_robin",
     )
     cache_aware_balance_margin: int = option(
-        32,
-        "cache_aware: a group may hold up to this many more requests than the least loaded group that can "
-        "take the request and still be chosen for its prefix match; past it the request goes by least_loaded",
+        64, "cache_aware: past this many requests more than the least loaded group (and -rel), a request goes by load"
+    )
+    cache_aware_balance_rel: float = option(
+        1.5, "cache_aware: ... and past this many times as many (SGLang's balance_abs and _rel_threshold)"
     )
     cache_aware_min_match: float = option(
-        0.3,
-        "cache_aware: a request follows its longest prefix match only when that match is longer, by at least "
-        "this fraction of its prompt, than the match on the group least_loaded would pick",
+        0.3, "cache_aware: a prefix match counts when longer, by this fraction of the prompt, than least_loaded's"
     )
     cache_aware_max_overtake: int = option(
-        256,
-        "cache_aware: a request whose prompt prefix the requests running in its group hold may start ahead of "
-        "the request its group's lane waits for, at most this many times for one waiting request "
-        "(0: first in, first out within a lane)",
+        256, "cache_aware: a lane's waiting request is overtaken at most this often by ones whose prefix runs there"
     )
 
     def __post_init__(self) -> None:
@@ -267,9 +259,11 @@ class RouterConfig(CommonConfig):
             self.routing_policy in ROUTING_POLICIES,
             f"routing_policy must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing_policy!r}",
         )
-        _check(self.cache_aware_balance_margin >= 0, "cache_aware_balance_margin must be >= 0")
+        _check(
+            min(self.cache_aware_balance_margin, self.cache_aware_max_overtake) >= 0, "cache_aware counts must be >= 0"
+        )
+        _check(self.cache_aware_balance_rel >= 1.0, "cache_aware_balance_rel must be >= 1.0")
         _check(0.0 <= self.cache_aware_min_match <= 1.0, "cache_aware_min_match must be in [0, 1]")
-        _check(self.cache_aware_max_overtake >= 0, "cache_aware_max_overtake must be >= 0")
         _check(0.0 <= self.router_token_ratio <= 1.0, "router_token_ratio must be in [0, 1]")
         _check(self.router_max_new_token_len >= 1, "router_max_new_token_len must be >= 1")
         _check(self.running_max_req_size >= 1, "running_max_req_size must be >= 1")

@@ -19,8 +19,9 @@ would thrash as under round_robin.
   group whose index matches the longest prefix of the prompt, unless its match is hardly
   longer than that of the group least_loaded would pick (by less than cache_aware_min_match
   of the prompt), or it holds more than cache_aware_balance_margin requests more than the least
-  loaded group (counting the requests already waiting in each group's lane); then the group that can
-  take it now with the most room, or with none, the one with the fewest requests placed and waiting.
+  loaded group and more than cache_aware_balance_rel times as many (counting the requests already
+  waiting in each group's lane); then the group that can take it now with the most room, or with
+  none, the one with the fewest requests placed and waiting.
 """
 
 from __future__ import annotations
@@ -130,7 +131,10 @@ class Routing:
             fallback = min(cands, key=lambda c: (queued[c.group.name], -rnd.headroom(c.group)))
         best = max(cands, key=lambda c: (c.matched, -queued[c.group.name]))
         hardly_longer = best.matched - fallback.matched < max(self.cfg.cache_aware_min_match * len(req.input_ids), 1)
-        too_far_ahead = queued[best.group.name] - min(queued.values()) > self.cfg.cache_aware_balance_margin
+        most, least = queued[best.group.name], min(queued.values())
+        too_far_ahead = (
+            most - least > self.cfg.cache_aware_balance_margin and most > self.cfg.cache_aware_balance_rel * least
+        )
         chosen = fallback if hardly_longer or too_far_ahead else best
         return chosen, any(c is chosen for c in now)
 

@@ -125,6 +125,17 @@ def test_past_the_balance_margin_the_request_goes_by_load() -> None:
     assert sorted(placed.values()).count("0") == 3
 
 
+@pytest.mark.parametrize(("rel", "on_prefix_group"), [(1.0, 4), (2.0, 5)])
+def test_the_relative_margin_lets_a_busier_group_keep_its_prefix(rel: float, on_prefix_group: int) -> None:
+    """Group 1 holds 2 requests. Past the absolute margin (1), a request with P still goes to group 0
+    while group 0 holds no more than rel times group 1's: SGLang's two thresholds, both needed."""
+    core = _core(cache_aware_balance_margin=1, cache_aware_balance_rel=rel)
+    _with_prefix_on_group_0(core)
+    assert _place(core, _req("o1", list(range(1, 60))), _req("o2", list(range(2, 61)))) == {"o1": "1", "o2": "1"}
+    placed = _place(core, *(_prefixed(f"b{i}") for i in range(on_prefix_group + 1)))
+    assert [placed[f"b{i}"] for i in range(on_prefix_group + 1)] == ["0"] * on_prefix_group + ["1"]
+
+
 def test_a_short_common_prefix_does_not_attract() -> None:
     core = _core()
     _with_prefix_on_group_0(core)
@@ -178,7 +189,12 @@ def test_an_emptied_cache_empties_the_index() -> None:
 
 
 def test_an_unknown_policy_or_a_bad_knob_is_refused_at_start() -> None:
-    bad_knobs = ({"cache_aware_balance_margin": -1}, {"cache_aware_min_match": 1.5}, {"cache_aware_max_overtake": -1})
+    bad_knobs = (
+        {"cache_aware_balance_margin": -1},
+        {"cache_aware_balance_rel": 0.5},
+        {"cache_aware_min_match": 1.5},
+        {"cache_aware_max_overtake": -1},
+    )
     for bad in ({"routing_policy": "random"}, *bad_knobs):
         with pytest.raises(ConfigError):
             RouterConfig(**bad)
