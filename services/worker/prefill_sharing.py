@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 BLOCK = 64  # tokens per compared block: a shared prefix shorter than this is not worth a wait
+MAX_HELD_BACK = 64  # requests held back in one step at most (the scheduler's scan of its queue stays short)
 
 
 def block_hashes(tokens: Sequence[int]) -> list[int]:

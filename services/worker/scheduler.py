@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.worker.memory.kv_manager import KVManager
-from services.worker.prefill_sharing import Prefilling
+from services.worker.prefill_sharing import MAX_HELD_BACK, Prefilling
 from services.worker.request import PLACEHOLDER, Req
 from shared.messages import (
     ERR_DEADLINE,
@@ -43,8 +43,6 @@ from shared.messages import (
 )
 
 log = logging.getLogger(__name__)
-
-MAX_HELD_BACK = 64  # requests held back for a prefix being prefilled, in one step at most
 
 
 @dataclass

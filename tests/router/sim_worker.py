@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from services.worker.prefill_sharing import Prefilling, block_hashes
+from services.worker.prefill_sharing import MAX_HELD_BACK, Prefilling, block_hashes
 from shared.messages import (
     ERR_DEADLINE,
     ERR_TOO_LARGE,
@@ -40,7 +40,6 @@ from shared.prefix_tree import Node
 from tests.router.sim_pool import SimPool
 
 EOS = 0
-MAX_HELD_BACK = 64  # as the real scheduler's
 _MASK = (1 << 64) - 1
 
 
