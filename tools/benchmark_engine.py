@@ -235,6 +235,7 @@ def offline(engine: Engine, cfg: ModelConfig, n: int, part: str = "", ready: Cal
         "mean_input": in_tokens / n,
         "mean_output": out_tokens / n,
         "paused_total": engine.scheduler.num_paused_total,
+        "held_back_total": engine.scheduler.num_held_back_total,
         "profile": step_profile(trace),
     }
 

@@ -87,6 +87,8 @@ class WorkerCollector(Collector):
         yield _gauge("waiting_requests", "Admitted requests not started yet", group, len(waiting) - paused)
         yield _gauge("paused_requests", "Requests paused (preempted) to free KV, to resume", group, paused)
         yield _counter("preemptions", "Requests paused because the pool was full", group, sched.num_paused_total)
+        held = sched.num_held_back_total
+        yield _counter("prefill_held_back", "Steps a request waited for a prefix another was prefilling", group, held)
         ended = CounterMetricFamily(PREFIX + "finished", "Requests ended, by finish reason", labels=["group", "reason"])
         for reason, n in sorted(m.finished.items()):
             ended.add_metric([m.group, reason], n)

@@ -81,6 +81,7 @@ class Scheduler:
         self.finished: list[Req] = []  # ended since the last take_finished()
         self.constrained = 0  # requests held with a grammar: without any, a step makes no mask
         self.num_paused_total = 0
+        self.num_held_back_total = 0  # steps a waiting request waited for a prefix being prefilled
 
     # ---------------------------------------------------------------- membership
 
@@ -164,6 +165,7 @@ class Scheduler:
             cached, pinned = (hit.length, hit.unlocked) if hit is not None else (0, 0)
             if prefilling and held_back < MAX_HELD_BACK and prefilling.worth_waiting(req.blocks, cached):
                 held_back += 1
+                self.num_held_back_total += 1
                 i += 1
                 continue
             n = min(len(req.tokens) - cached, budget)

@@ -37,7 +37,7 @@ def test_steps_tokens_and_ends_are_counted() -> None:
 
     waiting = deque([SimpleNamespace(output_len=0), SimpleNamespace(output_len=3)])  # one new, one paused
     engine = SimpleNamespace(
-        scheduler=SimpleNamespace(running=[object()] * 2, waiting=waiting, num_paused_total=4),
+        scheduler=SimpleNamespace(running=[object()] * 2, waiting=waiting, num_paused_total=4, num_held_back_total=6),
         kv=SimpleNamespace(
             capacity=100,
             free_tokens=75,
@@ -56,6 +56,7 @@ def test_steps_tokens_and_ends_are_counted() -> None:
     assert got[("lightstream_worker_running_requests", g)] == 2
     assert got[("lightstream_worker_waiting_requests", g)] == 1 and got[("lightstream_worker_paused_requests", g)] == 1
     assert got[("lightstream_worker_preemptions_total", g)] == 4
+    assert got[("lightstream_worker_prefill_held_back_total", g)] == 6
     assert got[("lightstream_worker_prefix_cache_queries_total", g)] == 50
     assert got[("lightstream_worker_prefix_cache_hits_total", g)] == 30
     assert got[("lightstream_worker_prefix_cache_evicted_tokens_total", g)] == 7

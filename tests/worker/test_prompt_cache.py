@@ -122,6 +122,7 @@ def test_requests_sharing_an_uncached_prefix_start_one_after_the_other(tiny_llam
     engine.scheduler.schedule = schedule
     got = run(engine, reqs)
     assert started[:2] == [["alone", "share-0"], ["share-1", "share-2"]]
+    assert engine.scheduler.num_held_back_total == 2
     assert [got[f"share-{i}"].cached_tokens for i in (1, 2)] == [len(prefix), len(prefix)]
     _check(tiny_llama, engine, reqs, got)
 
