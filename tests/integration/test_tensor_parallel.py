@@ -107,8 +107,11 @@ def test_a_rank_killed_under_load_fails_its_requests_and_the_group_comes_back(
         results, killed = asyncio.run(scenario())
         for last, ended in results:
             assert last["finished"] and last["finish_reason"] == "error", last
-            # rank 0 learns of the death from its watchdog or from the collective that fails
-            assert "rank died" in last["error"] or "the worker failed" in last["error"], last
+            # rank 0 learns of the death from its watchdog or from the collective that fails; when the
+            # group goes down before its error reaches the client (a loaded machine), the front end's
+            # watchdog ends the request, seeing no worker's heartbeat: explicit either way
+            reasons = ("rank died", "the worker failed", "no worker is alive")
+            assert any(why in last["error"] for why in reasons), last
             assert ended - killed < 10.0
         worker = stack.services["worker-0"].proc
         assert worker is not None and worker.wait(15) != 0  # the group went down as a whole
