@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -42,10 +43,12 @@ StreamId = tuple[int, int]
 
 
 class Watch:
-    """What the services say to each other, read back from the Redis streams. Each stream read
-    is kept: its readers trim what they have consumed (shared/stream_trim.py, once a second),
-    so an entry read once stays here after Redis drops it; a thread reads the router's, the
-    worker's and the detokenizer's streams every FOLLOW_S from the start."""
+    """What the services say to each other, read back from the Redis streams. The readers of a
+    stream trim what every consumer group has consumed (shared/stream_trim.py, once a second),
+    so the watch holds a group of its own on each stream it reads, moved past what it has read
+    (XGROUP SETID): Redis keeps an entry until the watch has it, however late a loaded machine
+    lets it read. A thread reads the router's, the worker's and the detokenizer's streams every
+    FOLLOW_S from the start, for FOLLOW_FOR_S; then it removes its groups."""
 
     FOLLOW_S = 0.02
     FOLLOW_FOR_S = 60.0
@@ -57,27 +60,34 @@ class Watch:
         self.start = f"{sec * 1000 + usec // 1000}-0"
         self._seen: dict[str, dict[StreamId, Any]] = {}
         self._lock = threading.Lock()
+        self.group = f"test-watch-{uuid.uuid4().hex[:8]}"  # one per watch: a test's may outlive it
         streams = [self.names.router, self.names.worker("0"), self.names.detok("detok-0")]
+        for stream in streams:
+            self.r.xgroup_create(stream, self.group, id=self.start, mkstream=True)
         threading.Thread(target=self._follow, args=(streams,), daemon=True).start()
 
     def _follow(self, streams: list[str]) -> None:
         """Until FOLLOW_FOR_S have passed (a test's span) or Redis is gone (its stack stopped)."""
         end = time.monotonic() + self.FOLLOW_FOR_S
-        while time.monotonic() < end:
-            time.sleep(self.FOLLOW_S)
-            try:
+        try:
+            while time.monotonic() < end:
+                time.sleep(self.FOLLOW_S)
                 for stream in streams:
                     self.entries(stream)
-            except redis.RedisError:
-                return
+            for stream in streams:
+                self.r.xgroup_destroy(stream, self.group)
+        except redis.RedisError:
+            return
 
     def entries(self, stream: str) -> list[tuple[StreamId, Any]]:
-        raw = self.r.xrange(stream, min=self.start)
         with self._lock:
+            raw = self.r.xrange(stream, min=self.start)
             seen = self._seen.setdefault(stream, {})
             for raw_id, fields in raw:
                 ms, seq = raw_id.decode().split("-")
                 seen.setdefault((int(ms), int(seq)), fields)
+            if raw:
+                self.r.xgroup_setid(stream, self.group, raw[-1][0])
             return [(i, decode(seen[i][FIELD])) for i in sorted(seen)]
 
     def statuses(self) -> list[tuple[StreamId, WorkerStatus]]:
