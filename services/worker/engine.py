@@ -10,9 +10,11 @@ Structured output keeps the overlap: a constrained request decodes in every step
 token mask for step N+1 needs its token of step N, so a step with constrained requests
 hands the mask to the mask thread, which waits for step N's tokens (the device runs N before
 N+1 anyway), advances the requests' grammars with them and fills the mask on the host while
-the step loop builds and launches N+1's forward and the device runs it; the mask is applied
-to the logits on the device before sampling (grammar.py, token_mask.py). A step without
-constrained requests does none of this.
+the step loop builds and launches N+1's forward and the device runs it. N+1 is then left
+staged, its sampling not yet queued: the step loop collects N, the worker publishes its
+tokens and reads its inbox, and the next ``step()`` plans N+2, all while the fill goes on; only
+then does it wait for the mask, apply it to N+1's logits on the device, sample, and build and
+launch N+2 (grammar.py, token_mask.py). A step without constrained requests does none of this.
 
 The engine knows nothing of Redis: the worker service feeds it admitted requests and
 aborts, and publishes what each step returns.
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -32,9 +33,9 @@ from services.worker.grammar import Grammars
 from services.worker.memory.kv_manager import KVManager
 from services.worker.request import ImageSpan, Req
 from services.worker.runtime.model_runner import ModelRunner
-from services.worker.sampler import Sampler, SampleResult
+from services.worker.sampler import SampleBatch, Sampler, SampleResult
 from services.worker.scheduler import Scheduler
-from services.worker.token_mask import TokenMasks
+from services.worker.token_mask import Filling, TokenMasks, default_fill_threads
 from shared.messages import (
     ERR_FAILED,
     ERR_INVALID,
@@ -80,6 +81,17 @@ class InFlight:
         return self.tokens
 
 
+@dataclass
+class Staged:
+    """A launched forward whose sampling waits for its constrained requests' token mask."""
+
+    sampled: list[Req]
+    positions: list[int]
+    logits: torch.Tensor  # [S, V] on the device
+    sample_batch: SampleBatch
+    filling: Filling | None
+
+
 class Engine:
     def __init__(
         self,
@@ -89,6 +101,7 @@ class Engine:
         sampler: Sampler,
         device: torch.device,
         grammars: Grammars,
+        mask_fill_threads: int | None = None,
     ) -> None:
         self.runner = runner
         self.kv = kv
@@ -97,7 +110,9 @@ class Engine:
         self.device = device
         self.grammars = grammars
         self.masks: TokenMasks | None = None  # made at the first constrained step
+        self.mask_fill_threads = mask_fill_threads or default_fill_threads()
         self.inflight: InFlight | None = None
+        self.staged: Staged | None = None  # launched, its sampling waiting for its token mask
         self._admitted = 0
         self.steps = 0
 
@@ -115,7 +130,8 @@ class Engine:
         return self.scheduler.abort(rid, reason) is not None
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or self.inflight is not None or bool(self.scheduler.finished)
+        busy = self.inflight is not None or self.staged is not None
+        return busy or self.scheduler.has_work() or bool(self.scheduler.finished)
 
     def compiling(self) -> bool:
         """Requests wait for their grammars to compile (and nothing else may be to do)."""
@@ -126,6 +142,9 @@ class Engine:
     def step(self) -> StepOutput:
         self.scheduler.expire(time.time())
         plan = self.scheduler.schedule()
+        if self.staged is not None:  # its mask was filled while the host did the rest
+            assert self.inflight is None
+            self.inflight, self.staged = self._sample(self.staged), None
         launched = None
         num_tokens = sum(n for _, n in plan.extends) + len(plan.decodes)
         if not plan.empty:
@@ -133,14 +152,19 @@ class Engine:
         items: list[tuple[str, TokenItem]] = []
         first_tokens = False
         if self.inflight is not None:
+            if isinstance(launched, Staged) and launched.filling is not None:
+                launched.filling.advanced.result()  # the grammars took the tokens collected here
             items, first_tokens = self._collect(self.inflight)
-        self.inflight = launched
+        self.inflight, self.staged = (None, launched) if isinstance(launched, Staged) else (launched, None)
         finished = self.scheduler.take_finished()
         items += [(r.detok, _item(r, None, None, None)) for r in finished]
         changed = first_tokens or bool(finished) or any(item.finish_reason for _, item in items)
         return StepOutput(items, num_tokens, len(plan.decodes), changed)
 
-    def _launch(self, plan) -> InFlight:
+    def _launch(self, plan) -> InFlight | Staged:
+        """Build and launch the step's forward; sample it at once, or, with constrained requests,
+        leave it staged: its sampling waits for their mask, which the mask thread fills while
+        this step collects the one before and the next is planned (``step``)."""
         self.sampler.state.assign(plan.new_rows)
         sampled = plan.sampled()
         filling = self._begin_mask(sampled) if self.scheduler.constrained else None
@@ -148,15 +172,19 @@ class Engine:
         batch = build_batch(plan, self.kv.table.table, self.device, prev, self.runner.staging)
         sample_batch = self.sampler.batch(sampled, self.device, batch.sample_rows)
         logits = self.runner.forward(batch)  # [S, V]
-        if filling is not None and self.masks is not None and (mask := self.masks.finish(filling)) is not None:
-            mask.apply(logits)
-        result = self.sampler.sample(logits, sample_batch)
-        host, event = self._copy_to_host(result)
         positions = self.scheduler.launched(plan, sampled)
         self.steps += 1
-        return InFlight(sampled, positions, result, host, event)
+        staged = Staged(sampled, positions, logits, sample_batch, filling)
+        return staged if filling is not None else self._sample(staged)
 
-    def _begin_mask(self, sampled: list[Req]) -> Future[list[int]] | None:
+    def _sample(self, s: Staged) -> InFlight:
+        if s.filling is not None and self.masks is not None and (mask := self.masks.finish(s.filling)) is not None:
+            mask.apply(s.logits)
+        result = self.sampler.sample(s.logits, s.sample_batch)
+        host, event = self._copy_to_host(result)
+        return InFlight(s.sampled, s.positions, result, host, event)
+
+    def _begin_mask(self, sampled: list[Req]) -> Filling | None:
         """Fill the bitmask rows of this step's constrained requests in the mask thread while this
         one builds and launches the forward. Their last tokens may be in the step in flight: the
         thread waits for it (it is queued ahead of this one's forward, so the device loses
@@ -165,7 +193,8 @@ class Engine:
         if not constrained:
             return None
         if self.masks is None:
-            self.masks = TokenMasks(self.scheduler.limits.max_running, self.sampler.state.vocab, self.device)
+            limits, vocab = self.scheduler.limits, self.sampler.state.vocab
+            self.masks = TokenMasks(limits.max_running, vocab, self.device, self.mask_fill_threads)
         inflight = self.inflight
         return self.masks.begin(lambda: _advance_grammars(inflight), constrained)
 
@@ -214,8 +243,9 @@ class Engine:
         whose last token is in flight: a request leaves the status only once its end has gone
         out, so the router can take its absence for its end (docs/router.md, Failures)."""
         reqs = self.scheduler.all_requests()
-        if self.inflight is not None:
-            reqs += [r for r in self.inflight.sampled if r.closing and not r.finish_reason]
+        for f in (self.inflight, self.staged):
+            if f is not None:
+                reqs += [r for r in f.sampled if r.closing and not r.finish_reason]
         waiting = {id(r) for r in self.scheduler.waiting}
         return RunningTable(
             [r.rid for r in reqs],
@@ -230,9 +260,10 @@ class Engine:
     def fail_all(self, why: str) -> list[tuple[str, TokenItem]]:
         """End every request with an explicit error (the worker is going away)."""
         pending = list(self.scheduler.all_requests())
-        if self.inflight is not None:
-            pending += [r for r in self.inflight.sampled if r.closing and not r.finish_reason]
-            self.inflight = None
+        for f in (self.inflight, self.staged):
+            if f is not None:
+                pending += [r for r in f.sampled if r.closing and not r.finish_reason]
+        self.inflight = self.staged = None
         for req in pending:
             req.error = why
             req.error_kind = ERR_FAILED

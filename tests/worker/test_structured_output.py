@@ -211,6 +211,34 @@ def test_the_mask_is_filled_while_the_step_loop_launches_the_forward(tiny_llama:
         assert fill_start < fwd_end and fwd_start < fill_end
 
 
+def test_the_step_loop_collects_and_plans_while_the_fill_goes_on(tiny_llama: str) -> None:
+    """A step with constrained requests is left staged: step() returns with its fill still going
+    on (the worker publishes and reads its inbox meanwhile), and the next step() waits for the
+    mask before sampling it; the output is the same as with a fill that never keeps it waiting."""
+    engine = build_engine(WorkerConfig(model_dir=tiny_llama))
+    c = Constraint("regex", "[0-9]{6}")
+    quick = run(engine, [request("a", [0, 5, 6], max_new_tokens=8, constraint=c)])["a"]
+    assert engine.masks is not None
+    chunk, step = engine.masks._fill_chunk, engine.step
+    gate = threading.Event()
+    engine.masks._fill_chunk = lambda *a: (gate.wait(30), chunk(*a))[1]  # type: ignore[method-assign]
+    returned_while_filling = []
+
+    def gated_step():
+        gate.clear()
+        threading.Timer(0.05, gate.set).start()
+        out = step()
+        staged = engine.staged
+        returned_while_filling.append(staged is not None and staged.filling is not None and not gate.is_set())
+        gate.wait(30)
+        return out
+
+    engine.step = gated_step  # type: ignore[method-assign]
+    slow = run(engine, [request("b", [0, 5, 6], max_new_tokens=8, constraint=c)])["b"]
+    assert (slow.tokens, slow.finish_reason) == (quick.tokens, quick.finish_reason) and quick.finish_reason == "stop"
+    assert sum(returned_while_filling) >= 5, returned_while_filling
+
+
 def test_a_failed_forward_does_not_wait_for_its_fill(tiny_llama: str) -> None:
     """The fill may wait for a step the device never ends (a tensor-parallel peer died in its
     all-reduce): the step's forward failing ends the step at once."""
