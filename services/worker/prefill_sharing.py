@@ -16,7 +16,8 @@ the hashes are kept per request. Pure Python: the router's simulated worker uses
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 BLOCK = 64  # tokens per compared block: a shared prefix shorter than this is not worth a wait
 MAX_HELD_BACK = 64  # requests held back in one step at most (the scheduler's scan of its queue stays short)
@@ -37,6 +38,18 @@ class Prefilling:
     def __init__(self) -> None:
         self._blocks: set[int] = set()
 
+    @classmethod
+    def of(cls, running: Iterable[Any], caching: bool) -> Prefilling:
+        """The blocks of the running requests still part-way through their prompts (none without
+        a prompt cache: nothing computed is reused then, so nothing is worth waiting for). Each
+        request has ``decoding``, ``pending`` (prompt tokens not computed yet) and ``blocks``."""
+        out = cls()
+        if caching:
+            for r in running:
+                if not r.decoding and r.pending > 0:
+                    out.add(r.blocks)
+        return out
+
     def __bool__(self) -> bool:
         return bool(self._blocks)
 
@@ -55,4 +68,4 @@ class Prefilling:
     def worth_waiting(self, hashes: list[int], cached: int) -> bool:
         """A request whose cached prefix is ``cached`` tokens long would compute at least a block
         that a request being computed computes too: better wait for it."""
-        return bool(self._blocks) and self.shared(hashes) >= cached + BLOCK
+        return self.shared(hashes) >= cached + BLOCK

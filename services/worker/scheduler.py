@@ -151,11 +151,7 @@ class Scheduler:
         """Waiting requests start in arrival order while the budget and the pool allow, keeping
         room for this step's decodes and the next. One that would compute a prompt prefix that a
         request being prefilled computes too waits for it (prefill_sharing.py); later ones go on."""
-        prefilling = Prefilling()
-        if self.kv.caching:
-            for r in self.running:
-                if not r.decoding and r.pending > 0:
-                    prefilling.add(r.blocks)
+        prefilling = Prefilling.of(self.running, self.kv.caching)
         held_back, i = 0, 0
         while i < len(self.waiting) and budget > 0 and len(self.running) < self.limits.max_running:
             req = self.waiting[i]

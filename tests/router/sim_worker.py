@@ -231,10 +231,7 @@ class SimWorker:
         """New or paused requests start, in order, while the budget and the pool allow (keeping
         room for this step's decodes and the next)."""
         caching = self.pool.tree is not None
-        prefilling = Prefilling()
-        for r in self.running if caching else []:
-            if not r.decoding and r.pending > 0:
-                prefilling.add(r.blocks)
+        prefilling = Prefilling.of(self.running, caching)
         held_back, i = 0, 0
         while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[i]

@@ -286,7 +286,11 @@ def check_pool(
         kinds = (torch.float32, torch.int8) if k_pool.dtype == torch.float8_e4m3fn else (torch.float32,)
         for s in (k_scale, v_scale):
             if s.shape != k_pool.shape[:2] or s.dtype not in kinds:
-                raise ValueError(f"{name}: scales must be {tuple(k_pool.shape[:2])} {kinds}, got {s.shape} {s.dtype}")
+                allowed = " or ".join(str(k).removeprefix("torch.") for k in kinds)
+                want, got = tuple(k_pool.shape[:2]), tuple(s.shape)
+                raise ValueError(
+                    f"{name}: scales must be {want} of {allowed}, got {got} of {str(s.dtype).removeprefix('torch.')}"
+                )
     elif k_pool.dtype != q.dtype or v_pool.dtype != q.dtype:
         raise ValueError(f"{name}: pools are {k_pool.dtype}/{v_pool.dtype} but q is {q.dtype}")
     return hkv
