@@ -16,7 +16,8 @@
 #         families-tests | families | families-rest   (issue 45: each family's 1B model in bf16 against Hugging
 #         Face fp32; Qwen3-8B's decode step against Llama-3-8B's, then the issue's four benchmark families against
 #         the peer; the other six against the peer); families-small-vocab: FAMILIES (default the three whose
-#         vocabulary is under the peer's prompt ids; bench_families.py folds them in through tools/peer_vocab.py)
+#         vocabulary is under the peer's prompt ids; bench_families.py folds them in through tools/peer_vocab.py;
+#         REQUESTS: how many of the fixed workload's requests, default 16)
 #         moe   (the fused experts at Mixtral's and Qwen3-30B-A3B's shapes, 1 to 4096 tokens: time, and against the reference)
 #         moe-fp8   (the same with FP8 experts beside bf16; the FP8 kernel's GPU tests and the tiny MoEs' FP8 engines)
 #         vision   (issue 49: LLaVA-1.5-7B and Qwen2.5-VL-7B shapes, image requests through the stack with two
@@ -102,7 +103,7 @@ for part in "$@"; do
                      --families llama,mistral,qwen2,phi3,gemma3,qwen2_moe --decode-shapes "" --peer-timeout 100 2>&1 \
                      | tail -6 ;;
     families-small-vocab) timeout 580 python3 tools/bench_families.py --out "$out/families_small_vocab.json" \
-                            --requests 16 --families "${FAMILIES:-mistral,phi3,mixtral}" --decode-shapes "" \
+                            --requests "${REQUESTS:-16}" --families "${FAMILIES:-mistral,phi3,mixtral}" --decode-shapes "" \
                             --peer-timeout 150 2>&1 | tail -6 ;;
     moe) for shape in mixtral-8x7b qwen3-30b-a3b; do
            timeout 150 python3 tools/bench_moe.py --shape $shape --out "$out/moe-$shape.json" > "$out/moe-$shape.log" 2>&1

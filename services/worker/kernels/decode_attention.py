@@ -36,8 +36,8 @@ from typing import NamedTuple
 import torch
 
 from services.worker.kernels import decode_split
+from services.worker.kernels.attention_args import check_pool, check_window_softcap
 from services.worker.kernels.decode_combine import MAX_SPLITS, ScratchStrides, reduce_splits
-from services.worker.kernels.extend_attention import check_pool, check_window_softcap
 from services.worker.kernels.kv_store import check_kv_store_args
 from services.worker.kernels.launch import cdiv, next_pow2
 from services.worker.kernels.rmsnorm import check_row_norm
