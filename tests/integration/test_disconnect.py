@@ -210,10 +210,15 @@ class _Lines:
 
 LIGHTLLM_BODY = {"inputs": PROMPT, "parameters": {"max_new_tokens": LONG, "ignore_eos": True}}
 OPENAI_KW = {"max_tokens": LONG, "temperature": 0, "extra_body": {"ignore_eos": True}}
+# digits and spaces without end: the grammar never lets the output stop before the client leaves
+REGEX_KW = {"max_tokens": LONG, "temperature": 0, "extra_body": {"guided_regex": "([0-9]| )+x"}}
 
 
-@pytest.mark.parametrize("route", ["/generate_stream", "/", "completions", "chat"])
+@pytest.mark.parametrize("route", ["/generate_stream", "/", "completions", "chat", "completions-regex"])
 def test_a_stream_left_early_frees_its_kv(stack: Stack, route: str) -> None:
+    """completions-regex: an output format's steps are staged while their mask fills
+    (services/worker/engine.py); one left then ends as any other."""
+
     async def run() -> None:
         watch = Watch(stack)
         async with httpx.AsyncClient(base_url=stack.url, timeout=60) as http:
@@ -223,8 +228,9 @@ def test_a_stream_left_early_frees_its_kv(stack: Stack, route: str) -> None:
                 opener = _Lines(http, route, LIGHTLLM_BODY).start
             elif route == "/":
                 opener = _Lines(http, route, {**LIGHTLLM_BODY, "stream": True}).start
-            elif route == "completions":
-                opener = lambda: ai.completions.create(model=model, prompt=PROMPT, stream=True, **OPENAI_KW)
+            elif route.startswith("completions"):
+                kw = OPENAI_KW if route == "completions" else REGEX_KW
+                opener = lambda: ai.completions.create(model=model, prompt=PROMPT, stream=True, **kw)
             else:
                 messages = [{"role": "user", "content": PROMPT}]
                 opener = lambda: ai.chat.completions.create(model=model, messages=messages, stream=True, **OPENAI_KW)

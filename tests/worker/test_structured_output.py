@@ -239,6 +239,34 @@ def test_the_step_loop_collects_and_plans_while_the_fill_goes_on(tiny_llama: str
     assert sum(returned_while_filling) >= 5, returned_while_filling
 
 
+def test_an_abort_while_a_constrained_step_is_staged_frees_everything(tiny_llama: str) -> None:
+    """A request aborted while the step it is in waits for its mask ends with "abort" and no
+    token after; one beside it ends as it would have, and the pool is whole again."""
+    engine = build_engine(WorkerConfig(model_dir=tiny_llama))
+    c = Constraint("regex", "[0-9]{60}")
+    alone = run(engine, [request("b", [0, 7, 8], max_new_tokens=40, constraint=c)])["b"]
+    engine.add(request("a", [0, 5, 6], max_new_tokens=40, constraint=c))
+    engine.add(request("b", [0, 7, 8], max_new_tokens=40, constraint=c))
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+    ends: dict[str, str] = {}
+    for step in range(200):
+        if step == 6:
+            assert engine.staged is not None  # launched, its sampling waiting for the mask
+            assert engine.abort("a")
+        if not engine.has_work():
+            break
+        for _, item in engine.step().items:
+            assert item.rid not in ends, "a token after the end"
+            seen[item.rid] += item.token_ids
+            if item.finish_reason:
+                ends[item.rid] = item.finish_reason
+    assert ends == {"a": "abort", "b": "length"}
+    assert seen["b"] == alone.tokens and 0 < len(seen["a"]) < 40
+    assert engine.staged is None and engine.inflight is None
+    assert engine.kv.available_tokens == engine.kv.capacity
+    assert engine.kv.table.num_free_rows == engine.kv.table.max_rows
+
+
 def test_a_failed_forward_does_not_wait_for_its_fill(tiny_llama: str) -> None:
     """The fill may wait for a step the device never ends (a tensor-parallel peer died in its
     all-reduce): the step's forward failing ends the step at once."""
