@@ -29,13 +29,13 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.batch_builder import PreviousTokens, build_batch
-from services.worker.grammar import Grammars
+from services.worker.grammar import Grammars, grammar_threads
 from services.worker.memory.kv_manager import KVManager
 from services.worker.request import ImageSpan, Req
 from services.worker.runtime.model_runner import ModelRunner
 from services.worker.sampler import SampleBatch, Sampler, SampleResult
 from services.worker.scheduler import Scheduler
-from services.worker.token_mask import Filling, TokenMasks, default_fill_threads
+from services.worker.token_mask import Filling, TokenMasks
 from shared.messages import (
     ERR_FAILED,
     ERR_INVALID,
@@ -110,7 +110,7 @@ class Engine:
         self.device = device
         self.grammars = grammars
         self.masks: TokenMasks | None = None  # made at the first constrained step
-        self.mask_fill_threads = mask_fill_threads or default_fill_threads()
+        self.mask_fill_threads = mask_fill_threads or grammar_threads()
         self.inflight: InFlight | None = None
         self.staged: Staged | None = None  # launched, its sampling waiting for its token mask
         self._admitted = 0

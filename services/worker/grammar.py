@@ -93,7 +93,7 @@ class Grammars:
     def _make_compiler(self) -> xgr.GrammarCompiler:
         tok = AutoTokenizer.from_pretrained(self.tokenizer_dir)
         info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids)
-        threads = max(1, min(8, (os.cpu_count() or 2) // 2))
+        threads = grammar_threads()
         log.info("grammars: vocabulary of %d tokens read, %s", self.vocab_size, info.vocab_type.name)
         return xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)  # the cache is ours
 
@@ -159,6 +159,12 @@ def choice_grammar(text: str) -> str:
 def xgrammar_message(e: Exception) -> str:
     """xgrammar's error without its time and source location."""
     return _XGR_PREFIX.sub("", str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+
+
+def grammar_threads() -> int:
+    """Threads the grammar work takes, the compiler's and the token mask's fill: half the
+    machine's cores, at most 8."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 class GrammarState:

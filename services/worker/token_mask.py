@@ -29,7 +29,6 @@ they cannot hold the failing worker at its exit.
 from __future__ import annotations
 
 import itertools
-import os
 import queue
 import threading
 from collections.abc import Callable
@@ -43,11 +42,6 @@ from services.worker.grammar import GrammarState
 from services.worker.host_copy import to_device
 
 MIN_CHUNK_ROWS = 64  # fewer rows per fill thread than this are not worth handing over
-
-
-def default_fill_threads() -> int:
-    """Half the machine's cores, at most 8 (what the grammar compiler takes too)."""
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 @dataclass
