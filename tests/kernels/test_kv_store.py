@@ -1,4 +1,4 @@
-"""store_kv, store_kv_int8 and store_kv_fp8 against plain indexing, kv_cache.quantize_int8 and
+"""store_kv and store_kv_quantized (int8 and FP8 pools) against plain indexing, kv_cache.quantize_int8 and
 kv_cache.quantize_fp8."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from services.worker.kernels.kv_store import store_kv
-from services.worker.kernels.kv_store_fp8 import store_kv_fp8
-from services.worker.kernels.kv_store_int8 import store_kv_int8
+from services.worker.kernels.kv_store_quant import store_kv_quantized
 from services.worker.memory.kv_cache import quantize_fp8, quantize_int8
 
 
@@ -45,7 +44,7 @@ def _check_store_int8(t: int, hkv: int, d: int, dtype: torch.dtype, device: torc
     k_scale = torch.full((capacity, hkv), float("nan"), device=device)
     v_scale = torch.full_like(k_scale, float("nan"))
     slots = torch.randperm(capacity, device=device)[:t].to(torch.int32)
-    store_kv_int8(k, v, k_pool, v_pool, k_scale, v_scale, slots)
+    store_kv_quantized(k, v, k_pool, v_pool, k_scale, v_scale, slots)
     idx = slots.long()
     for x, pool, scale in ((k, k_pool, k_scale), (v, v_pool, v_scale)):
         ref_q, ref_s = quantize_int8(x)
@@ -78,7 +77,7 @@ def _check_store_fp8(t: int, hkv: int, d: int, dtype: torch.dtype, device: torch
     k_scale = torch.full((capacity, hkv), 127, dtype=torch.int8, device=device)
     v_scale = k_scale.clone()
     slots = torch.randperm(capacity, device=device)[:t].to(torch.int32)
-    store_kv_fp8(k, v, k_pool, v_pool, k_scale, v_scale, slots)
+    store_kv_quantized(k, v, k_pool, v_pool, k_scale, v_scale, slots)
     idx = slots.long()
     for x, pool, scale in ((k, k_pool, k_scale), (v, v_pool, v_scale)):
         ref_q, ref_s = quantize_fp8(x)
@@ -95,12 +94,20 @@ def test_store_kv_fp8_small(hkv: int, d: int, dtype: torch.dtype, device: torch.
     _check_store_fp8(11, hkv, d, dtype, device)
 
 
-def test_store_kv_fp8_rejects_an_int8_pool(device: torch.device) -> None:
+@pytest.mark.parametrize(
+    ("pool_dtype", "scale_dtype", "match"),
+    [
+        (torch.int8, torch.int8, "scales of a torch.int8 pool must be .* torch.float32"),
+        (torch.float8_e4m3fn, torch.float32, "scales of a torch.float8_e4m3fn pool must be .* torch.int8"),
+        (torch.float16, torch.float32, "pools must be int8 or float8_e4m3fn"),
+    ],
+)
+def test_store_kv_quantized_refuses_scales_of_the_other_format(pool_dtype, scale_dtype, match, device) -> None:
     k = torch.randn(2, 1, 16, device=device)
-    pool = torch.zeros(4, 1, 16, dtype=torch.int8, device=device)
-    scale = torch.ones(4, 1, device=device)
-    with pytest.raises(ValueError, match="float8_e4m3fn"):
-        store_kv_fp8(k, k, pool, pool, scale, scale, torch.zeros(2, dtype=torch.int32, device=device))
+    pool = torch.zeros(4, 1, 16, device=device).to(pool_dtype)
+    scale = torch.ones(4, 1, device=device).to(scale_dtype)
+    with pytest.raises(ValueError, match=match):
+        store_kv_quantized(k, k, pool, pool, scale, scale, torch.zeros(2, dtype=torch.int32, device=device))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

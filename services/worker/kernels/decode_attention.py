@@ -189,9 +189,7 @@ def decode_attention(
         if new.slots.dtype != torch.int32:
             raise ValueError(f"decode_attention: new.slots must be int32, got {new.slots.dtype}")
         if k_scale is not None or not k_pool.is_floating_point():
-            raise ValueError(
-                "decode_attention: new tokens need a float pool (int8, fp8: store_kv_int8, store_kv_fp8 first)"
-            )
+            raise ValueError("decode_attention: new tokens need a float pool (int8, fp8: store_kv_quantized first)")
         check_row_norm("decode_attention", "new.norm.src", new.norm, bsz, q.dtype)
     if bsz == 0:
         return out

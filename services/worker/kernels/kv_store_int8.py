@@ -1,4 +1,5 @@
-"""Quantize this step's K and V to int8 and write them into the token KV pool.
+"""One token's K or V, all its heads, quantized to int8 and written into the token KV pool
+(kv_store_quant.py's kernel calls it for K and for V).
 
 Each token's K and V are stored per head as int8 with a float32 scale absmax / 127,
 matching ``kv_cache.quantize_int8``: the divisions are IEEE-rounded (div_rn) and the
@@ -8,17 +9,12 @@ the reference.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.kv_store import check_kv_store_args
-from services.worker.kernels.launch import launcher, next_pow2
-from services.worker.kernels.strides import KVStrides, PoolStrides, ScaleStrides
-
 
 @triton.jit
-def _quantize_store(
+def quantize_store_int8(
     x_ptr,
     row_stride,
     head_stride,
@@ -52,108 +48,3 @@ def _quantize_store(
     q = tl.minimum(tl.maximum(rounded, -127.0), 127.0).to(tl.int8)
     tl.store(pool_ptr + slot * pool_slot_stride + offs_h[:, None] * pool_head_stride + offs_d[None, :], q, mask=mask)
     tl.store(scale_ptr + slot * scale_slot_stride + offs_h * scale_head_stride, scale, mask=hmask)
-
-
-@triton.jit
-def _store_kv_int8_kernel(
-    k_ptr,
-    v_ptr,
-    kp_ptr,
-    vp_ptr,
-    ks_ptr,
-    vs_ptr,
-    slots_ptr,
-    k_row_stride,
-    k_head_stride,
-    v_row_stride,
-    v_head_stride,
-    kp_slot_stride,
-    kp_head_stride,
-    vp_slot_stride,
-    vp_head_stride,
-    ks_slot_stride,
-    ks_head_stride,
-    vs_slot_stride,
-    vs_head_stride,
-    num_heads,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    token = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slots_ptr + token).to(tl.int64)
-    _quantize_store(
-        k_ptr,
-        k_row_stride,
-        k_head_stride,
-        kp_ptr,
-        kp_slot_stride,
-        kp_head_stride,
-        ks_ptr,
-        ks_slot_stride,
-        ks_head_stride,
-        token,
-        slot,
-        num_heads,
-        HEAD_DIM,
-        BLOCK_H,
-        BLOCK_D,
-    )
-    _quantize_store(
-        v_ptr,
-        v_row_stride,
-        v_head_stride,
-        vp_ptr,
-        vp_slot_stride,
-        vp_head_stride,
-        vs_ptr,
-        vs_slot_stride,
-        vs_head_stride,
-        token,
-        slot,
-        num_heads,
-        HEAD_DIM,
-        BLOCK_H,
-        BLOCK_D,
-    )
-
-
-_store_kv_int8_launch = launcher(_store_kv_int8_kernel)
-
-
-def store_kv_int8(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    slots: torch.Tensor,
-) -> None:
-    """k, v: [T, Hkv, D]; pools: [C, Hkv, D] int8; scales: [C, Hkv] float32; slots: [T]."""
-    check_kv_store_args("store_kv_int8", k, v, k_pool, v_pool, slots)
-    if k_pool.dtype != torch.int8 or v_pool.dtype != torch.int8:
-        raise ValueError(f"store_kv_int8: pools must be int8, got {k_pool.dtype} {v_pool.dtype}")
-    for s in (k_scale, v_scale):
-        if s.shape != k_pool.shape[:2] or s.dtype != torch.float32:
-            raise ValueError(f"store_kv_int8: scales must be {tuple(k_pool.shape[:2])} float32, got {tuple(s.shape)}")
-    t, h, d = k.shape
-    if t == 0:
-        return
-    _store_kv_int8_launch[(t,)](
-        k_ptr=k,
-        v_ptr=v,
-        kp_ptr=k_pool,
-        vp_ptr=v_pool,
-        ks_ptr=k_scale,
-        vs_ptr=v_scale,
-        slots_ptr=slots,
-        **KVStrides.of(k, v)._asdict(),
-        **PoolStrides.of(k_pool, v_pool)._asdict(),
-        **ScaleStrides.of(k_scale, v_scale)._asdict(),
-        num_heads=h,
-        HEAD_DIM=d,
-        BLOCK_H=next_pow2(h),
-        BLOCK_D=next_pow2(d),
-        num_warps=4,
-    )

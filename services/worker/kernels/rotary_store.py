@@ -6,7 +6,7 @@ back from memory by a second kernel. Steps with prompt tokens use it: q and k st
 in the qkv buffer because extend attention reads this step's new tokens from there. A
 decode-only step needs neither kernel: its decode attention rotates and stores the new
 tokens itself (decode_attention.NewTokens). Pools of the activation dtype only: an int8 pool
-goes through rotary_ and store_kv_int8, which computes the scales.
+goes through rotary_ and store_kv_quantized, which computes the scales.
 """
 
 from __future__ import annotations
@@ -89,7 +89,9 @@ def rotary_store_(
     check_rotary_args("rotary_store", q, k, positions, cos_sin)
     check_kv_store_args("rotary_store", k, v, k_pool, v_pool, slots)
     if not k_pool.is_floating_point() or not v_pool.is_floating_point():
-        raise ValueError(f"rotary_store: the pools must be of a float dtype, got {k_pool.dtype} (int8: store_kv_int8)")
+        raise ValueError(
+            f"rotary_store: the pools must be of a float dtype, got {k_pool.dtype} (int8: store_kv_quantized)"
+        )
     t, hq, d = q.shape
     if t == 0:
         return

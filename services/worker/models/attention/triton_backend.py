@@ -31,8 +31,7 @@ from services.worker.kernels.decode_attention import (
 )
 from services.worker.kernels.extend_attention import extend_attention
 from services.worker.kernels.kv_store import store_kv
-from services.worker.kernels.kv_store_fp8 import store_kv_fp8
-from services.worker.kernels.kv_store_int8 import store_kv_int8
+from services.worker.kernels.kv_store_quant import store_kv_quantized
 from services.worker.kernels.rotary_store import rotary_store_
 from services.worker.memory.kv_cache import KVCache
 from services.worker.models.attention.base import AttentionBackend, LayerAttention, Rotary
@@ -91,8 +90,7 @@ class TritonAttention(AttentionBackend):
         cache = self.cache
         if cache.layout.quantized:
             assert cache.k_scale is not None and cache.v_scale is not None
-            quantize_store = store_kv_int8 if cache.layout.quant_dtype == torch.int8 else store_kv_fp8
-            quantize_store(k, v, cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer], slots)
+            store_kv_quantized(k, v, cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer], slots)
         else:
             store_kv(k, v, cache.k[layer], cache.v[layer], slots)
 
