@@ -9,6 +9,12 @@ evictable cached tokens equal to its capacity), and every request is counted as 
 ended by an error, or lost (no answer within --bound-s). One JSON report on stdout (and --out):
 
     python -m tools.soak --minutes 10 --clients 16 --out soak.json
+
+--mix names the kinds of request each client cycles through (tools/soak_requests.py: /generate,
+shared prefixes, streams left early, JSON schemas, regular expressions, bad requests); each must
+be answered as its kind says, and the report counts them by kind.
+
+    python -m tools.soak --minutes 8 --clients 12 --mix generate,prefix,stream-left,schema,regex,bad
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from shared.redis_link import RedisLink, RedisTarget
 from shared.streams import StreamNames
 from tools import make_tiny_model
 from tools.redis_server import RedisServer, free_port
+from tools.soak_requests import CHECKS, KINDS
 from tools.stack import Stack, StackOptions
 
 NAMESPACE = "soak"
@@ -54,8 +61,12 @@ class SoakOptions:
     bound_s: float = 60.0
     model_dir: str = ""
     log_dir: str = ""
+    mix: tuple[str, ...] = ("generate",)  # tools/soak_requests.py's kinds, cycled
 
     def __post_init__(self) -> None:
+        unknown = [k for k in self.mix if k not in KINDS]
+        if unknown or not self.mix:
+            raise ValueError(f"--mix: kinds of {KINDS}, got {list(self.mix)}")
         if self.warmup_s + 2 * self.window_s > self.minutes * 60:
             raise ValueError("the run must hold the warm-up and two windows: --minutes too short")
 
@@ -66,45 +77,51 @@ class Counts:
     errors: int = 0
     lost: int = 0
     error_samples: list[str] = field(default_factory=list)
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def add(self, kind: str, error: str = "") -> None:
+    def add(self, kind: str, error: str = "", request: str = "generate") -> None:
         setattr(self, kind, getattr(self, kind) + 1)
+        mine = self.by_kind.setdefault(request, {"completed": 0, "errors": 0, "lost": 0})
+        mine[kind] += 1
         if error and len(self.error_samples) < 5:
             self.error_samples.append(error[:300])
 
 
-async def _one(client: httpx.AsyncClient, prompt: str, max_new: int, bound_s: float, counts: Counts) -> None:
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "ignore_eos": True}}
+async def _one(
+    client: httpx.AsyncClient, request: str, model: str, prompt: str, max_new: int, bound_s: float, counts: Counts
+) -> None:
+    """One request of the kind named, counted: completed (answered as its kind says), an error
+    (answered otherwise, or the connection failed) or lost (no answer within bound_s)."""
     try:
-        r = await asyncio.wait_for(client.post("/generate", json=body), bound_s)
+        wrong = await asyncio.wait_for(CHECKS[request](client, model, prompt, max_new), bound_s)
     except (TimeoutError, httpx.TimeoutException):
-        counts.add("lost", f"no answer within {bound_s:g}s")
+        counts.add("lost", f"{request}: no answer within {bound_s:g}s", request)
         return
     except httpx.TransportError as e:
-        counts.add("errors", f"{type(e).__name__}: {e}")
+        counts.add("errors", f"{request}: {type(e).__name__}: {e}", request)
         return
-    if r.status_code == 200 and r.json().get("count_output_tokens") == max_new:
-        counts.add("completed")
-    else:
-        counts.add("errors", f"{r.status_code} {r.text}")
+    counts.add("errors" if wrong else "completed", wrong or "", request)
 
 
 async def _load(url: str, opts: SoakOptions, counts: Counts) -> None:
-    """``opts.clients`` clients, each one request after the other, until the run's end; the
-    requests in flight then finish (or are lost) before this returns."""
+    """``opts.clients`` clients, each one request after the other (their kinds cycled through
+    opts.mix), until the run's end; the requests in flight then finish (or are lost) before this
+    returns."""
     end = time.monotonic() + opts.minutes * 60
     sizes = itertools.cycle(opts.max_new)
+    kinds = itertools.cycle(opts.mix)
     numbers = itertools.count()
     limits = httpx.Limits(max_connections=opts.clients, max_keepalive_connections=opts.clients)
 
-    async def client_loop(client: httpx.AsyncClient) -> None:
+    async def client_loop(client: httpx.AsyncClient, model: str) -> None:
         while time.monotonic() < end:
             i = next(numbers)
             prompt = f"Soak request {i}: the river, the {i % 13} bridges and the town by the sea"
-            await _one(client, prompt, next(sizes), opts.bound_s, counts)
+            await _one(client, next(kinds), model, prompt, next(sizes), opts.bound_s, counts)
 
     async with httpx.AsyncClient(base_url=url, timeout=opts.bound_s + 5, limits=limits) as client:
-        await asyncio.gather(*(client_loop(client) for _ in range(opts.clients)))
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        await asyncio.gather(*(client_loop(client, model) for _ in range(opts.clients)))
 
 
 def _rss_bytes(pid: int) -> int | None:
@@ -237,6 +254,7 @@ def _report(
             "errors": counts.errors,
             "lost": counts.lost,
             "per_second": round(counts.completed / elapsed, 2),
+            "by_kind": counts.by_kind,
             "error_samples": counts.error_samples,
         },
         "redis_used_memory": grown.pop("redis_used_memory"),
@@ -278,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-dir", default="", help="each service's log; none: a temporary directory")
     ap.add_argument("--tolerance", type=float, default=0.10, help="growth allowed after the warm-up")
     ap.add_argument("--out", default="", help="also write the JSON report here")
+    ap.add_argument(
+        "--mix", default="generate", help=f"kinds of request, comma-separated, cycled: of {', '.join(KINDS)}"
+    )
     args = vars(ap.parse_args(argv))
+    args["mix"] = tuple(k for k in args["mix"].split(",") if k)
     out, tolerance = args.pop("out"), args.pop("tolerance")
     report = soak(SoakOptions(**args))
     report["problems"] = flat(report, tolerance)

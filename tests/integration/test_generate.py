@@ -10,6 +10,7 @@ import httpx
 from tests import hf_reference
 from tests.integration.api_helpers import generate, generate_stream
 from tests.integration.bad_input import FASTCHAT, LIGHTLLM, cases
+from tools import soak_requests
 from tools.stack import Stack
 
 MAX_LEN = 1024  # the tiny models' length limit
@@ -127,3 +128,19 @@ def _still_serving(client: httpx.Client) -> None:
     ok = client.post("/generate", json={"inputs": "still serving?", "parameters": {"max_new_tokens": 3}})
     assert ok.status_code == 200 and ok.json()["count_output_tokens"] >= 1
     assert client.get("/health").status_code == 200
+
+
+def test_every_kind_of_soak_request_is_answered_as_it_must_be(stack: Stack) -> None:
+    """tools/soak_requests.py's kinds, all at once and at each of the soak's sizes: each is
+    answered as its kind says (a soak counts any other answer as an error)."""
+
+    async def run() -> list[str | None]:
+        async with httpx.AsyncClient(base_url=stack.url, timeout=60) as client:
+            model = (await client.get("/v1/models")).json()["data"][0]["id"]
+            checks = [
+                soak_requests.CHECKS[kind](client, model, f"Soak request {i}: the river", n)
+                for i, (kind, n) in enumerate((k, n) for k in soak_requests.KINDS for n in (8, 32, 64))
+            ]
+            return await asyncio.gather(*checks)
+
+    assert asyncio.run(run()) == [None] * 3 * len(soak_requests.KINDS)

@@ -1,12 +1,13 @@
 """tools/soak.py: its growth measure and bounds on made-up series, and a one-minute soak of the
-real stack (16 clients, two worker groups, two front ends) within them: Redis's used_memory and
+real stack (16 clients sending every kind of request of tools/soak_requests.py, two worker groups,
+two front ends) within them: Redis's used_memory and
 every process's RSS flat after the warm-up, every request completed, the KV pools all free."""
 
 from __future__ import annotations
 
 import pytest
 
-from tools import soak
+from tools import soak, soak_requests
 
 
 def test_growth_compares_the_last_window_with_the_one_after_the_warm_up() -> None:
@@ -43,9 +44,40 @@ def test_soak_options_must_hold_the_warm_up_and_two_windows() -> None:
         soak.SoakOptions(minutes=1, warmup_s=30, window_s=20)
 
 
+def test_soak_options_refuse_an_unknown_kind_of_request() -> None:
+    with pytest.raises(ValueError, match="--mix"):
+        soak.SoakOptions(mix=("generate", "chat"))
+    with pytest.raises(ValueError, match="--mix"):
+        soak.SoakOptions(mix=())
+
+
+def test_counts_add_up_by_kind_of_request() -> None:
+    counts = soak.Counts()
+    counts.add("completed", request="schema")
+    counts.add("errors", "schema: not JSON", request="schema")
+    counts.add("lost", "regex: no answer", request="regex")
+    assert (counts.completed, counts.errors, counts.lost) == (1, 1, 1)
+    assert counts.by_kind == {
+        "schema": {"completed": 1, "errors": 1, "lost": 0},
+        "regex": {"completed": 0, "errors": 0, "lost": 1},
+    }
+    assert counts.error_samples == ["schema: not JSON", "regex: no answer"]
+
+
+def test_a_cut_schema_answer_must_begin_one_the_schema_allows() -> None:
+    assert soak_requests._answer_prefix('{"ok": fal')
+    assert soak_requests._answer_prefix('{\n  "ok": true,\n  "size": "sm')
+    assert soak_requests._answer_prefix("")
+    assert not soak_requests._answer_prefix('{"ok": 1')
+    assert not soak_requests._answer_prefix('{"size": "small"')  # the schema's order: ok first
+    assert len(soak_requests.ANSWERS) == 4
+
+
 @pytest.mark.bench  # a benchmark tool end to end, opt-in (CI keeps to 30 minutes)
 def test_a_one_minute_soak_stays_flat(tmp_path) -> None:
-    opts = soak.SoakOptions(minutes=1, clients=16, warmup_s=20, window_s=15, sample_s=2, log_dir=str(tmp_path))
+    opts = soak.SoakOptions(
+        minutes=1, clients=16, warmup_s=20, window_s=15, sample_s=2, log_dir=str(tmp_path), mix=soak_requests.KINDS
+    )
     report = soak.soak(opts)
     req, kv = report["requests"], report["kv_at_end"]
     print(f"soak: {req}, redis {report['redis_used_memory']}, KV {kv}")
@@ -63,3 +95,4 @@ def test_a_one_minute_soak_stays_flat(tmp_path) -> None:
     assert len(report["series"]["redis_used_memory"]) >= 25  # a sample every 2 s for a minute
     assert sorted(kv["groups"]) == ["0", "1"]
     assert soak.flat(report) == []
+    assert sorted(req["by_kind"]) == sorted(soak_requests.KINDS)

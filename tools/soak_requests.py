@@ -1,0 +1,120 @@
+"""The kinds of request a soak (tools/soak.py) sends, each with what its answer must be: a mix of
+the APIs and features that share one stack, so that a leak or a lost request in any of them, or
+in their meeting, shows.
+
+generate      POST /generate, ignore_eos: exactly max_new tokens
+prefix        POST /generate whose prompt starts with one long text every such request shares (the
+              prompt cache's hits and evictions)
+stream-left   POST /generate_stream, left after its first event (the client disconnects)
+schema        POST /v1/chat/completions under a JSON schema (a boolean and an enum): an object the
+              schema allows when it stops, the beginning of one when it runs out of tokens
+regex         POST /v1/completions under a regular expression (vLLM's guided_regex): its text
+              matches it when it stops
+bad           a request that is wrong (a negative max_new_tokens): a 4xx that says what is wrong
+
+Each takes the client, the served model's name, a prompt and a token count, and returns None
+when the answer is as it must be, else what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable
+
+import httpx
+
+KINDS = ("generate", "prefix", "stream-left", "schema", "regex", "bad")
+SHARED_PREFIX = "A system prompt every prefix request shares: answer briefly, kindly and in plain words. " * 6
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["small", "large"]}},
+    "required": ["ok", "size"],
+    "additionalProperties": False,
+}
+# every answer SCHEMA allows, its properties in the schema's order, without whitespace
+ANSWERS = [f'{{"ok":{ok},"size":"{size}"}}' for ok in ("true", "false") for size in ("small", "large")]
+REGEX = "[0-9]{1,6}x"
+
+Check = Callable[[httpx.AsyncClient, str, str, int], Awaitable[str | None]]  # (client, model, prompt, max_new)
+
+
+async def generate(client: httpx.AsyncClient, model: str, prompt: str, max_new: int) -> str | None:
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "ignore_eos": True}}
+    r = await client.post("/generate", json=body)
+    if r.status_code == 200 and r.json().get("count_output_tokens") == max_new:
+        return None
+    return f"generate: {r.status_code} {r.text}"
+
+
+async def prefix(client: httpx.AsyncClient, model: str, prompt: str, max_new: int) -> str | None:
+    return await generate(client, model, SHARED_PREFIX + prompt, max_new)
+
+
+async def stream_left(client: httpx.AsyncClient, model: str, prompt: str, max_new: int) -> str | None:
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "ignore_eos": True}}
+    async with client.stream("POST", "/generate_stream", json=body) as r:
+        if r.status_code != 200:
+            return f"stream-left: {r.status_code} {(await r.aread()).decode(errors='replace')}"
+        async for line in r.aiter_lines():
+            if line.startswith("data:"):
+                return None  # leaving here closes the connection: the stack must free the request
+    return "stream-left: the stream ended with no event"
+
+
+def _answer_prefix(text: str) -> bool:
+    """Whether text, its whitespace outside strings dropped (SCHEMA's strings have none), begins
+    an answer SCHEMA allows (an answer cut by max_tokens)."""
+    squeezed = re.sub(r"\s+", "", text)
+    return any(a.startswith(squeezed) for a in ANSWERS)
+
+
+async def schema(client: httpx.AsyncClient, model: str, prompt: str, max_new: int) -> str | None:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_new,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "count", "schema": SCHEMA}},
+    }
+    r = await client.post("/v1/chat/completions", json=body)
+    if r.status_code != 200:
+        return f"schema: {r.status_code} {r.text}"
+    choice = r.json()["choices"][0]
+    text = choice["message"]["content"] or ""
+    if choice["finish_reason"] == "length":
+        return None if _answer_prefix(text) else f"schema: a cut answer that begins none the schema allows: {text!r}"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return f"schema: not JSON: {text!r}"
+    return None if json.dumps(value, separators=(",", ":")) in ANSWERS else f"schema: not the schema's: {text!r}"
+
+
+async def regex(client: httpx.AsyncClient, model: str, prompt: str, max_new: int) -> str | None:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_new, "temperature": 0, "guided_regex": REGEX}
+    r = await client.post("/v1/completions", json=body)
+    if r.status_code != 200:
+        return f"regex: {r.status_code} {r.text}"
+    choice = r.json()["choices"][0]
+    text = choice["text"]
+    if choice["finish_reason"] == "length":
+        return None if re.fullmatch(r"[0-9]{0,6}", text) else f"regex: a cut answer off the pattern: {text!r}"
+    return None if re.fullmatch(REGEX, text) else f"regex: {text!r} does not match {REGEX}"
+
+
+async def bad(client: httpx.AsyncClient, model: str, prompt: str, max_new: int) -> str | None:
+    r = await client.post("/generate", json={"inputs": prompt, "parameters": {"max_new_tokens": -max_new}})
+    if 400 <= r.status_code < 500 and "max_new_tokens" in r.text:
+        return None
+    return f"bad: {r.status_code} {r.text} (a 4xx naming max_new_tokens expected)"
+
+
+CHECKS: dict[str, Check] = {
+    "generate": generate,
+    "prefix": prefix,
+    "stream-left": stream_left,
+    "schema": schema,
+    "regex": regex,
+    "bad": bad,
+}
