@@ -23,8 +23,19 @@ from tests.kernels.decode_check import check
 LENS = [1, 17, 70, 33, 5]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 2, 32), (4, 1, 16), (2, 2, 24), (2, 1, 64), (2, 1, 128)])
+# each head shape in one dtype (the first in both), each with every split mode: every dtype meets
+# every mode and several shapes (the interpreter's time, not coverage, rules out the whole product)
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "dtype"),
+    [
+        (4, 2, 32, torch.float32),
+        (4, 2, 32, torch.float16),
+        (4, 1, 16, torch.float16),
+        (2, 2, 24, torch.float32),
+        (2, 1, 64, torch.float16),
+        (2, 1, 128, torch.float32),
+    ],
+)
 @pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, False), (3, True)])
 def test_decode_small(
     hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int, fused: bool, device, pooled, reference, tol
@@ -32,8 +43,16 @@ def test_decode_small(
     check(LENS, hq, hkv, d, dtype, False, num_splits, device, pooled, reference, tol, fused)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 2, 32), (2, 1, 16), (3, 1, 64), (2, 1, 128)])
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "dtype"),
+    [
+        (4, 2, 32, torch.float32),
+        (4, 2, 32, torch.float16),
+        (2, 1, 16, torch.float16),
+        (3, 1, 64, torch.float32),
+        (2, 1, 128, torch.float16),
+    ],
+)
 @pytest.mark.parametrize(("num_splits", "fused"), [(1, False), (3, False), (3, True), (8, True)])
 def test_decode_rotates_and_stores_the_new_tokens(
     hq: int, hkv: int, d: int, dtype: torch.dtype, num_splits: int, fused: bool, device, pooled, reference, tol
@@ -164,8 +183,7 @@ def test_decode_large_group(group: int, device, pooled, reference, tol) -> None:
     check([9, 40], group, 1, 16, torch.float32, False, 2, device, pooled, reference, tol)
 
 
-@pytest.mark.parametrize("window", [1, 16, 30, 4096])
-@pytest.mark.parametrize("softcap", [0.0, 2.0])
+@pytest.mark.parametrize(("window", "softcap"), [(1, 0.0), (16, 2.0), (30, 0.0), (30, 2.0), (4096, 2.0)])
 @pytest.mark.parametrize(("num_splits", "fused", "rotary"), [(1, False, False), (3, False, True), (3, True, False)])
 def test_decode_sliding_window_and_softcap(
     window: int, softcap: float, num_splits: int, fused: bool, rotary: bool, device, pooled, reference, tol
