@@ -48,7 +48,7 @@ def schema_shape(schema: Any, where: str = "#") -> str:
         return f"{where} is a {type(schema).__name__}, not an object"
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
-    if any(k not in JSON_TYPES for k in kinds):
+    if any(not isinstance(k, str) or k not in JSON_TYPES for k in kinds):
         return f"{where}/type: {kind!r} is not a JSON type"
     for key in ("properties", "$defs", "definitions", "patternProperties"):
         if key in schema and not isinstance(schema[key], dict):

@@ -7,6 +7,11 @@ requests share its batch, so seeded requests are reproducible. Penalties (repeti
 over prompt and output; presence and frequency over the output, as in OpenAI's API)
 and min_new_tokens (end tokens banned until then) apply to both. Parameters come from
 SamplingState rows; the result stays on the device until the engine copies it out.
+
+Log-probabilities are of the logits the sampler was given (an output format's mask applied, no
+penalties): a token the mask rules out has none, and is reported at LOGPROB_FLOOR, as vLLM
+reports it, since JSON has no -inf (a top_logprobs list under a mask that allows fewer tokens
+than it asks for holds such tokens).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import torch
 from services.worker.host_copy import to_device
 from services.worker.request import Req
 from services.worker.sampling_state import SamplingState, uses_penalty
+
+LOGPROB_FLOOR = -9999.0
 
 _MASK = {s: (1 << (64 - s)) - 1 for s in (27, 30, 31, 40)}
 
@@ -132,7 +139,7 @@ class Sampler:
         st.record(rows, tokens, b.penalties, advance=not b.all_greedy)
         lp = top_ids = top_values = None
         if b.logprobs:
-            logsm = torch.log_softmax(raw, dim=-1)
+            logsm = torch.log_softmax(raw, dim=-1).clamp_(min=LOGPROB_FLOOR)
             lp = logsm.gather(1, tokens[:, None])[:, 0]
             if b.top_logprobs:
                 top = torch.topk(logsm, b.top_logprobs, dim=-1)

@@ -133,6 +133,37 @@ def test_the_sdks_parse_helper_and_a_streamed_answer(stack: Stack) -> None:
     assert whole.choices[0].message.content == text
 
 
+def test_log_probabilities_under_a_format_are_numbers_json_carries(stack: Stack) -> None:
+    """Under a choice list most steps allow one token, so most of the top five are tokens the
+    format rules out: they come back at the sampler's floor (as vLLM's do), the chosen token at
+    its own log-probability, on the chat route and the completions route alike."""
+    client = sync_client(stack)
+    chat = client.chat.completions.create(
+        model=stack.model_name,
+        messages=_chat(0),
+        max_tokens=20,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=5,
+        extra_body={"guided_choice": ["yes indeed", "no"]},
+    )
+    assert chat.choices[0].message.content in ("yes indeed", "no")
+    steps = chat.choices[0].logprobs.content
+    assert steps and all(len(s.top_logprobs) == 5 for s in steps)
+    assert all(-9999.0 <= t.logprob <= 0.0 for s in steps for t in s.top_logprobs)
+    assert any(t.logprob == -9999.0 for s in steps for t in s.top_logprobs)
+    plain = client.completions.create(
+        model=stack.model_name,
+        prompt=QUESTIONS[1],
+        max_tokens=8,
+        temperature=0,
+        logprobs=3,
+        extra_body={"guided_regex": "[0-9]{3}"},
+    )
+    assert re.fullmatch("[0-9]{3}", plain.choices[0].text)
+    assert all(-9999.0 <= v <= 0.0 for top in plain.choices[0].logprobs.top_logprobs for v in top.values())
+
+
 def test_json_object_and_the_lightllm_and_tgi_spellings(stack: Stack) -> None:
     client = sync_client(stack)
     r = client.chat.completions.create(

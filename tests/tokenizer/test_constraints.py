@@ -8,6 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from services.tokenizer import constraints
 from services.tokenizer.errors import describe_validation
 from services.tokenizer.lightllm.params import GenerateParameters
 from services.tokenizer.lightllm.tgi_params import TGIParameters
@@ -101,3 +102,22 @@ def test_tgi_grammar_is_a_json_schema_or_a_regex() -> None:
         "json_schema", '{"type": "object"}'
     )
     assert constraint({"type": "regex", "value": "[a-z]{3}"}) == Constraint("regex", "[a-z]{3}")
+
+
+@pytest.mark.parametrize(
+    ("schema", "says"),
+    [
+        ({"type": {"extra": None}}, "#/type: {'extra': None} is not a JSON type"),
+        ({"type": ["string", ["null"]]}, "#/type: ['string', ['null']] is not a JSON type"),
+        ({"type": "object", "properties": {"a": {"type": {"x": 1}}}}, "#/properties/a/type: {'x': 1} is not"),
+        ({"anyOf": [{"type": 3}]}, "#/anyOf/0/type: 3 is not a JSON type"),
+    ],
+)
+def test_a_type_that_is_no_name_is_named_not_raised(schema: dict, says: str) -> None:
+    """A type of any JSON value (an object or a list among them, which no set holds) is a shape
+    error the 400 names, never an exception out of the check."""
+    assert constraints.schema_shape(schema).startswith(says)
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    with pytest.raises(ValidationError) as e:
+        ChatCompletionRequest.model_validate({"model": "m", "messages": CHAT, "tools": [tool]})
+    assert "not a JSON schema: " + says in describe_validation(e.value.errors())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from services.worker.request import Req
-from services.worker.sampler import Sampler, SampleResult, hashed_uniform
+from services.worker.sampler import LOGPROB_FLOOR, Sampler, SampleResult, hashed_uniform
 from services.worker.sampling_state import SamplingState
 from tests.worker.engine_driver import request
 
@@ -155,6 +155,19 @@ def test_logprobs_and_top_logprobs() -> None:
     lp = torch.log_softmax(logits, -1)
     assert torch.allclose(out.logprobs, lp.max(-1).values, atol=1e-5)
     assert out.top_ids is not None and out.top_ids[0].tolist() == lp[0].topk(3).indices.tolist()
+
+
+def test_masked_tokens_report_the_floor_not_minus_infinity() -> None:
+    """An output format's mask leaves one token: the chosen token's logprob is 0, and the other
+    top_logprobs entries (tokens the mask rules out) are LOGPROB_FLOOR, which JSON can carry."""
+    b = Bench()
+    logits = torch.full((1, V), float("-inf"))
+    logits[0, 4] = 1.5
+    out = b.sample(logits, [b.req("a", logprobs=True, top_logprobs=3)])
+    assert out.tokens.tolist() == [4]
+    assert out.logprobs is not None and out.logprobs.tolist() == [0.0]
+    assert out.top_values is not None and out.top_values[0].tolist() == [0.0, LOGPROB_FLOOR, LOGPROB_FLOOR]
+    assert out.top_ids is not None and out.top_ids[0, 0].item() == 4
 
 
 def test_low_precision_logits_give_what_their_float32_copy_gives() -> None:
