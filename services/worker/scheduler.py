@@ -279,7 +279,9 @@ class Scheduler:
         self.constrained -= req.grammar is not None
 
     def _fail(self, req: Req, why: str, kind: str = ERR_TOO_LARGE) -> None:
-        log.error("failing request: %s", why, extra={"rid": req.rid})
+        # the request cannot be served as asked (too long for the pool, a format that does not
+        # compile): its client gets a 4xx that says why; nothing is wrong with the worker
+        log.warning("failing request: %s", why, extra={"rid": req.rid})
         req.error = why
         req.error_kind = kind
         self._finish(req, FINISH_ERROR)
