@@ -26,6 +26,7 @@ import os
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import xgrammar as xgr
@@ -195,9 +196,13 @@ class GrammarState:
             return ""
         return str(e) if isinstance(e, GrammarError) else f"the grammar could not be compiled: {e}"
 
-    def start(self) -> None:
-        """The request leaves the scheduler's compiling queue: its matcher from the compiled grammar."""
+    def start(self, output: Sequence[int] = ()) -> None:
+        """The request leaves the scheduler's compiling queue: its matcher from the compiled grammar,
+        which takes in the output the request already has (one handed over from a dead group
+        arrives with it among its input ids, GenerateReq.resumed), so the next mask follows it."""
         self.matcher = xgr.GrammarMatcher(self.future.result())
+        for token in output:
+            self.advance(self.next_pos, token)
 
     def advance(self, pos: int, token: int) -> None:
         """The request's token at pos came back from the device. Tokens come in order; one

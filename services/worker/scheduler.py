@@ -194,7 +194,7 @@ class Scheduler:
             elif why := g.error():
                 self._fail(req, why, ERR_INVALID)
             else:
-                g.start()
+                g.start(req.output_ids)
                 self.waiting.append(req)
         self.compiling = still
 

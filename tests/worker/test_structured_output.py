@@ -8,6 +8,7 @@ import json
 import re
 import threading
 import time
+from dataclasses import replace
 
 import jsonschema
 import pytest
@@ -318,3 +319,21 @@ def test_a_format_after_the_thinking_leaves_the_thinking_free(model: tuple[str, 
     out = run(engine, [request("t", ids, max_new_tokens=60, ignore_eos=True, constraint=c)])["t"]
     assert out.tokens[: k + 1] == free[: k + 1] and out.finish_reason == "stop"
     assert re.fullmatch(REGEXES[0], _text(path, out.tokens[k + 1 :]))
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "regex"])
+def test_a_handed_over_request_goes_on_from_the_output_it_had(model: tuple[str, Engine], kind: str) -> None:
+    """A request handed over from a dead group arrives with its output so far among its input
+    ids (GenerateReq.resumed): its grammar takes that output in before its first mask, so the
+    rest of the output is what the unbroken request gave, and the whole holds to the format."""
+    path, engine = model
+    constraint = Constraint(kind, json.dumps(SCHEMAS[0]) if kind == "json_schema" else REGEXES[0])
+    ids = _ids(path, 0)
+    whole = run(engine, [request("whole", ids, max_new_tokens=200, constraint=constraint)])["whole"]
+    assert whole.finish_reason == "stop" and len(whole.tokens) > 4
+    for k in (1, len(whole.tokens) // 2):
+        msg = replace(
+            request(f"resumed{k}", ids + whole.tokens[:k], max_new_tokens=200, constraint=constraint), resumed=k
+        )
+        rest = run(engine, [msg])[msg.rid]
+        assert rest.finish_reason == "stop" and whole.tokens[:k] + rest.tokens == whole.tokens, (k, rest)
