@@ -2,15 +2,19 @@
 requests are handed over to the other through their detokenizer shards and go on by
 recomputation: nothing is lost, nothing fails, and every text is the one an unbroken stack
 gives (docs/router.md, Failures). Every other kill first freezes the group (SIGSTOP) for a
-second: the router goes on placing requests on it, which never start there."""
+second: the router goes on placing requests on it, which never start there. Answers under a
+regex or a JSON schema keep their format across a handover."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
 import time
 
+import httpx
 import pytest
 
 from tests.integration.conftest import start_stack
@@ -76,3 +80,77 @@ def _wait_rejoined(stack: Stack, probe: RouterProbe, group: str, before: dict[st
         60,
         f"group {group}'s requests handed over and the group back",
     )
+
+
+# bounded formats: the tiny model's answer under them ends well within MAX_FORMATTED tokens
+FORMAT_REGEX = "([a-z]{1,4} ){20,30}end"
+FORMAT_SCHEMA = {
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": {"enum": [1, 22, 333]}, "minItems": 15, "maxItems": 20}},
+    "required": ["items"],
+}
+MAX_FORMATTED = 300
+
+
+def test_formatted_answers_hold_their_format_across_a_handover(
+    tiny_llama: str, redis_server: RedisServer, tmp_path
+) -> None:
+    """Requests under a regex or a JSON schema, a worker group killed while they generate: those
+    it held go on in the other group from the output they had (their grammar takes it in), and
+    every answer holds to its format and ends there."""
+    metrics_port = free_port()
+    stack = start_stack(
+        tiny_llama, redis_server, str(tmp_path), workers=2, router_args=["--metrics-port", str(metrics_port)]
+    )
+    probe = RouterProbe(metrics_port)
+    try:
+        probe.wait_for(lambda f: f["worker_groups"] == 2, 60, "both groups known to the router")
+        answers = asyncio.run(_formatted_through_a_kill(stack))
+        handed_over = probe.figures()["requeued_total"]
+    finally:
+        stack.stop()
+    assert handed_over > 0
+    for kind, finish, text in answers:
+        assert finish == "stop", (kind, finish, text)
+        if kind == "regex":
+            assert re.fullmatch(FORMAT_REGEX, text), text
+        else:
+            assert 15 <= len(json.loads(text)["items"]) <= 20, text
+
+
+async def _formatted_through_a_kill(stack: Stack) -> list[tuple[str, str, str]]:
+    async with httpx.AsyncClient(base_url=stack.url, timeout=120) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+
+        async def regex(i: int) -> tuple[str, str, str]:
+            body = {"model": model, "prompt": f"Tell {i}", "max_tokens": MAX_FORMATTED, "guided_regex": FORMAT_REGEX}
+            choice = (await client.post("/v1/completions", json=body)).json()["choices"][0]
+            return "regex", choice["finish_reason"], choice["text"]
+
+        async def schema(i: int) -> tuple[str, str, str]:
+            fmt = {"type": "json_schema", "json_schema": {"name": "list", "schema": FORMAT_SCHEMA}}
+            messages = [{"role": "user", "content": f"List {i}"}]
+            body = {"model": model, "messages": messages, "max_tokens": MAX_FORMATTED, "response_format": fmt}
+            choice = (await client.post("/v1/chat/completions", json=body)).json()["choices"][0]
+            return "schema", choice["finish_reason"], choice["message"]["content"]
+
+        async def streamed(flowing: asyncio.Event) -> tuple[str, str, str]:
+            """A regex answer streamed: flowing is set at its fifth chunk (the others decode too)."""
+            body = {"model": model, "prompt": "Tell", "max_tokens": MAX_FORMATTED, "guided_regex": FORMAT_REGEX}
+            text, finish, chunks = "", "", 0
+            async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    choice = json.loads(line[len("data: ") :])["choices"][0]
+                    text, finish, chunks = text + choice["text"], choice["finish_reason"] or finish, chunks + 1
+                    if chunks == 5:
+                        flowing.set()
+            return "regex", finish, text
+
+        flowing = asyncio.Event()
+        tasks = [asyncio.create_task(regex(i) if i % 2 else schema(i)) for i in range(15)]
+        tasks.append(asyncio.create_task(streamed(flowing)))
+        await asyncio.wait_for(flowing.wait(), 60)
+        await asyncio.to_thread(stack.kill_service, "worker-0")
+        return await asyncio.gather(*tasks)
