@@ -17,8 +17,11 @@ from shared.heartbeat import live_replicas
 from shared.messages import Heartbeat
 from shared.redis_link import RedisLink
 from shared.streams import SERVICE_WORKER, StreamNames
+from tests.integration.conftest import start_stack
 from tests.polling import until
 from tools import make_tiny_model
+from tools.redis_server import RedisServer, free_port
+from tools.stack import Stack
 
 LONG_CONTEXT = 16_384
 
@@ -73,6 +76,20 @@ class RouterProbe:
 
         wait_until(check, timeout_s, lambda: f"{what} (last figures: {got})")
         return got
+
+
+def two_groups(model_dir: str, redis_server: RedisServer, log_dir: str) -> tuple[Stack, RouterProbe]:
+    """A stack of two worker groups whose router serves its metrics, and its probe, once the
+    router knows both groups."""
+    metrics_port = free_port()
+    stack = start_stack(model_dir, redis_server, log_dir, workers=2, router_args=["--metrics-port", str(metrics_port)])
+    probe = RouterProbe(metrics_port)
+    try:
+        probe.wait_for(lambda f: f["worker_groups"] == 2, 60, "both groups known to the router")
+    except BaseException:
+        stack.stop()
+        raise
+    return stack, probe
 
 
 def admitted(f: Figures, group: str) -> float:

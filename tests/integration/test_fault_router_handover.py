@@ -13,10 +13,9 @@ import time
 
 import pytest
 
-from tests.integration.conftest import start_stack
 from tests.integration.fault_load import COMPLETED, ERROR, LOST, Load, Tally, prompts, reference_texts
-from tests.integration.router_live import RouterProbe
-from tools.redis_server import RedisServer, free_port
+from tests.integration.router_live import RouterProbe, two_groups
+from tools.redis_server import RedisServer
 from tools.stack import Stack
 
 pytestmark = pytest.mark.slow  # the fault suite: CI runs it (not deselected)
@@ -28,13 +27,8 @@ CLIENTS = 6
 def test_a_group_lost_while_the_router_restarts_has_its_requests_handed_over(
     tiny_llama: str, redis_server: RedisServer, tmp_path
 ) -> None:
-    metrics_port = free_port()
-    stack = start_stack(
-        tiny_llama, redis_server, str(tmp_path), workers=2, router_args=["--metrics-port", str(metrics_port)]
-    )
-    probe = RouterProbe(metrics_port)
+    stack, probe = two_groups(tiny_llama, redis_server, str(tmp_path))
     try:
-        probe.wait_for(lambda f: f["worker_groups"] == 2, 60, "both groups known to the router")
         reference, tally = asyncio.run(_double_fault(stack, probe))
     finally:
         stack.stop()

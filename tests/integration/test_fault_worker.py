@@ -17,10 +17,9 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import start_stack
 from tests.integration.fault_load import COMPLETED, ERROR, LOST, Load, Tally, prompts, reference_texts
-from tests.integration.router_live import RouterProbe, wait_until, worker_beats
-from tools.redis_server import RedisServer, free_port
+from tests.integration.router_live import RouterProbe, two_groups, wait_until, worker_beats
+from tools.redis_server import RedisServer
 from tools.stack import Stack
 
 pytestmark = pytest.mark.slow  # the fault suite: CI runs it (not deselected)
@@ -34,13 +33,8 @@ CLIENTS = 6
 def test_worker_groups_killed_under_load_lose_nothing_and_keep_the_greedy_text(
     tiny_llama: str, redis_server: RedisServer, tmp_path
 ) -> None:
-    metrics_port = free_port()
-    stack = start_stack(
-        tiny_llama, redis_server, str(tmp_path), workers=2, router_args=["--metrics-port", str(metrics_port)]
-    )
-    probe = RouterProbe(metrics_port)
+    stack, probe = two_groups(tiny_llama, redis_server, str(tmp_path))
     try:
-        probe.wait_for(lambda f: f["worker_groups"] == 2, 60, "both groups known to the router")
         reference, tally = asyncio.run(_kill_groups(stack, probe))
         figures = probe.figures()
     finally:
@@ -98,13 +92,8 @@ def test_formatted_answers_hold_their_format_across_a_handover(
     """Requests under a regex or a JSON schema, a worker group killed while they generate: those
     it held go on in the other group from the output they had (their grammar takes it in), and
     every answer holds to its format and ends there."""
-    metrics_port = free_port()
-    stack = start_stack(
-        tiny_llama, redis_server, str(tmp_path), workers=2, router_args=["--metrics-port", str(metrics_port)]
-    )
-    probe = RouterProbe(metrics_port)
+    stack, probe = two_groups(tiny_llama, redis_server, str(tmp_path))
     try:
-        probe.wait_for(lambda f: f["worker_groups"] == 2, 60, "both groups known to the router")
         answers = asyncio.run(_formatted_through_a_kill(stack))
         handed_over = probe.figures()["requeued_total"]
     finally:
