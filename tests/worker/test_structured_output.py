@@ -319,6 +319,13 @@ def test_a_format_after_the_thinking_leaves_the_thinking_free(model: tuple[str, 
     out = run(engine, [request("t", ids, max_new_tokens=60, ignore_eos=True, constraint=c)])["t"]
     assert out.tokens[: k + 1] == free[: k + 1] and out.finish_reason == "stop"
     assert re.fullmatch(REGEXES[0], _text(path, out.tokens[k + 1 :]))
+    # handed over inside the thinking and inside the answer: the grammar takes in the output it
+    # had (free text, the end of the thinking, the answer so far), and the rest is the same
+    assert k + 2 < len(out.tokens)
+    for cut in (k, k + 2):
+        msg = request(f"t{cut}", ids + out.tokens[:cut], max_new_tokens=60, ignore_eos=True, constraint=c)
+        rest = run(engine, [replace(msg, resumed=cut)])[msg.rid]
+        assert out.tokens[:cut] + rest.tokens == out.tokens and rest.finish_reason == "stop", (cut, rest)
 
 
 @pytest.mark.parametrize("kind", ["json_schema", "regex"])
