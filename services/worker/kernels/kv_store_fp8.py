@@ -1,5 +1,5 @@
-"""One token's K or V, all its heads, quantized to FP8 e4m3 and written into the token KV pool
-(kv_store_quant.py's kernel calls it for K and for V).
+"""The FP8 e4m3 codes and scales of one token's K or V, all its heads (kv_store_quant.py's
+kernel stores them).
 
 Each token's K and V are stored per head as e4m3 with a power-of-two scale 2^e kept as its int8
 exponent e, the smallest power of two not under absmax / 448, matching ``kv_cache.quantize_fp8``:
@@ -35,34 +35,11 @@ def round_to_e4m3(y):
 
 
 @triton.jit
-def quantize_store_fp8(
-    x_ptr,
-    row_stride,
-    head_stride,
-    pool_ptr,
-    pool_slot_stride,
-    pool_head_stride,
-    scale_ptr,
-    scale_slot_stride,
-    scale_head_stride,
-    token,
-    slot,
-    num_heads,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    hmask = offs_h < num_heads
-    mask = hmask[:, None] & (offs_d < HEAD_DIM)[None, :]  # [BLOCK_H, BLOCK_D]
-    x = tl.load(x_ptr + token * row_stride + offs_h[:, None] * head_stride + offs_d[None, :], mask=mask, other=0.0)
-    x = x.to(tl.float32)
-    absmax = tl.max(tl.abs(x), axis=1)  # [BLOCK_H]
+def fp8_codes(x, absmax):
+    """x [BLOCK_H, BLOCK_D] float32 and its rows' absmax -> (the e4m3 values, still float32, and
+    each row's scale exponent e as int32: the scale is 2^e)."""
     bits = tl.math.div_rn(tl.maximum(absmax, 1e-8), 448.0).to(tl.int32, bitcast=True)
     e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # 2^e >= absmax / 448
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e
     y = tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0)
-    q = round_to_e4m3(y).to(pool_ptr.dtype.element_ty)
-    tl.store(pool_ptr + slot * pool_slot_stride + offs_h[:, None] * pool_head_stride + offs_d[None, :], q, mask=mask)
-    tl.store(scale_ptr + slot * scale_slot_stride + offs_h * scale_head_stride, e.to(tl.int8), mask=hmask)
+    return round_to_e4m3(y), e

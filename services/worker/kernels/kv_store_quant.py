@@ -1,7 +1,8 @@
 """Quantize this step's K and V and write them into an int8 or FP8 e4m3 token KV pool, with their
-per-token, per-head scales: one program per token, K then V, each through its format's
-quantize-and-store (kv_store_int8.py: float32 scales; kv_store_fp8.py: int8 exponents of
-power-of-two scales). k and v may be strided views into the packed qkv projection."""
+per-token, per-head scales: one program per token, K then V, each read once, its rows' absmax
+taken, its codes and scales made the format's way (kv_store_int8.py: float32 scales;
+kv_store_fp8.py: int8 exponents of power-of-two scales) and stored. k and v may be strided views
+into the packed qkv projection."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.kv_store import check_kv_store_args
-from services.worker.kernels.kv_store_fp8 import FP8, quantize_store_fp8
-from services.worker.kernels.kv_store_int8 import quantize_store_int8
+from services.worker.kernels.kv_store_fp8 import FP8, fp8_codes
+from services.worker.kernels.kv_store_int8 import int8_codes
 from services.worker.kernels.launch import launcher, next_pow2
 from services.worker.kernels.strides import KVStrides, PoolStrides, ScaleStrides
 
@@ -32,21 +33,26 @@ def _quantize_store(
     token,
     slot,
     num_heads,
-    IS_FP8: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    if IS_FP8:
-        quantize_store_fp8(
-            x_ptr, row_stride, head_stride, pool_ptr, pool_slot_stride, pool_head_stride, scale_ptr,
-            scale_slot_stride, scale_head_stride, token, slot, num_heads, HEAD_DIM, BLOCK_H, BLOCK_D,
-        )  # fmt: skip
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    hmask = offs_h < num_heads
+    mask = hmask[:, None] & (offs_d < HEAD_DIM)[None, :]  # [BLOCK_H, BLOCK_D]
+    x = tl.load(x_ptr + token * row_stride + offs_h[:, None] * head_stride + offs_d[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    absmax = tl.max(tl.abs(x), axis=1)  # [BLOCK_H]
+    if pool_ptr.dtype.element_ty == tl.int8:
+        q, s = int8_codes(x, absmax)
     else:
-        quantize_store_int8(
-            x_ptr, row_stride, head_stride, pool_ptr, pool_slot_stride, pool_head_stride, scale_ptr,
-            scale_slot_stride, scale_head_stride, token, slot, num_heads, HEAD_DIM, BLOCK_H, BLOCK_D,
-        )  # fmt: skip
+        q, s = fp8_codes(x, absmax)
+    q_ptrs = pool_ptr + slot * pool_slot_stride + offs_h[:, None] * pool_head_stride + offs_d[None, :]
+    tl.store(q_ptrs, q.to(pool_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        scale_ptr + slot * scale_slot_stride + offs_h * scale_head_stride, s.to(scale_ptr.dtype.element_ty), mask=hmask
+    )
 
 
 @triton.jit
@@ -71,7 +77,6 @@ def _store_kv_quant_kernel(
     vs_slot_stride,
     vs_head_stride,
     num_heads,
-    IS_FP8: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -80,11 +85,11 @@ def _store_kv_quant_kernel(
     slot = tl.load(slots_ptr + token).to(tl.int64)
     _quantize_store(
         k_ptr, k_row_stride, k_head_stride, kp_ptr, kp_slot_stride, kp_head_stride, ks_ptr,
-        ks_slot_stride, ks_head_stride, token, slot, num_heads, IS_FP8, HEAD_DIM, BLOCK_H, BLOCK_D,
+        ks_slot_stride, ks_head_stride, token, slot, num_heads, HEAD_DIM, BLOCK_H, BLOCK_D,
     )  # fmt: skip
     _quantize_store(
         v_ptr, v_row_stride, v_head_stride, vp_ptr, vp_slot_stride, vp_head_stride, vs_ptr,
-        vs_slot_stride, vs_head_stride, token, slot, num_heads, IS_FP8, HEAD_DIM, BLOCK_H, BLOCK_D,
+        vs_slot_stride, vs_head_stride, token, slot, num_heads, HEAD_DIM, BLOCK_H, BLOCK_D,
     )  # fmt: skip
 
 
@@ -127,7 +132,6 @@ def store_kv_quantized(
         **PoolStrides.of(k_pool, v_pool)._asdict(),
         **ScaleStrides.of(k_scale, v_scale)._asdict(),
         num_heads=h,
-        IS_FP8=k_pool.dtype == FP8,
         HEAD_DIM=d,
         BLOCK_H=next_pow2(h),
         BLOCK_D=next_pow2(d),
