@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-KINDS = ("generate", "prefix", "stream-left", "schema", "regex", "bad")
 SHARED_PREFIX = "A system prompt every prefix request shares: answer briefly, kindly and in plain words. " * 6
 SCHEMA = {
     "type": "object",
@@ -118,3 +117,4 @@ CHECKS: dict[str, Check] = {
     "regex": regex,
     "bad": bad,
 }
+KINDS = tuple(CHECKS)
