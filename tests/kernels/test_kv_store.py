@@ -128,3 +128,4 @@ def test_store_kv_rejects_wrong_slots(device: torch.device) -> None:
 def test_store_kv_llama3_8b() -> None:
     _check_store(4096, 8, 128, torch.bfloat16, torch.device("cuda"))
     _check_store_int8(4096, 8, 128, torch.bfloat16, torch.device("cuda"))
+    _check_store_fp8(4096, 8, 128, torch.bfloat16, torch.device("cuda"))
