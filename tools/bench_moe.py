@@ -7,8 +7,9 @@ mixture-of-experts shapes, and next to PyTorch's loop over the experts (layers/m
 For each token count T, one layer's experts (bf16, routing drawn uniformly at random), timed
 replayed from a CUDA graph as the engine runs them: milliseconds (and moe_align's alone), the
 bytes of the experts' weights the step reads (the distinct experts hit) as GB/s and as % of the
-copy bandwidth, and TFLOP/s (2 * T * k * 3 * H * I). --sweep times every launch configuration of SWEEP at each T (each
-checked against the default's output) and prints the fastest, the data behind pick_tiles.
+copy bandwidth, and TFLOP/s (2 * T * k * 3 * H * I). --sweep times every launch configuration
+of SWEEP (of SWEEP_DECODE at decode sizes) at each T (each checked against the default's output)
+and prints the fastest, the data behind pick_tiles.
 --fp8 also times the same experts in FP8 (Fp8ExpertWeight, quantized from the bf16 draws) at the
 same T and routing: its milliseconds, its bytes (e4m3 weights plus float32 scales of the experts
 hit) as GB/s and % of copy, and its speed-up over bf16 (row "fp8"); with --sweep, the FP8
@@ -37,6 +38,9 @@ SMOKE_SHAPE, SMOKE_TOKENS = (64, 48, 4, 2), (1, 9)
 # (block_m, block_n, block_k, group_m, num_warps, num_stages); a configuration whose tiles do not
 # fit the GPU's shared memory is skipped
 SWEEP = list(itertools.product((16, 32, 64), (64, 128), (64, 128), (8,), (4, 8), (3,)))
+# where each expert gets at most 16 entries (decode sizes: pick_tiles' first case) a step reads the
+# experts' weights and the row block is padding, so the sweep there varies what moves the weights
+SWEEP_DECODE = list(itertools.product((16,), (32, 64, 128), (64, 128, 256), (1,), (2, 4), (3, 4, 5)))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -118,12 +122,14 @@ def bench(t: int, shape: tuple[int, int, int, int], dtype: torch.dtype, dev, cud
 
 
 def sweep(x, w13, w2, weights, ids, cuda: bool) -> list[dict]:
-    """The three fastest configurations of SWEEP, each checked against the default's output."""
+    """The three fastest configurations of SWEEP (SWEEP_DECODE where each expert gets at most 16
+    entries), each checked against the default's output."""
     from services.worker.kernels.fused_moe import MoeTiles, fused_experts
 
     want = fused_experts(x, w13, w2, weights, ids)
     best = []
-    for c in SWEEP:
+    decode = ids.numel() <= 16 * w13.shape[0]
+    for c in SWEEP_DECODE if decode else SWEEP:
         tiles = MoeTiles(*c)
         try:
             got = fused_experts(x, w13, w2, weights, ids, tiles)

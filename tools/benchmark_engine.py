@@ -2,7 +2,7 @@
 
     python tools/benchmark_engine.py --out FILE.json [--shape llama3-8b] [--parts ceilings,static,offline]
         [--requests 2000] [--static 1x1024,64x1024,256x1024] [--kv-dtype auto|int8|fp8] [--model-dir DIR]
-        [--quantization none|fp8|awq|gptq]
+        [--quantization none|fp8|awq|gptq] [--fp8-lm-head]
         [--prompt-cache on|off|on,off] [--shared-prefix-rate 16]
 
 With --model-dir the weights come from that directory; otherwise they are random, on the
@@ -150,18 +150,17 @@ def step_profile(trace: list[tuple[float, int, int]]) -> dict:
     return out
 
 
-def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 2, layer_bytes: float = 0) -> int:
+def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 2, layer_bytes: float = 0, head_bytes: float = 0) -> int:
     """Bytes of weights a decode step reads: every layer and the output layer (one embedding row
     aside); a mixture of experts' every expert and router row (a batch that routes to them all).
-    layer_bytes: the layers' bytes a weight when not dtype_bytes (projection_bytes: FP8's, int4's;
-    the output layer still bf16)."""
+    layer_bytes, head_bytes: the layers' and the output layer's bytes a weight when not dtype_bytes
+    (projection_bytes: FP8's, int4's; the output layer in FP8 with --fp8-lm-head)."""
     h, d = cfg.hidden_size, cfg.head_dim
     attention = h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * h + 2 * h
     sparse = (3 * cfg.moe_intermediate_size + 1) * h * cfg.num_experts + 3 * h * cfg.shared_expert_intermediate_size
     mlp = [sparse if cfg.sparse(i) else 3 * h * cfg.intermediate_size for i in range(cfg.num_layers)]
-    return int((layer_bytes or dtype_bytes) * (cfg.num_layers * attention + sum(mlp))) + dtype_bytes * (
-        cfg.vocab_size * h + h
-    )
+    layers = (layer_bytes or dtype_bytes) * (cfg.num_layers * attention + sum(mlp))
+    return int(layers + (head_bytes or dtype_bytes) * cfg.vocab_size * h + dtype_bytes * h)
 
 
 def static_decode(engine: Engine, cfg: ModelConfig, batch: int, context: int, steps: int, copy_bw: float) -> dict:
@@ -186,8 +185,9 @@ def static_decode(engine: Engine, cfg: ModelConfig, batch: int, context: int, st
     # with tensor parallelism each GPU reads its share of the weights (and of the KV heads:
     # the layout is the rank's already), in parallel with the others
     ranks = engine.runner.model.tp.size
-    layer_bytes = projection_bytes(engine.runner.model.w.layers[0].qkv)
-    floor_ms = 1000 * (weight_bytes(cfg, layer_bytes=layer_bytes) / ranks + kv_read) / copy_bw if copy_bw else None
+    w = engine.runner.model.w
+    weights = weight_bytes(cfg, layer_bytes=projection_bytes(w.layers[0].qkv), head_bytes=projection_bytes(w.lm_head))
+    floor_ms = 1000 * (weights / ranks + kv_read) / copy_bw if copy_bw else None
     graphs = engine.runner.graphs  # what the step's graph was captured with, to tell two engines' steps apart
     return {
         "batch": batch,
@@ -278,6 +278,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("none", "fp8", *INT4),
         help="fp8: projections quantized at load; awq, gptq: random weights' projections as int4 (group size 128)",
     )
+    ap.add_argument("--fp8-lm-head", action="store_true", help="with --quantization fp8: the output layer in FP8 too")
     ap.add_argument("--max-total-token-num", type=int, default=0)
     ap.add_argument("--mem-fraction", type=float, default=0.9)
     ap.add_argument("--batch-max-tokens", type=int, default=16384)

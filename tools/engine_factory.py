@@ -62,6 +62,7 @@ class EngineFactory:
             dtype=a.dtype,
             kv_dtype=a.kv_dtype,
             quantization="fp8" if a.quantization == "fp8" else "none",  # int4: the weights say so
+            fp8_lm_head=a.fp8_lm_head,
             max_total_token_num=self.capacity,
             mem_fraction=a.mem_fraction,
             batch_max_tokens=a.batch_max_tokens,

@@ -86,3 +86,20 @@ def test_the_int4_variant_quantizes_random_weights_and_runs(tiny: str, monkeypat
     layers = built.engine.runner.model.w.layers
     assert all(isinstance(w, Int4Weight) and w.group_size == 128 for layer in layers for w in (layer.qkv, layer.down))
     assert projection_bytes(layers[0].qkv) == 0.5 + 3 / 128 and projection_bytes(layers[0].attn_norm) == 0
+
+
+def test_fp8_lm_head_is_built_and_its_floor_counts_a_byte_a_weight(tiny: str, monkeypatch) -> None:
+    """--fp8-lm-head reaches the worker's build (the output layer becomes FP8), and a static row's
+    bandwidth floor then counts the output layer at one byte a weight, not two."""
+    from tools.benchmark_engine import weight_bytes
+
+    with open(os.path.join(tiny, "config.json")) as f:
+        monkeypatch.setitem(SHAPES, "tiny-test", json.load(f))
+    flags = ["--out", "unused.json", "--shape", "tiny-test", "--device", "cpu", "--quantization", "fp8"]
+    _, args = bench_quant.parse_args([*flags, "--fp8-lm-head"])
+    built = EngineFactory(args).build(cache_on=True)
+    head = built.engine.runner.model.w.lm_head
+    assert isinstance(head, Fp8Weight)
+    cfg = built.model_cfg
+    fp8_head = weight_bytes(cfg, layer_bytes=1, head_bytes=projection_bytes(head))
+    assert weight_bytes(cfg, layer_bytes=1) - fp8_head == cfg.vocab_size * cfg.hidden_size

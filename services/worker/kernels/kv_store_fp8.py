@@ -31,7 +31,10 @@ def round_to_e4m3(y):
     frac = steps - low
     low_is_odd = (low - 2.0 * tl.floor(low * 0.5)) != 0.0
     r = tl.where((frac > 0.5) | ((frac == 0.5) & low_is_odd), low + 1.0, low) * step
-    return tl.where(bits < 0, -r, r)  # the sign bit: -0.0 stays -0.0, as torch converts it
+    # the sign bit put back by its bits: a negative value that rounds to 0 is -0.0, as torch converts it
+    # (tl.where(bits < 0, -r, r) gave +0.0 there once compiled for a GPU, -0.0 in the interpreter)
+    sign = (bits >> 31) << 31
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
