@@ -17,7 +17,7 @@ Streams (names in shared/streams.py):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from math import prod
 from typing import Any, ClassVar
 
@@ -28,8 +28,9 @@ from shared.wire_values import CONSTRAINT_KINDS
 # 2: WorkerStatus.running as columns (RunningTable); 3: the prompt cache's counts; 4: hand-over of a
 # dead group's requests (GenerateReq.resumed and .handovers, TokenItem.handovers, Handover);
 # 5: SamplingParams.constraint; 6: a group's drain (WorkerStatus.draining, .leaving); 7: images
-# (GenerateReq.images, VisualReq, ImageEmbedding); 8: ImageRef.grid (M-RoPE's image grids)
-SCHEMA_VERSION = 8
+# (GenerateReq.images, VisualReq, ImageEmbedding); 8: ImageRef.grid (M-RoPE's image grids);
+# 9: prompt logprobs (SamplingParams.prompt_logprobs, TokenItem's and TextItem's)
+SCHEMA_VERSION = 9
 
 
 # ---------------------------------------------------------------- nested structs
@@ -70,6 +71,8 @@ class SamplingParams:
     logprobs: bool = False  # report the chosen token's logprob
     top_logprobs: int = 0  # also report this many most likely alternatives
     constraint: Constraint | None = None  # structured output; None: free text
+    # each prompt token's logprob after the first (with this many alternatives): -1 none
+    prompt_logprobs: int = -1
 
     @property
     def greedy(self) -> bool:
@@ -115,31 +118,15 @@ class RunningTable:
         return len(self.rids)
 
     def columns(self) -> tuple[list, ...]:
-        """The columns in RunningReq's field order: zip(*columns()) gives its rows' fields."""
-        return (
-            self.rids,
-            self.detoks,
-            self.prompt_tokens,
-            self.held_tokens,
-            self.remaining_tokens,
-            self.paused,
-            self.cached_tokens,
-        )
+        """The columns in RunningReq's field order (this table's own): zip(*columns()) gives its rows' fields."""
+        return tuple(getattr(self, f.name) for f in fields(self))
 
     def rows(self) -> list[RunningReq]:
         return [RunningReq(*row) for row in zip(*self.columns(), strict=True)]
 
     @classmethod
     def of(cls, rows: list[RunningReq]) -> RunningTable:
-        return cls(
-            [r.rid for r in rows],
-            [r.detok for r in rows],
-            [r.prompt_tokens for r in rows],
-            [r.held_tokens for r in rows],
-            [r.remaining_tokens for r in rows],
-            [r.paused for r in rows],
-            [r.cached_tokens for r in rows],
-        )
+        return cls(*([getattr(r, f.name) for r in rows] for f in fields(RunningReq)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +146,9 @@ class TokenItem:
     # its GenerateReq's handovers: a detokenizer that has handed the request over drops the
     # items of the copy that ran before (a group declared dead that was only silent)
     handovers: int = 0
+    # with the first output token, when SamplingParams.prompt_logprobs asked: prompt tokens 1..
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_logprobs: list[list[list[float]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +166,8 @@ class TextItem:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+    prompt_logprobs: list[float] = field(default_factory=list)  # as TokenItem's
+    prompt_top_logprobs: list[list[list[float]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

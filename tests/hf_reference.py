@@ -49,3 +49,11 @@ def top1_teacher_forced(model_dir: str, ids: list[int]) -> list[int]:
     _, model = _load(model_dir)
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].argmax(-1).tolist()
+
+
+def prompt_logprobs(model_dir: str, ids: list[int]) -> torch.Tensor:
+    """HF's log-softmax at every position of ids but the last [len(ids) - 1, V], float32: row p is
+    the distribution of the token at p + 1 (one forward, teacher forcing)."""
+    _, model = _load(model_dir)
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), dim=-1)

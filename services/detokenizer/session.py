@@ -91,6 +91,8 @@ class DetokSession:
             token_ids=item.token_ids,
             logprobs=item.logprobs,
             top_logprobs=item.top_logprobs,
+            prompt_logprobs=item.prompt_logprobs,
+            prompt_top_logprobs=item.prompt_top_logprobs,
             finish_reason=finish,
             error=error,
             error_kind=kind,

@@ -19,6 +19,8 @@ class Collected:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens the worker's prompt cache held when the generation started
+    prompt_logprobs: list[float] = field(default_factory=list)  # prompt tokens 1.. (echo with logprobs)
+    prompt_top_logprobs: list[list[list[float]]] = field(default_factory=list)
 
     def add(self, item: TextItem) -> None:
         self.text += item.text
@@ -28,6 +30,8 @@ class Collected:
         self.prompt_tokens = item.prompt_tokens or self.prompt_tokens
         self.output_tokens = max(self.output_tokens, item.output_tokens)
         self.cached_tokens = item.cached_tokens or self.cached_tokens
+        self.prompt_logprobs = self.prompt_logprobs or item.prompt_logprobs
+        self.prompt_top_logprobs = self.prompt_top_logprobs or item.prompt_top_logprobs
         if item.finish_reason:
             self.finish_reason = item.finish_reason
             self.error = item.error

@@ -68,6 +68,8 @@ def _joined(ready: list[tuple[int, TextItem]]) -> list[tuple[int, TextItem]]:
             token_ids=a.token_ids + item.token_ids,
             logprobs=a.logprobs + item.logprobs,
             top_logprobs=a.top_logprobs + item.top_logprobs,
+            prompt_logprobs=a.prompt_logprobs or item.prompt_logprobs,  # the first token's item has them
+            prompt_top_logprobs=a.prompt_top_logprobs or item.prompt_top_logprobs,
         )
         out[k] = (i, joined)
     return out

@@ -17,6 +17,7 @@ import torch
 
 from services.worker.forward_batch import ForwardBatch, HostIndex
 from services.worker.host_copy import to_device
+from services.worker.prompt_logprobs import PromptRows
 from services.worker.request import PLACEHOLDER, Req
 from services.worker.scheduler import StepPlan
 
@@ -58,16 +59,20 @@ def build_batch(
     device: torch.device,
     prev: PreviousTokens | None = None,
     staging: DecodeInputs | None = None,
+    prompt_rows: PromptRows | None = None,
 ) -> ForwardBatch:
     """staging: the decode graphs' input layout; a decode-only batch that fits it is built there
     (one copy and one kernel, graph_inputs.py). Either way the decodes' new slots
     (plan.decode_slots, which the scheduler does not record) are written into req_table at
-    (row, position)."""
+    (row, position). prompt_rows: packed positions whose logits follow the sampled ones'
+    (prompt logprobs, prompt_logprobs.py; only steps with prompt tokens have them)."""
     fits = staging is not None and plan.decode_slots is not None and staging.fits(len(plan.decodes))
     if fits and not plan.extends:  # M-RoPE's decodes too: the layout carries their rotary positions
         return _staged(plan, req_table, staging, prev)
     mrope = any(r.rope is not None for r, _ in plan.extends) or any(r.rope is not None for r in plan.decodes)
     k = _pack(plan, prev, mrope)
+    if prompt_rows is not None:
+        k.sample_index.extend(prompt_rows.index)
     slots = list(plan.extend_slots)
     if plan.decode_slots is not None:
         slots.append(plan.decode_slots)

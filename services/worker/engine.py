@@ -28,9 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
+from services.worker import prompt_logprobs
 from services.worker.batch_builder import PreviousTokens, build_batch
 from services.worker.grammar import Grammars, grammar_threads
 from services.worker.memory.kv_manager import KVManager
+from services.worker.prompt_logprobs import PromptResult, PromptRows
 from services.worker.request import ImageSpan, Req
 from services.worker.runtime.model_runner import ModelRunner
 from services.worker.sampler import SampleBatch, Sampler, SampleResult
@@ -68,6 +70,7 @@ class InFlight:
     host: SampleResult  # the copy being made to the host
     event: torch.cuda.Event | None
     tokens: list[int] | None = None  # the sampled tokens on the host, once read
+    prompt: tuple[PromptRows, PromptResult] | None = None  # prompt logprobs, copied with the tokens
 
     def previous_tokens(self) -> PreviousTokens:
         return PreviousTokens(self.result.tokens, {id(r): i for i, r in enumerate(self.sampled)})
@@ -90,6 +93,7 @@ class Staged:
     logits: torch.Tensor  # [S, V] on the device
     sample_batch: SampleBatch
     filling: Filling | None
+    prompt: tuple[PromptRows, PromptResult] | None = None  # prompt logprobs, on the device
 
 
 class Engine:
@@ -169,20 +173,29 @@ class Engine:
         sampled = plan.sampled()
         filling = self._begin_mask(sampled) if self.scheduler.constrained else None
         prev = self.inflight.previous_tokens() if self.inflight is not None else None
-        batch = build_batch(plan, self.kv.table.table, self.device, prev, self.runner.staging)
+        rows = PromptRows.of(plan.extends)  # prompt-logprob rows, after the sampled ones
+        batch = build_batch(plan, self.kv.table.table, self.device, prev, self.runner.staging, rows)
         sample_batch = self.sampler.batch(sampled, self.device, batch.sample_rows)
-        logits = self.runner.forward(batch)  # [S, V]
+        logits = self.runner.forward(batch)  # [S, V], then the prompt rows'
+        prompt = None
+        if rows is not None:
+            prompt = (rows, prompt_logprobs.compute(logits[len(sampled) :], rows))
+            logits = logits[: len(sampled)]
         positions = self.scheduler.launched(plan, sampled)
         self.steps += 1
-        staged = Staged(sampled, positions, logits, sample_batch, filling)
+        staged = Staged(sampled, positions, logits, sample_batch, filling, prompt)
         return staged if filling is not None else self._sample(staged)
 
     def _sample(self, s: Staged) -> InFlight:
         if s.filling is not None and self.masks is not None and (mask := self.masks.finish(s.filling)) is not None:
             mask.apply(s.logits)
         result = self.sampler.sample(s.logits, s.sample_batch)
+        prompt = None
+        if s.prompt is not None:  # copied before the event the tokens' copy records
+            rows, r = s.prompt
+            prompt = (rows, PromptResult(*(self._pinned(t) for t in (r.chosen, r.top_ids, r.top_values))))
         host, event = self._copy_to_host(result)
-        return InFlight(s.sampled, s.positions, result, host, event)
+        return InFlight(s.sampled, s.positions, result, host, event, prompt=prompt)
 
     def _begin_mask(self, sampled: list[Req]) -> Filling | None:
         """Fill the bitmask rows of this step's constrained requests in the mask thread while this
@@ -198,17 +211,18 @@ class Engine:
         inflight = self.inflight
         return self.masks.begin(lambda: _advance_grammars(inflight), constrained)
 
+    def _pinned(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """A copy of t on its way to pinned host memory (t itself on the CPU)."""
+        if t is None or self.device.type != "cuda":
+            return t
+        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        out.copy_(t, non_blocking=True)
+        return out
+
     def _copy_to_host(self, r: SampleResult) -> tuple[SampleResult, torch.cuda.Event | None]:
         if self.device.type != "cuda":
             return r, None
-
-        def host(t: torch.Tensor | None) -> torch.Tensor | None:
-            if t is None:
-                return None
-            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            out.copy_(t, non_blocking=True)
-            return out
-
+        host = self._pinned
         copied = SampleResult(host(r.tokens), host(r.logprobs), host(r.top_ids), host(r.top_values))
         event = torch.cuda.Event()
         event.record()
@@ -216,6 +230,8 @@ class Engine:
 
     def _collect(self, f: InFlight) -> tuple[list[tuple[str, TokenItem]], bool]:
         tokens = f.host_tokens()
+        if f.prompt is not None:  # before the items: a request's first token carries them
+            prompt_logprobs.collect(*f.prompt)
         logprobs = f.host.logprobs.tolist() if f.host.logprobs is not None else None
         top_ids = f.host.top_ids.tolist() if f.host.top_ids is not None else None
         top_values = f.host.top_values.tolist() if f.host.top_values is not None else None
@@ -303,7 +319,9 @@ def _grammar_end(req: Req, pos: int, tok: int) -> str:
 def _item(
     req: Req, token: int | None, logprobs: list[float] | None, top: list | None, produced: int | None = None
 ) -> TokenItem:
-    """The report of one request for one step: its new token (if any) and its end (if any)."""
+    """The report of one request for one step: its new token (if any) and its end (if any); with
+    its first token, its prompt logprobs when it asked for them."""
+    first = produced == 1 and req.params.prompt_logprobs >= 0
     return TokenItem(
         rid=req.rid,
         token_ids=[token] if token is not None else [],
@@ -316,4 +334,6 @@ def _item(
         output_tokens=produced if produced is not None else req.output_len - req.unresolved,
         cached_tokens=req.cached_prompt,
         handovers=req.handovers,
+        prompt_logprobs=req.prompt_lp if first else [],
+        prompt_top_logprobs=req.prompt_top if first else [],
     )

@@ -51,6 +51,9 @@ class Req:
         "params",
         "prompt_blocks",
         "prompt_len",
+        "prompt_lp",
+        "prompt_lp_next",
+        "prompt_top",
         "rid",
         "rope",
         "row",
@@ -85,6 +88,13 @@ class Req:
         self.unresolved = 0  # placeholder tokens of steps still in flight
         self.closing = False  # its last token is in flight; it is scheduled no more
         self.grammar: GrammarState | None = None  # structured output: what its tokens must spell
+        # prompt logprobs (prompt_logprobs.py): the first prompt position whose row no launched step
+        # has computed (prompt_len - 1: none owed; a handed-over request's client has them already),
+        # and the values collected so far
+        asked = msg.params.prompt_logprobs >= 0 and msg.resumed == 0
+        self.prompt_lp_next = 0 if asked else max(self.prompt_len - 1, 0)
+        self.prompt_lp: list[float] = []
+        self.prompt_top: list[list[list[float]]] = []
         # its prompt's images in order; their positions hold pseudo-ids (vision_config.image_pseudo_id),
         # so the prompt cache keys them by image, and each step's chunk takes their rows
         self.images: list[ImageSpan] = images or []

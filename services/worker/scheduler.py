@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.worker import prompt_logprobs
 from services.worker.memory.kv_manager import KVManager
 from services.worker.prefill_sharing import MAX_HELD_BACK, Prefilling
 from services.worker.request import PLACEHOLDER, Req
@@ -52,6 +53,7 @@ class StepPlan:
     extend_slots: list[torch.Tensor] = field(default_factory=list)
     decode_slots: torch.Tensor | None = None
     new_rows: list[Req] = field(default_factory=list)  # requests that took a row in this plan
+    prompt_rows: int = 0  # prompt-logprob rows the extends compute (prompt_logprobs.py)
 
     @property
     def empty(self) -> bool:
@@ -136,7 +138,9 @@ class Scheduler:
             if budget <= 0:
                 break
             if not req.decoding and req.pending > 0:
-                n = min(req.pending, budget)
+                n = prompt_logprobs.capped(req, min(req.pending, budget), prompt_logprobs.MAX_ROWS - plan.prompt_rows)
+                if n == 0:
+                    continue
                 if not self.kv.can_allocate(n + len(decodes)):
                     break
                 self._plan_extend(plan, req, n)
@@ -157,14 +161,21 @@ class Scheduler:
             req = self.waiting[i]
             if req.unresolved:  # paused while a token of it was in flight: wait for the token
                 break
-            hit = self.kv.lookup(req)  # its cached prefix, if any, is reused rather than recomputed
+            # its cached prefix, if any, is reused rather than recomputed; not by one that owes prompt
+            # logprobs, which computes every prompt position (nor does it wait for a prefix)
+            owes = prompt_logprobs.wants(req)
+            hit = None if owes else self.kv.lookup(req)
             cached, pinned = (hit.length, hit.unlocked) if hit is not None else (0, 0)
-            if prefilling and held_back < MAX_HELD_BACK and prefilling.worth_waiting(req.blocks, cached):
+            if not owes and prefilling and held_back < MAX_HELD_BACK and prefilling.worth_waiting(req.blocks, cached):
                 held_back += 1
                 self.num_held_back_total += 1
                 i += 1
                 continue
-            n = min(len(req.tokens) - cached, budget)
+            n = prompt_logprobs.capped(
+                req, min(len(req.tokens) - cached, budget), prompt_logprobs.MAX_ROWS - plan.prompt_rows
+            )
+            if n == 0:
+                break
             # keep room for this step's decodes and the next step's
             if not self.kv.can_allocate(n + 2 * decodes + 1, new_rows=1, pinned=pinned):
                 alone = len(req.tokens) - cached
@@ -200,6 +211,7 @@ class Scheduler:
 
     def _plan_extend(self, plan: StepPlan, req: Req, n: int) -> None:
         plan.extends.append((req, n))
+        plan.prompt_rows += len(prompt_logprobs.rows_in(req, req.kv_len, n))
         plan.extend_slots.append(self.kv.allocate(req, n))
 
     def _make_room_for(self, decodes: list[Req]) -> list[Req]:
@@ -226,6 +238,7 @@ class Scheduler:
         """The step is on its way: advance KV progress, give each sampled request a placeholder
         token; -> each placeholder's index in its request's tokens."""
         for req, n in plan.extends:
+            prompt_logprobs.launched(req, req.kv_len, n)
             req.kv_len += n
             self.kv.cache_progress(req)
         for req in plan.decodes:

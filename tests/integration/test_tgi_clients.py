@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import torch
 
 from tests import hf_reference
 from tools.stack import Stack
@@ -39,6 +40,11 @@ def test_text_generation_generate_is_hf_greedy_in_tgi_shape(stack: Stack) -> Non
     assert all(t.logprob is not None and t.logprob <= 0 for t in d.tokens)
     assert d.finish_reason.value == ("length" if len(ids) == NEW else "eos_token")
     assert [t.id for t in d.prefill] == prompt_ids and d.seed is None
+    # each prompt token after the first with HF's logprob of it under teacher forcing
+    want = hf_reference.prompt_logprobs(stack.model_dir, prompt_ids)
+    chosen = want.gather(1, torch.tensor(prompt_ids[1:])[:, None]).squeeze(1).tolist()
+    assert d.prefill[0].logprob is None
+    assert [t.logprob for t in d.prefill[1:]] == pytest.approx(chosen, abs=1e-3)
 
 
 def test_text_generation_stream_is_hf_greedy_in_tgi_shape(stack: Stack) -> None:

@@ -158,6 +158,8 @@ class TGIParameters(BaseModel):
             top_logprobs=self.top_n_tokens or 0,
             ignore_eos=bool(self.ignore_eos),
             constraint=self.grammar.constraint() if self.grammar is not None else None,
+            # details.prefill's logprobs (TGI computes them only when it returns them)
+            prompt_logprobs=0 if self.details and self.decoder_input_details else -1,
         )
 
 

@@ -26,13 +26,17 @@ def top_tokens(alternatives: list[list[float]], tok: Tokenization) -> list[dict]
 
 
 def details(c: Collected, p: TGIParameters, seed: int, prompt_ids: list[int], tok: Tokenization) -> dict:
-    """TGI's Details of one sequence (BestOfSequence adds generated_text to the same fields).
-    The prompt's logprobs are not computed, so prefill tokens carry a null logprob."""
+    """TGI's Details of one sequence (BestOfSequence adds generated_text to the same fields). With
+    decoder_input_details, prefill: the prompt's tokens, each after the first with its logprob."""
+    prompt_lp = [None, *c.prompt_logprobs] if len(c.prompt_logprobs) == len(prompt_ids) - 1 else []
     body: dict = {
         "finish_reason": finish_reason(c.finish_reason, c.token_ids, tok),
         "generated_tokens": c.output_tokens,
         "seed": seed if p.sampled else None,
-        "prefill": [{"id": t, "text": tok.token_text(t), "logprob": None} for t in prompt_ids]
+        "prefill": [
+            {"id": t, "text": tok.token_text(t), "logprob": prompt_lp[i] if prompt_lp else None}
+            for i, t in enumerate(prompt_ids)
+        ]
         if p.decoder_input_details
         else [],
         "tokens": [token(t, tok.token_text(t), lp, tok) for t, lp in zip(c.token_ids, c.token_logprobs(), strict=True)],

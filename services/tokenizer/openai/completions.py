@@ -4,6 +4,7 @@ each prompt's returned, whole or streamed."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -48,9 +49,15 @@ async def completions(
     n, per_prompt = body.n or 1, body.sequences
     k = body.logprobs
     want_lp = k is not None or per_prompt > n  # best_of ranks by cumulative logprob
+    prompt_k = k if body.echo and k is not None else -1  # echo with logprobs: the prompt's too
     all_seeds = iter(seeds(body.seed, len(prompt_ids) * per_prompt))
     jobs = [
-        Job(ids, body.sampling(next(all_seeds), max_new, want_lp, k or 0), body.stops(), bool(body.skip_special_tokens))
+        Job(
+            ids,
+            dataclasses.replace(body.sampling(next(all_seeds), max_new, want_lp, k or 0), prompt_logprobs=prompt_k),
+            body.stops(),
+            bool(body.skip_special_tokens),
+        )
         for ids in prompt_ids
         for _ in range(per_prompt)
     ]
@@ -58,7 +65,7 @@ async def completions(
     rid, created = gens[0].pending.rid.partition("-")[0], int(time.time())
     echo = prompt_texts if body.echo else [""] * len(prompt_ids)
     if body.stream:
-        return await _stream(ctx, body, request, gens, rid, created, echo)
+        return await _stream(ctx, body, request, gens, rid, created, echo, prompt_ids)
 
     outs = await collect_all(ctx, gens, request)
     choices = []
@@ -67,6 +74,9 @@ async def completions(
             lp = None
             if k is not None:
                 lp = shape.CompletionLogprobs(ctx.tok, k, len(echo[pi])).of(c.token_ids, c.logprobs, c.top_logprobs)
+                if body.echo:
+                    echoed = shape.CompletionLogprobs(ctx.tok, k, 0)
+                    lp = shape.joined(echoed.prompt(prompt_ids[pi], c.prompt_logprobs, c.prompt_top_logprobs), lp)
             text = c.text
             if body.include_stop_str_in_output and c.finish_reason == FINISH_STOP:
                 text += await stop_string_hit(
@@ -87,6 +97,7 @@ async def _stream(
     rid: str,
     created: int,
     echo: list[str],
+    prompt_ids: list[list[int]],
 ) -> EventStream:
     n, k, route = body.n or 1, body.logprobs, request.url.path
     builders = [shape.CompletionLogprobs(ctx.tok, k or 0, len(echo[i // n])) for i in range(len(gens))]
@@ -116,10 +127,14 @@ async def _stream(
                     break
                 output_tokens[i] = max(output_tokens[i], item.output_tokens)
                 text = await stop_echo.text(i, item) if body.include_stop_str_in_output else item.text
+                lp = builders[i].of(item.token_ids, item.logprobs, item.top_logprobs) if k is not None else None
                 if not echoed[i]:
                     echoed[i] = True
                     text = echo[i // n] + text
-                lp = builders[i].of(item.token_ids, item.logprobs, item.top_logprobs) if k is not None else None
+                    if lp is not None and body.echo:  # the prompt's entries first, from offset 0
+                        echoed_lp = shape.CompletionLogprobs(ctx.tok, k or 0, 0)
+                        prompt = echoed_lp.prompt(prompt_ids[i // n], item.prompt_logprobs, item.prompt_top_logprobs)
+                        lp = shape.joined(prompt, lp)
                 if has_news(text, item):
                     yield chunk([shape.completion_choice(i, text, lp, item.finish_reason)])
                 nxt = await anext(stream, None)

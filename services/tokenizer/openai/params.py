@@ -229,8 +229,6 @@ class CompletionRequest(OpenAISampling):
             raise APIError(
                 400, "best_of: cannot be used with stream (the best are known only at the end)", param="best_of"
             )
-        if self.echo and self.logprobs is not None:
-            raise APIError(400, "echo: not supported together with logprobs (prompt logprobs)", param="echo")
         if len(self.prompts()) * self.sequences > MAX_GENERATIONS:
             raise APIError(
                 400, f"prompt: at most {MAX_GENERATIONS} generations per request (prompts x best_of)", param="prompt"

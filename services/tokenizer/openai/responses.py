@@ -62,6 +62,18 @@ class CompletionLogprobs:
         token_logprobs = [logprobs[i] if i < len(logprobs) else None for i in range(len(token_ids))]
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
+    def prompt(self, token_ids: list[int], logprobs: list[float], top: list[list[list[float]]]) -> dict[str, Any]:
+        """The echoed prompt's entries (from offset 0): logprobs and top are its tokens' after the
+        first, which has neither (null, as in OpenAI)."""
+        first = self.of(token_ids[:1], [], [])
+        first["token_logprobs"], first["top_logprobs"] = [None] * len(first["tokens"]), [None] * len(first["tokens"])
+        return joined(first, self.of(token_ids[1:], logprobs, top))
+
+
+def joined(a: dict[str, list], b: dict[str, list]) -> dict[str, list]:
+    """Two logprobs objects of consecutive tokens as one."""
+    return {key: a[key] + b[key] for key in a}
+
 
 def completion_choice(index: int, text: str, logprobs: dict | None, reason: str) -> dict[str, Any]:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(reason)}

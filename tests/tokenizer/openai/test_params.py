@@ -63,7 +63,6 @@ def test_chat_messages_flatten_text_parts() -> None:
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"n": 3, "best_of": 2}, "best_of"),
         ({"best_of": 2, "stream": True}, "best_of"),
-        ({"echo": True, "logprobs": 1}, "echo"),
         ({"prompt": ["p"] * 9, "best_of": 8}, "prompt"),
     ],
 )
