@@ -143,30 +143,34 @@ def test_include_stop_str_in_output_in_chat(stack: Stack) -> None:
     assert cut == text[: text.index(stop)] and whole.choices[0].message.content == streamed == cut + stop
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_echo_with_logprobs_scores_the_prompt_as_hf(stack: Stack, stream: bool) -> None:
-    """echo with logprobs, as lm-eval's loglikelihood tasks send it (token ids, max_tokens 1): one
-    entry per prompt token then per output token; the first prompt token has no logprob, the others
-    Hugging Face's log-softmax of them under teacher forcing, with their top alternatives."""
+@pytest.mark.parametrize(("stream", "new"), [(False, 1), (True, 1), (False, 0), (True, 0)])
+def test_echo_with_logprobs_scores_the_prompt_as_hf(stack: Stack, stream: bool, new: int) -> None:
+    """echo with logprobs, as lm-eval's loglikelihood tasks send it (token ids, max_tokens 1; 0 in
+    older clients: the prompt alone): one entry per prompt token then per output token; the first
+    prompt token has no logprob, the others Hugging Face's log-softmax of them under teacher
+    forcing, with their top alternatives."""
     tok = hf_reference.tokenizer(stack.model_dir)
     ids = tok(PROMPT)["input_ids"]
     client = sync_client(stack)
-    kw = {"model": stack.model_name, "prompt": ids, "max_tokens": 1, "temperature": 0, "logprobs": 2, "echo": True}
+    kw = {"model": stack.model_name, "prompt": ids, "max_tokens": new, "temperature": 0, "logprobs": 2, "echo": True}
     if stream:
-        chunks = list(client.completions.create(**kw, stream=True))
+        chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
         got = {key: [] for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
         for c in chunks:
             if c.choices and c.choices[0].logprobs is not None:
                 for key in got:
                     got[key] += getattr(c.choices[0].logprobs, key)
         text = "".join(c.choices[0].text for c in chunks if c.choices)
+        reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        use = chunks[-1].usage
     else:
         r = client.completions.create(**kw)
         lp = r.choices[0].logprobs
         got = {key: getattr(lp, key) for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
-        text = r.choices[0].text
-    assert text.startswith(tok.decode(ids))
-    assert len(got["tokens"]) == len(ids) + 1 and got["token_logprobs"][0] is None and got["top_logprobs"][0] is None
+        text, reason, use = r.choices[0].text, r.choices[0].finish_reason, r.usage
+    assert text.startswith(tok.decode(ids)) and (new or text == tok.decode(ids))
+    assert len(got["tokens"]) == len(ids) + new and got["token_logprobs"][0] is None and got["top_logprobs"][0] is None
+    assert use.prompt_tokens == len(ids) and use.completion_tokens == new and reason == "length"
     want = hf_reference.prompt_logprobs(stack.model_dir, ids)
     chosen = want.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1).tolist()
     assert got["token_logprobs"][1 : len(ids)] == pytest.approx(chosen, abs=1e-3)
@@ -174,5 +178,5 @@ def test_echo_with_logprobs_scores_the_prompt_as_hf(stack: Stack, stream: bool) 
         best = torch.topk(want[i], 2).values.tolist()
         assert max(top.values()) == pytest.approx(best[0], abs=1e-3) and len(top) <= 3
     assert got["text_offset"][0] == 0 and got["text_offset"] == sorted(got["text_offset"])
-    # the output token's entry follows the prompt's, as without echo
-    assert got["token_logprobs"][-1] is not None and got["text_offset"][-1] == len(tok.decode(ids))
+    if new:  # the output token's entry follows the prompt's, as without echo
+        assert got["token_logprobs"][-1] is not None and got["text_offset"][-1] == len(tok.decode(ids))

@@ -7,11 +7,12 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator
+from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from services.tokenizer.collected import best
+from services.tokenizer.collected import Collected, best
 from services.tokenizer.errors import openai_error_body, pipeline_status
 from services.tokenizer.fanout import collect_all, first_items
 from services.tokenizer.generation import (
@@ -27,7 +28,9 @@ from services.tokenizer.openai import responses as shape
 from services.tokenizer.openai.params import DEFAULT_COMPLETION_TOKENS, CompletionRequest
 from services.tokenizer.openai.stop_strings import StopEcho, stop_string_hit
 from services.tokenizer.streaming import EventStream, sse
-from shared.messages import FINISH_ERROR, FINISH_STOP, TextItem
+from shared.messages import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, TextItem
+
+T = TypeVar("T", Collected, TextItem)
 
 
 async def completions(
@@ -44,8 +47,10 @@ async def completions(
             check_token_ids(p, ctx.vocab_size, "prompt")
             prompt_ids.append(p)
             prompt_texts.append(await ctx.tok.decode(p) if body.echo else "")
-    max_new = body.max_tokens or DEFAULT_COMPLETION_TOKENS
-    body.check_max_tokens(max_new, "max_tokens")
+    # max_tokens 0 (with echo): the prompt alone; one token is generated for its logprobs and dropped
+    prompt_only = body.max_tokens == 0
+    max_new = 1 if prompt_only else body.max_tokens or DEFAULT_COMPLETION_TOKENS
+    body.check_max_tokens(0 if prompt_only else max_new, "max_tokens")
     n, per_prompt = body.n or 1, body.sequences
     k = body.logprobs
     want_lp = k is not None or per_prompt > n  # best_of ranks by cumulative logprob
@@ -65,9 +70,11 @@ async def completions(
     rid, created = gens[0].pending.rid.partition("-")[0], int(time.time())
     echo = prompt_texts if body.echo else [""] * len(prompt_ids)
     if body.stream:
-        return await _stream(ctx, body, request, gens, rid, created, echo, prompt_ids)
+        return await _stream(ctx, body, request, gens, rid, created, echo, prompt_ids, prompt_only)
 
     outs = await collect_all(ctx, gens, request)
+    if prompt_only:
+        outs = [no_output(c) for c in outs]
     choices = []
     for pi in range(len(prompt_ids)):
         for j, c in enumerate(best(outs[pi * per_prompt : (pi + 1) * per_prompt], n)):
@@ -98,6 +105,7 @@ async def _stream(
     created: int,
     echo: list[str],
     prompt_ids: list[list[int]],
+    prompt_only: bool,
 ) -> EventStream:
     n, k, route = body.n or 1, body.logprobs, request.url.path
     builders = [shape.CompletionLogprobs(ctx.tok, k or 0, len(echo[i // n])) for i in range(len(gens))]
@@ -125,6 +133,8 @@ async def _stream(
                     ctx.metrics.error(route, status)
                     yield sse(openai_error_body(status, f"generation failed: {item.error}", item.error_kind, None))
                     break
+                if prompt_only:
+                    item = no_output(item)
                 output_tokens[i] = max(output_tokens[i], item.output_tokens)
                 text = await stop_echo.text(i, item) if body.include_stop_str_in_output else item.text
                 lp = builders[i].of(item.token_ids, item.logprobs, item.top_logprobs) if k is not None else None
@@ -148,6 +158,14 @@ async def _stream(
     response = EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)
     stream, first = await first_items(ctx, gens, request, coalesce=True)
     return response
+
+
+def no_output(c: T) -> T:
+    """A generation (Collected) or one of its items with its output taken out: max_tokens 0."""
+    reason = c.finish_reason and FINISH_LENGTH
+    return dataclasses.replace(
+        c, text="", token_ids=[], logprobs=[], top_logprobs=[], output_tokens=0, finish_reason=reason
+    )
 
 
 def has_news(text: str, item: TextItem) -> bool:

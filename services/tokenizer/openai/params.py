@@ -189,7 +189,7 @@ class CompletionRequest(OpenAISampling):
     # token ids first: pydantic tries the members in turn and a member that fails reports every
     # element, so list[str] ahead of list[int] cost a 1000-token prompt 120 us (of 146) locally
     prompt: list[int] | str | list[str] | list[list[int]]
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=0)  # 0: with echo, the prompt alone (scored with logprobs)
     best_of: int | None = Field(None, ge=1, le=MAX_N)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool | None = False
@@ -232,4 +232,8 @@ class CompletionRequest(OpenAISampling):
         if len(self.prompts()) * self.sequences > MAX_GENERATIONS:
             raise APIError(
                 400, f"prompt: at most {MAX_GENERATIONS} generations per request (prompts x best_of)", param="prompt"
+            )
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(
+                400, "max_tokens: 0 needs echo (it returns the prompt alone, scored with logprobs)", param="max_tokens"
             )

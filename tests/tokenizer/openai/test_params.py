@@ -64,6 +64,7 @@ def test_chat_messages_flatten_text_parts() -> None:
         ({"n": 3, "best_of": 2}, "best_of"),
         ({"best_of": 2, "stream": True}, "best_of"),
         ({"prompt": ["p"] * 9, "best_of": 8}, "prompt"),
+        ({"max_tokens": 0}, "max_tokens"),
     ],
 )
 def test_completion_rules_across_fields(body: dict, param: str) -> None:
