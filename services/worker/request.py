@@ -89,9 +89,10 @@ class Req:
         self.closing = False  # its last token is in flight; it is scheduled no more
         self.grammar: GrammarState | None = None  # structured output: what its tokens must spell
         # prompt logprobs (prompt_logprobs.py): the first prompt position whose row no launched step
-        # has computed (prompt_len - 1: none owed; a handed-over request's client has them already),
-        # and the values collected so far
-        asked = msg.params.prompt_logprobs >= 0 and msg.resumed == 0
+        # has computed (prompt_len - 1: none owed; a handed-over request's client has them already;
+        # a prompt with images has none: its image positions hold pseudo-ids, not tokens), and the
+        # values collected so far
+        asked = msg.params.prompt_logprobs >= 0 and msg.resumed == 0 and not msg.images
         self.prompt_lp_next = 0 if asked else max(self.prompt_len - 1, 0)
         self.prompt_lp: list[float] = []
         self.prompt_top: list[list[list[float]]] = []

@@ -105,3 +105,18 @@ def test_rows_are_capped_per_step_and_survive_pauses(tiny_llama: str, monkeypatc
     for i, p in enumerate(ids):
         _check(tiny_llama, p, got[f"r{i}"], 2)
     assert engine.kv.available_tokens == engine.kv.capacity
+
+
+def test_who_owes_rows() -> None:
+    """A request that asks owes its prompt's rows; one handed over with output (its client has
+    them already) or with images (pseudo-ids, not tokens, at their positions) owes none."""
+    from services.worker.request import Req
+    from shared.messages import GenerateReq, ImageRef, SamplingParams
+
+    def req(ids: list[int], **kw) -> Req:
+        return Req(GenerateReq("r", "f", "d", ids, SamplingParams(prompt_logprobs=1), 0.0, 0.0, **kw), 1)
+
+    asked = req([5, 6, 7])
+    assert prompt_logprobs.wants(asked) and list(prompt_logprobs.rows_in(asked, 0, 3)) == [0, 1]
+    assert not prompt_logprobs.wants(req([5, 6, 7, 8], resumed=1))
+    assert not prompt_logprobs.wants(req([5, -7, -7, 6], images=[ImageRef("h", 1, 2)]))
