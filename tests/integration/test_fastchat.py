@@ -160,6 +160,13 @@ def test_a_raw_stream_is_cumulative_json_chunks_with_usage_and_finish_reason(fc:
     assert lp["text_offset"][0] == 0 and all(len(t) >= 1 for t in lp["top_logprobs"])
     best = fc.worker("/worker_generate", {**body, "temperature": 0.9, "best_of": 3})
     assert best["error_code"] == 0 and best["usage"]["completion_tokens"] <= 12
+    # with echo (its default) and logprobs, the prompt's tokens come first, as FastChat's worker gives them
+    scored = fc.worker("/worker_generate", {**body, "logprobs": 1})
+    lp = scored["logprobs"]
+    assert len(lp["tokens"]) == n + 12 and lp["token_logprobs"][0] is None and lp["text_offset"][0] == 0
+    assert all(v is not None and v <= 0 for v in lp["token_logprobs"][1:])
+    stream = httpx.post(fc.stack.url + "/worker_generate_stream", json={**body, "logprobs": 1}, timeout=60)
+    assert chunks(stream.content)[-1]["logprobs"] == lp
 
 
 def test_a_stop_string_is_cut_and_its_partial_matches_held_back(fc: FastChat) -> None:

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.tokenizer.collected import Collected
 from services.tokenizer.errors import APIError, pipeline_status
 from services.tokenizer.openai import responses as shape
 from services.tokenizer.tokenization import Tokenization
@@ -51,6 +52,7 @@ class Progress:
     prefix: str  # the prompt, when echo is on
     prompt_tokens: int
     logprobs: shape.CompletionLogprobs | None  # when the caller asked for logprobs
+    prompt_ids: list[int]  # with echo and logprobs, until their entries are in (they come first)
     text: str = ""
     completion_tokens: int = 0
     lp: dict[str, list[Any]] = field(
@@ -58,15 +60,23 @@ class Progress:
     )
 
     @classmethod
-    def start(cls, prompt: str, echo: bool, prompt_tokens: int, tok: Tokenization, k: int | None) -> Progress:
+    def start(cls, prompt: str, echo: bool, prompt_ids: list[int], tok: Tokenization, k: int | None) -> Progress:
+        """With echo and logprobs, the logprobs cover the prompt's tokens first, as FastChat's own
+        worker gives them (the first token's null); not a prompt with images (pseudo-ids there)."""
         prefix = prompt if echo else ""
-        return cls(prefix, prompt_tokens, None if k is None else shape.CompletionLogprobs(tok, k, len(prefix)))
+        lp = None if k is None else shape.CompletionLogprobs(tok, k, len(prefix))
+        scored = echo and lp is not None and min(prompt_ids, default=0) >= 0
+        return cls(prefix, len(prompt_ids), lp, prompt_ids if scored else [])
 
-    def add(self, item: TextItem) -> bool:
-        """Take in one item; whether the text grew."""
+    def add(self, item: TextItem | Collected) -> bool:
+        """Take in one item (or a whole generation); whether the text grew."""
         self.completion_tokens = max(self.completion_tokens, item.output_tokens)
         if self.logprobs is not None and item.token_ids:
             got = self.logprobs.of(item.token_ids, item.logprobs, item.top_logprobs)
+            if self.prompt_ids:
+                echoed = shape.CompletionLogprobs(self.logprobs.tok, self.logprobs.k, 0)
+                got = shape.joined(echoed.prompt(self.prompt_ids, item.prompt_logprobs, item.prompt_top_logprobs), got)
+                self.prompt_ids = []
             for key, values in got.items():
                 self.lp[key].extend(values)
         self.text += item.text

@@ -96,4 +96,6 @@ class WorkerParams(BaseModel):
             seed=seed,
             logprobs=self.logprobs is not None or self.sequences > 1,  # best_of ranks by logprob
             top_logprobs=self.logprobs or 0,
+            # with echo, the prompt's tokens' logprobs too, as FastChat's own worker gives them
+            prompt_logprobs=self.logprobs if self.echo and self.logprobs is not None else -1,
         )

@@ -65,7 +65,7 @@ def fastchat_post_routes(worker: FastChatWorker) -> dict[str, PostRoute]:
 
 async def _start(
     worker: FastChatWorker, request: Request, stream: bool, arrival: float
-) -> tuple[WorkerParams, Slot, list[Generation]]:
+) -> tuple[WorkerParams, Slot, list[int], list[Generation]]:
     """Parse, take a slot, submit; the slot is released here if anything fails."""
     ctx = worker.ctx
     params = await _params(request)
@@ -84,14 +84,14 @@ async def _start(
     except BaseException:
         slot.release()
         raise
-    return params, slot, gens
+    return params, slot, ids, gens
 
 
 async def _generate_stream(worker: FastChatWorker, request: Request, arrival: float) -> Response:
     """/worker_generate_stream: the text so far after every item; the slot is held until the stream ends."""
     ctx = worker.ctx
     try:
-        params, slot, gens = await _start(worker, request, True, arrival)
+        params, slot, ids, gens = await _start(worker, request, True, arrival)
     except APIError as e:
         return Response(encode(error_chunk(e)))
     try:
@@ -102,7 +102,7 @@ async def _generate_stream(worker: FastChatWorker, request: Request, arrival: fl
     except BaseException:
         slot.release()
         raise
-    progress = Progress.start(params.prompt, params.echo, gens[0].pending.prompt_tokens, ctx.tok, params.logprobs)
+    progress = Progress.start(params.prompt, params.echo, ids, ctx.tok, params.logprobs)
 
     def close() -> None:
         abandon(ctx, gens)
@@ -138,7 +138,7 @@ async def _generate(worker: FastChatWorker, request: Request, arrival: float) ->
     """/worker_generate: the last chunk /worker_generate_stream would send; with best_of, of the best sequence."""
     ctx = worker.ctx
     try:
-        params, slot, gens = await _start(worker, request, False, arrival)
+        params, slot, ids, gens = await _start(worker, request, False, arrival)
     except APIError as e:
         return JSONResponse(error_chunk(e))
     try:
@@ -147,10 +147,8 @@ async def _generate(worker: FastChatWorker, request: Request, arrival: float) ->
         return JSONResponse(error_chunk(e))
     finally:
         slot.release()
-    progress = Progress.start(params.prompt, params.echo, chosen.prompt_tokens, ctx.tok, params.logprobs)
-    if progress.logprobs is not None:
-        progress.lp = progress.logprobs.of(chosen.token_ids, chosen.logprobs, chosen.top_logprobs)
-    progress.text, progress.completion_tokens = chosen.text, chosen.output_tokens
+    progress = Progress.start(params.prompt, params.echo, ids, ctx.tok, params.logprobs)
+    progress.add(chosen)
     return JSONResponse(progress.chunk(chosen.finish_reason))
 
 
