@@ -70,9 +70,7 @@ def build_batch(
     if fits and not plan.extends:  # M-RoPE's decodes too: the layout carries their rotary positions
         return _staged(plan, req_table, staging, prev)
     mrope = any(r.rope is not None for r, _ in plan.extends) or any(r.rope is not None for r in plan.decodes)
-    k = _pack(plan, prev, mrope)
-    if prompt_rows is not None:
-        k.sample_index.extend(prompt_rows.index)
+    k = _pack(plan, prev, mrope, prompt_rows)
     slots = list(plan.extend_slots)
     if plan.decode_slots is not None:
         slots.append(plan.decode_slots)
@@ -116,9 +114,9 @@ def build_batch(
     )
 
 
-def _pack(plan: StepPlan, prev: PreviousTokens | None, mrope: bool) -> _Packed:
+def _pack(plan: StepPlan, prev: PreviousTokens | None, mrope: bool, prompt_rows: PromptRows | None) -> _Packed:
     """The extend segments first, then one token per decoding request (with M-RoPE's positions
-    when some request has its own)."""
+    when some request has its own); the rows to sample, then the prompt-logprob rows."""
     k = _Packed()
     for req, n in plan.extends:
         start = len(k.ids)
@@ -146,6 +144,8 @@ def _pack(plan: StepPlan, prev: PreviousTokens | None, mrope: bool) -> _Packed:
             _extend_rope(k, req, 1)
         k.dec_rows.append(req.row)
         k.dec_lens.append(req.kv_len + 1)
+    if prompt_rows is not None:
+        k.sample_index.extend(prompt_rows.index)
     return k
 
 

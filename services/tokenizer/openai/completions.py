@@ -28,6 +28,7 @@ from services.tokenizer.openai import responses as shape
 from services.tokenizer.openai.params import DEFAULT_COMPLETION_TOKENS, CompletionRequest
 from services.tokenizer.openai.stop_strings import StopEcho, stop_string_hit
 from services.tokenizer.streaming import EventStream, sse
+from services.tokenizer.tokenization import Tokenization
 from shared.messages import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, TextItem
 
 T = TypeVar("T", Collected, TextItem)
@@ -38,15 +39,7 @@ async def completions(
 ) -> JSONResponse | EventStream:
     body.check()
     check_token_ids(body.stop_token_ids or [], ctx.vocab_size, "stop_token_ids")
-    prompt_ids, prompt_texts = [], []
-    for p in body.prompts():
-        if isinstance(p, str):
-            prompt_ids.append(await ctx.tok.encode(p))
-            prompt_texts.append(p)
-        else:
-            check_token_ids(p, ctx.vocab_size, "prompt")
-            prompt_ids.append(p)
-            prompt_texts.append(await ctx.tok.decode(p) if body.echo else "")
+    prompt_ids, prompt_texts = await _prompts(ctx, body)
     # max_tokens 0 (with echo): the prompt alone; one token is generated for its logprobs and dropped
     prompt_only = body.max_tokens == 0
     max_new = 1 if prompt_only else body.max_tokens or DEFAULT_COMPLETION_TOKENS
@@ -82,8 +75,7 @@ async def completions(
             if k is not None:
                 lp = shape.CompletionLogprobs(ctx.tok, k, len(echo[pi])).of(c.token_ids, c.logprobs, c.top_logprobs)
                 if body.echo:
-                    echoed = shape.CompletionLogprobs(ctx.tok, k, 0)
-                    lp = shape.joined(echoed.prompt(prompt_ids[pi], c.prompt_logprobs, c.prompt_top_logprobs), lp)
+                    lp = with_prompt(ctx.tok, k, prompt_ids[pi], c, lp)
             text = c.text
             if body.include_stop_str_in_output and c.finish_reason == FINISH_STOP:
                 text += await stop_string_hit(
@@ -141,10 +133,8 @@ async def _stream(
                 if not echoed[i]:
                     echoed[i] = True
                     text = echo[i // n] + text
-                    if lp is not None and body.echo:  # the prompt's entries first, from offset 0
-                        echoed_lp = shape.CompletionLogprobs(ctx.tok, k or 0, 0)
-                        prompt = echoed_lp.prompt(prompt_ids[i // n], item.prompt_logprobs, item.prompt_top_logprobs)
-                        lp = shape.joined(prompt, lp)
+                    if lp is not None and body.echo:
+                        lp = with_prompt(ctx.tok, k or 0, prompt_ids[i // n], item, lp)
                 if has_news(text, item):
                     yield chunk([shape.completion_choice(i, text, lp, item.finish_reason)])
                 nxt = await anext(stream, None)
@@ -158,6 +148,26 @@ async def _stream(
     response = EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)
     stream, first = await first_items(ctx, gens, request, coalesce=True)
     return response
+
+
+async def _prompts(ctx: FrontContext, body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
+    """Each prompt's token ids and its text (of token ids: decoded, for echo)."""
+    prompt_ids, prompt_texts = [], []
+    for p in body.prompts():
+        if isinstance(p, str):
+            prompt_ids.append(await ctx.tok.encode(p))
+            prompt_texts.append(p)
+        else:
+            check_token_ids(p, ctx.vocab_size, "prompt")
+            prompt_ids.append(p)
+            prompt_texts.append(await ctx.tok.decode(p) if body.echo else "")
+    return prompt_ids, prompt_texts
+
+
+def with_prompt(tok: Tokenization, k: int, prompt_ids: list[int], c: Collected | TextItem, lp: dict) -> dict:
+    """A choice's logprobs with the echoed prompt's entries first (their offsets from 0)."""
+    prompt = shape.CompletionLogprobs(tok, k, 0).prompt(prompt_ids, c.prompt_logprobs, c.prompt_top_logprobs)
+    return shape.joined(prompt, lp)
 
 
 def no_output(c: T) -> T:
