@@ -11,10 +11,10 @@ ended by an error, or lost (no answer within --bound-s). One JSON report on stdo
     python -m tools.soak --minutes 10 --clients 16 --out soak.json
 
 --mix names the kinds of request each client cycles through (tools/soak_requests.py: /generate,
-shared prefixes, streams left early, JSON schemas, regular expressions, bad requests); each must
-be answered as its kind says, and the report counts them by kind.
+shared prefixes, streams left early, JSON schemas, regular expressions, scored prompts, bad
+requests); each must be answered as its kind says, and the report counts them by kind.
 
-    python -m tools.soak --minutes 8 --clients 12 --mix generate,prefix,stream-left,schema,regex,bad
+    python -m tools.soak --minutes 8 --clients 12 --mix generate,prefix,stream-left,schema,regex,score,bad
 """
 
 from __future__ import annotations

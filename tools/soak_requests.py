@@ -10,6 +10,8 @@ schema        POST /v1/chat/completions under a JSON schema (a boolean and an en
               schema allows when it stops, the beginning of one when it runs out of tokens
 regex         POST /v1/completions under a regular expression (vLLM's guided_regex): its text
               matches it when it stops
+score         POST /v1/completions with echo and logprobs (lm-eval's loglikelihood), on the prefix
+              requests' shared text: a logprob for each prompt token after the first, and the output's
 bad           a request that is wrong (a negative max_new_tokens): a 4xx that says what is wrong
 
 Each takes the client, the served model's name, a prompt and a token count, and returns None
@@ -102,6 +104,17 @@ async def regex(client: httpx.AsyncClient, model: str, prompt: str, max_new: int
     return None if re.fullmatch(REGEX, text) else f"regex: {text!r} does not match {REGEX}"
 
 
+async def score(client: httpx.AsyncClient, model: str, prompt: str, max_new: int) -> str | None:
+    body = {"model": model, "prompt": SHARED_PREFIX + prompt, "max_tokens": 1, "logprobs": 1, "echo": True}
+    r = await client.post("/v1/completions", json=body)
+    if r.status_code != 200:
+        return f"score: {r.status_code} {r.text}"
+    lp, n = r.json()["choices"][0]["logprobs"]["token_logprobs"], r.json()["usage"]["prompt_tokens"]
+    if len(lp) == n + 1 and lp[0] is None and all(v is not None and v <= 0 for v in lp[1:]):
+        return None
+    return f"score: {len(lp)} logprobs for {n} prompt tokens and 1 output token: {lp[:3]}..."
+
+
 async def bad(client: httpx.AsyncClient, model: str, prompt: str, max_new: int) -> str | None:
     r = await client.post("/generate", json={"inputs": prompt, "parameters": {"max_new_tokens": -max_new}})
     if 400 <= r.status_code < 500 and "max_new_tokens" in r.text:
@@ -115,6 +128,7 @@ CHECKS: dict[str, Check] = {
     "stream-left": stream_left,
     "schema": schema,
     "regex": regex,
+    "score": score,
     "bad": bad,
 }
 KINDS = tuple(CHECKS)
