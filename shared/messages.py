@@ -149,6 +149,7 @@ class TokenItem:
     # with the first output token, when SamplingParams.prompt_logprobs asked: prompt tokens 1..
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_logprobs: list[list[list[float]]] = field(default_factory=list)
+    prompt_ranks: list[int] = field(default_factory=list)  # each prompt token's rank (1: the most likely)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +169,7 @@ class TextItem:
     cached_tokens: int = 0
     prompt_logprobs: list[float] = field(default_factory=list)  # as TokenItem's
     prompt_top_logprobs: list[list[list[float]]] = field(default_factory=list)
+    prompt_ranks: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

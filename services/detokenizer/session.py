@@ -93,6 +93,7 @@ class DetokSession:
             top_logprobs=item.top_logprobs,
             prompt_logprobs=item.prompt_logprobs,
             prompt_top_logprobs=item.prompt_top_logprobs,
+            prompt_ranks=item.prompt_ranks,
             finish_reason=finish,
             error=error,
             error_kind=kind,

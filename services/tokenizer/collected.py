@@ -21,6 +21,7 @@ class Collected:
     cached_tokens: int = 0  # prompt tokens the worker's prompt cache held when the generation started
     prompt_logprobs: list[float] = field(default_factory=list)  # prompt tokens 1.. (echo with logprobs)
     prompt_top_logprobs: list[list[list[float]]] = field(default_factory=list)
+    prompt_ranks: list[int] = field(default_factory=list)
 
     def add(self, item: TextItem) -> None:
         self.text += item.text
@@ -32,6 +33,7 @@ class Collected:
         self.cached_tokens = item.cached_tokens or self.cached_tokens
         self.prompt_logprobs = self.prompt_logprobs or item.prompt_logprobs
         self.prompt_top_logprobs = self.prompt_top_logprobs or item.prompt_top_logprobs
+        self.prompt_ranks = self.prompt_ranks or item.prompt_ranks
         if item.finish_reason:
             self.finish_reason = item.finish_reason
             self.error = item.error

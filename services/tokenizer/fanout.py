@@ -70,6 +70,7 @@ def _joined(ready: list[tuple[int, TextItem]]) -> list[tuple[int, TextItem]]:
             top_logprobs=a.top_logprobs + item.top_logprobs,
             prompt_logprobs=a.prompt_logprobs or item.prompt_logprobs,  # the first token's item has them
             prompt_top_logprobs=a.prompt_top_logprobs or item.prompt_top_logprobs,
+            prompt_ranks=a.prompt_ranks or item.prompt_ranks,
         )
         out[k] = (i, joined)
     return out

@@ -193,7 +193,7 @@ class Engine:
         prompt = None
         if s.prompt is not None:  # copied before the event the tokens' copy records
             rows, r = s.prompt
-            prompt = (rows, PromptResult(*(self._pinned(t) for t in (r.chosen, r.top_ids, r.top_values))))
+            prompt = (rows, PromptResult(*(self._pinned(t) for t in (r.chosen, r.ranks, r.top_ids, r.top_values))))
         host, event = self._copy_to_host(result)
         return InFlight(s.sampled, s.positions, result, host, event, prompt=prompt)
 
@@ -336,4 +336,5 @@ def _item(
         handovers=req.handovers,
         prompt_logprobs=req.prompt_lp if first else [],
         prompt_top_logprobs=req.prompt_top if first else [],
+        prompt_ranks=req.prompt_ranks if first else [],
     )

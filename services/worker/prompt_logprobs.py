@@ -84,6 +84,7 @@ class PromptResult:
     """The rows' logprobs of the token that follows, and their top_k alternatives (ids, logprobs)."""
 
     chosen: torch.Tensor  # [P] float32
+    ranks: torch.Tensor  # [P] int64: the following token's rank in the vocabulary (1: the most likely)
     top_ids: torch.Tensor | None  # [P, top_k] int64
     top_values: torch.Tensor | None
 
@@ -93,25 +94,28 @@ def compute(logits: torch.Tensor, rows: PromptRows) -> PromptResult:
     p = logits.shape[0]
     next_ids = to_device(rows.next_ids, torch.int64, logits.device)
     chosen = torch.empty(p, dtype=torch.float32, device=logits.device)
+    ranks = torch.empty(p, dtype=torch.int64, device=logits.device)
     k = rows.top_k
     top_ids = torch.empty(p, k, dtype=torch.int64, device=logits.device) if k else None
     top_values = torch.empty(p, k, dtype=torch.float32, device=logits.device) if k else None
     for s in range(0, p, SLICE):
         lp = torch.log_softmax(logits[s : s + SLICE].float(), dim=-1)
         chosen[s : s + SLICE] = lp.gather(1, next_ids[s : s + SLICE, None]).squeeze(1)
+        ranks[s : s + SLICE] = (lp > chosen[s : s + SLICE, None]).sum(dim=-1) + 1
         if top_ids is not None and top_values is not None:
             torch.topk(lp, k, dim=-1, out=(top_values[s : s + SLICE], top_ids[s : s + SLICE]))
-    return PromptResult(chosen, top_ids, top_values)
+    return PromptResult(chosen, ranks, top_ids, top_values)
 
 
 def collect(rows: PromptRows, result: PromptResult) -> None:
     """The step's values (on the host) join their requests' prompt logprobs, in position order."""
-    chosen = result.chosen.tolist()
+    chosen, ranks = result.chosen.tolist(), result.ranks.tolist()
     ids = result.top_ids.tolist() if result.top_ids is not None else None
     values = result.top_values.tolist() if result.top_values is not None else None
     at = 0
     for req, count in rows.owners:
         req.prompt_lp.extend(chosen[at : at + count])
+        req.prompt_ranks.extend(ranks[at : at + count])
         k = req.params.prompt_logprobs
         if k and ids is not None and values is not None:
             req.prompt_top.extend(

@@ -53,6 +53,7 @@ class Req:
         "prompt_len",
         "prompt_lp",
         "prompt_lp_next",
+        "prompt_ranks",
         "prompt_top",
         "rid",
         "rope",
@@ -95,6 +96,7 @@ class Req:
         asked = msg.params.prompt_logprobs >= 0 and msg.resumed == 0 and not msg.images
         self.prompt_lp_next = 0 if asked else max(self.prompt_len - 1, 0)
         self.prompt_lp: list[float] = []
+        self.prompt_ranks: list[int] = []
         self.prompt_top: list[list[list[float]]] = []
         # its prompt's images in order; their positions hold pseudo-ids (vision_config.image_pseudo_id),
         # so the prompt cache keys them by image, and each step's chunk takes their rows

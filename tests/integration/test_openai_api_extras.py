@@ -5,12 +5,16 @@ vLLM's do, against Hugging Face's greedy output."""
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import openai
 import pytest
 import torch
 
 from tests import hf_reference
 from tests.integration.openai_helpers import (  # noqa: F401 (_stack: a fixture)
+    KEY,
     _stack,
     sync_client,
 )
@@ -180,3 +184,34 @@ def test_echo_with_logprobs_scores_the_prompt_as_hf(stack: Stack, stream: bool, 
     assert got["text_offset"][0] == 0 and got["text_offset"] == sorted(got["text_offset"])
     if new:  # the output token's entry follows the prompt's, as without echo
         assert got["token_logprobs"][-1] is not None and got["text_offset"][-1] == len(tok.decode(ids))
+
+
+def test_vllm_prompt_logprobs_in_each_choice(stack: Stack) -> None:
+    """vLLM's prompt_logprobs: a choice's prompt_logprobs is null for the first prompt token, then
+    for each token a map from token id to its logprob, rank and text, the token's own (HF's
+    teacher-forced logprob) and its position's k most likely; streamed with the first chunk."""
+    tok = hf_reference.tokenizer(stack.model_dir)
+    ids = tok(PROMPT)["input_ids"]
+    want = hf_reference.prompt_logprobs(stack.model_dir, ids)
+    body = {"model": stack.model_name, "prompt": PROMPT, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 2}
+    r = httpx.post(stack.url + "/v1/completions", json=body, headers=AUTH, timeout=60)
+    whole = r.json()["choices"][0]["prompt_logprobs"]
+    first = client_chunks(stack, {**body, "stream": True})[0]["choices"][0]["prompt_logprobs"]
+    assert first == whole and whole[0] is None and len(whole) == len(ids)
+    for i, (t, entry) in enumerate(zip(ids[1:], whole[1:], strict=True)):
+        own = entry[str(t)]
+        assert own["logprob"] == pytest.approx(float(want[i, t]), abs=1e-3) and own["decoded_token"] == tok.decode([t])
+        assert own["rank"] == int((want[i] > want[i, t]).sum()) + 1
+        top = torch.topk(want[i], 2)
+        for rank, (tid, lp) in enumerate(zip(top.indices.tolist(), top.values.tolist(), strict=True), start=1):
+            assert entry[str(tid)]["logprob"] == pytest.approx(lp, abs=1e-3) and entry[str(tid)]["rank"] == rank
+
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def client_chunks(stack: Stack, body: dict) -> list[dict]:
+    """A streamed completion's chunks, as JSON."""
+    with httpx.stream("POST", stack.url + "/v1/completions", json=body, headers=AUTH, timeout=60) as r:
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    return [json.loads(line) for line in lines if line != "[DONE]"]

@@ -22,7 +22,7 @@ TEXTS = [
 
 def _run(engine, reqs) -> dict[str, dict]:
     """rid -> its first token's item's prompt logprobs (and tops), and the items' count of them."""
-    out: dict[str, dict] = {r.rid: {"lp": [], "top": [], "items": 0} for r in reqs}
+    out: dict[str, dict] = {r.rid: {"lp": [], "top": [], "ranks": [], "items": 0} for r in reqs}
     for r in reqs:
         engine.add(r)
     for _ in range(2000):
@@ -32,7 +32,7 @@ def _run(engine, reqs) -> dict[str, dict]:
             o = out[item.rid]
             if item.prompt_logprobs or item.prompt_top_logprobs:
                 o["items"] += 1
-                o["lp"], o["top"] = item.prompt_logprobs, item.prompt_top_logprobs
+                o["lp"], o["top"], o["ranks"] = item.prompt_logprobs, item.prompt_top_logprobs, item.prompt_ranks
     raise AssertionError("engine still busy")
 
 
@@ -41,6 +41,8 @@ def _check(model_dir: str, ids: list[int], got: dict, k: int) -> None:
     chosen = want.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
     assert len(got["lp"]) == len(ids) - 1 and got["items"] == (1 if len(ids) > 1 else 0)
     torch.testing.assert_close(torch.tensor(got["lp"]), chosen, atol=2e-4, rtol=1e-4)
+    # each token's rank: 1 + the tokens more likely than it (ties of random weights are improbable)
+    assert got["ranks"] == ((want > chosen[:, None]).sum(dim=-1) + 1).tolist()
     if k:
         assert len(got["top"]) == len(ids) - 1 and all(len(t) == k for t in got["top"])
         top_ids = torch.tensor([[int(t) for t, _ in row] for row in got["top"]])

@@ -47,7 +47,10 @@ async def completions(
     n, per_prompt = body.n or 1, body.sequences
     k = body.logprobs
     want_lp = k is not None or per_prompt > n  # best_of ranks by cumulative logprob
-    prompt_k = k if body.echo and k is not None else -1  # echo with logprobs: the prompt's too
+    # the prompt's logprobs: echo with logprobs, or vLLM's prompt_logprobs (the most alternatives of both)
+    prompt_k = max(
+        k if body.echo and k is not None else -1, -1 if body.prompt_logprobs is None else body.prompt_logprobs
+    )
     all_seeds = iter(seeds(body.seed, len(prompt_ids) * per_prompt))
     jobs = [
         Job(
@@ -81,7 +84,12 @@ async def completions(
                 text += await stop_string_hit(
                     ctx.tok, c.token_ids, c.text, body.stops(), bool(body.skip_special_tokens)
                 )
-            choices.append(shape.completion_choice(pi * n + j, echo[pi] + text, lp, c.finish_reason))
+            plp = (
+                None
+                if body.prompt_logprobs is None
+                else shape.vllm_prompt_logprobs(ctx.tok, prompt_ids[pi], c, prompt_k)
+            )
+            choices.append(shape.completion_choice(pi * n + j, echo[pi] + text, lp, c.finish_reason, plp))
     # a prompt counts once, its first generation's cached tokens with it (docs/api.md)
     cached = sum(c.cached_tokens for c in outs[::per_prompt])
     use = shape.usage(sum(len(ids) for ids in prompt_ids), sum(c.output_tokens for c in outs), cached)
@@ -121,22 +129,22 @@ async def _stream(
             while nxt is not None:
                 i, item = nxt
                 if item.finish_reason == FINISH_ERROR:
-                    status = pipeline_status(item.error_kind)
-                    ctx.metrics.error(route, status)
-                    yield sse(openai_error_body(status, f"generation failed: {item.error}", item.error_kind, None))
+                    yield failed_event(ctx, route, item)
                     break
-                if prompt_only:
-                    item = no_output(item)
+                item = no_output(item) if prompt_only else item
                 output_tokens[i] = max(output_tokens[i], item.output_tokens)
                 text = await stop_echo.text(i, item) if body.include_stop_str_in_output else item.text
                 lp = builders[i].of(item.token_ids, item.logprobs, item.top_logprobs) if k is not None else None
-                if not echoed[i]:
+                plp = None
+                if not echoed[i]:  # a generation's first chunk: the echo, the prompt's logprobs
                     echoed[i] = True
                     text = echo[i // n] + text
                     if lp is not None and body.echo:
                         lp = with_prompt(ctx.tok, k or 0, prompt_ids[i // n], item, lp)
-                if has_news(text, item):
-                    yield chunk([shape.completion_choice(i, text, lp, item.finish_reason)])
+                    if body.prompt_logprobs is not None:
+                        plp = shape.vllm_prompt_logprobs(ctx.tok, prompt_ids[i // n], item, body.prompt_logprobs)
+                if has_news(text, item) or plp is not None:
+                    yield chunk([shape.completion_choice(i, text, lp, item.finish_reason, plp)])
                 nxt = await anext(stream, None)
             else:
                 if body.include_usage():
@@ -176,6 +184,13 @@ def no_output(c: T) -> T:
     return dataclasses.replace(
         c, text="", token_ids=[], logprobs=[], top_logprobs=[], output_tokens=0, finish_reason=reason
     )
+
+
+def failed_event(ctx: FrontContext, route: str, item: TextItem) -> bytes:
+    """The event that ends a stream whose generation failed after it began."""
+    status = pipeline_status(item.error_kind)
+    ctx.metrics.error(route, status)
+    return sse(openai_error_body(status, f"generation failed: {item.error}", item.error_kind, None))
 
 
 def has_news(text: str, item: TextItem) -> bool:

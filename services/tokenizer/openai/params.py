@@ -194,6 +194,8 @@ class CompletionRequest(OpenAISampling):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool | None = False
     suffix: str | None = None
+    # vLLM's: each choice's prompt_logprobs, every prompt token's logprob and rank with this many alternatives
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @field_validator("prompt")
     @classmethod

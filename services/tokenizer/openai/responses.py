@@ -75,8 +75,32 @@ def joined(a: dict[str, list], b: dict[str, list]) -> dict[str, list]:
     return {key: a[key] + b[key] for key in a}
 
 
-def completion_choice(index: int, text: str, logprobs: dict | None, reason: str) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(reason)}
+def completion_choice(
+    index: int, text: str, logprobs: dict | None, reason: str, prompt_logprobs: list | None = None
+) -> dict[str, Any]:
+    """prompt_logprobs: vLLM's (the request asked for them), else no such key."""
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(reason)}
+    if prompt_logprobs is not None:
+        choice["prompt_logprobs"] = prompt_logprobs
+    return choice
+
+
+def vllm_prompt_logprobs(tok: Tokenization, ids: list[int], c: Any, k: int) -> list[dict[str, dict] | None]:
+    """vLLM's prompt_logprobs of a generation c (its TextItem or Collected): null for the first
+    token, then for each token a map from token id to its logprob, rank and text: the token's own,
+    and its position's k most likely (ranks 1 to k)."""
+    out: list[dict[str, dict] | None] = [None]
+    if len(c.prompt_logprobs) != len(ids) - 1:  # none computed (a prompt with images)
+        return out + [None] * (len(ids) - 1)
+    for i, t in enumerate(ids[1:]):
+        entry = {
+            str(t): {"logprob": c.prompt_logprobs[i], "rank": c.prompt_ranks[i], "decoded_token": tok.token_text(t)}
+        }
+        top = c.prompt_top_logprobs[i] if i < len(c.prompt_top_logprobs) else []
+        for rank, (tid, lp) in enumerate(_top(top, k), start=1):
+            entry.setdefault(str(tid), {"logprob": lp, "rank": rank, "decoded_token": tok.token_text(tid)})
+        out.append(entry)
+    return out
 
 
 def completion(
