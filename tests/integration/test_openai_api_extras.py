@@ -207,6 +207,29 @@ def test_vllm_prompt_logprobs_in_each_choice(stack: Stack) -> None:
             assert entry[str(tid)]["logprob"] == pytest.approx(lp, abs=1e-3) and entry[str(tid)]["rank"] == rank
 
 
+def test_vllm_prompt_logprobs_of_a_chat(stack: Stack) -> None:
+    """The chat route's prompt_logprobs (top level, of the rendered prompt) are HF's; with stream
+    they are refused by name."""
+    client = sync_client(stack)
+    messages = [{"role": "user", "content": PROMPT}]
+    tok = hf_reference.tokenizer(stack.model_dir)
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    r = client.chat.completions.create(
+        model=stack.model_name, messages=messages, max_tokens=2, temperature=0, extra_body={"prompt_logprobs": 1}
+    )
+    got = r.model_extra["prompt_logprobs"]
+    want = hf_reference.prompt_logprobs(stack.model_dir, ids)
+    assert got[0] is None and len(got) == len(ids) == r.usage.prompt_tokens
+    assert [got[i + 1][str(t)]["logprob"] for i, t in enumerate(ids[1:])] == pytest.approx(
+        [float(want[i, t]) for i, t in enumerate(ids[1:])], abs=1e-3
+    )
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=stack.model_name, messages=messages, stream=True, extra_body={"prompt_logprobs": 1}
+        )
+    assert e.value.body["param"] == "prompt_logprobs"
+
+
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 

@@ -82,7 +82,10 @@ async def chat_completions(
         msg = message(r.feed(text) + r.finish(), with_reasoning=r.reasoning is not None)
         choices.append(shape.chat_choice(i, msg, lp, _finish(c.finish_reason, r)))
     use = shape.usage(len(ids), sum(c.output_tokens for c in outs), outs[0].cached_tokens)  # one prompt for n
-    return JSONResponse(shape.chat(rid, created, ctx.model_name, choices, use, chunk=False, usage_key=True))
+    whole = shape.chat(rid, created, ctx.model_name, choices, use, chunk=False, usage_key=True)
+    if body.prompt_logprobs is not None:  # vLLM's, of the one prompt
+        whole["prompt_logprobs"] = shape.vllm_prompt_logprobs(ctx.tok, ids, outs[0], body.prompt_logprobs)
+    return JSONResponse(whole)
 
 
 def _answer_constraint(

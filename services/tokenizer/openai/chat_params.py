@@ -5,6 +5,7 @@ refused with a 400 that says so."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -14,6 +15,7 @@ from services.tokenizer.images.sources import ImageSource
 from services.tokenizer.limits import MAX_TOP_LOGPROBS
 from services.tokenizer.openai.params import OpenAISampling
 from services.tokenizer.openai.tools import ToolCallIn, ToolChoice, ToolDef
+from shared.messages import SamplingParams
 
 
 class ChatMessage(BaseModel):
@@ -86,6 +88,8 @@ class ChatCompletionRequest(OpenAISampling):
     function_call: Any = None
     # vLLM's: extra variables for the chat template (e.g. {"enable_thinking": false} for Qwen3)
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: the rendered prompt's logprobs (the response's prompt_logprobs), with this many alternatives
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -107,6 +111,16 @@ class ChatCompletionRequest(OpenAISampling):
         super().check()
         if self.top_logprobs and not self.logprobs:
             raise APIError(400, "top_logprobs: requires logprobs to be true", param="top_logprobs")
+        if self.prompt_logprobs is not None and self.stream:
+            raise APIError(
+                400, "prompt_logprobs: not with stream (they come in the whole response)", param="prompt_logprobs"
+            )
+
+    def sampling(self, *args: Any, **kwargs: Any) -> SamplingParams:
+        """OpenAISampling's, with vLLM's prompt_logprobs."""
+        params = super().sampling(*args, **kwargs)
+        k = self.prompt_logprobs
+        return params if k is None else dataclasses.replace(params, prompt_logprobs=k)
 
     def max_tokens_asked(self) -> tuple[int | None, str]:
         """(the client's output limit, the parameter it came from); max_completion_tokens is
