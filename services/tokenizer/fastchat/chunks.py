@@ -74,8 +74,7 @@ class Progress:
         if self.logprobs is not None and item.token_ids:
             got = self.logprobs.of(item.token_ids, item.logprobs, item.top_logprobs)
             if self.prompt_ids:
-                echoed = shape.CompletionLogprobs(self.logprobs.tok, self.logprobs.k, 0)
-                got = shape.joined(echoed.prompt(self.prompt_ids, item.prompt_logprobs, item.prompt_top_logprobs), got)
+                got = shape.with_prompt(self.logprobs.tok, self.logprobs.k, self.prompt_ids, item, got)
                 self.prompt_ids = []
             for key, values in got.items():
                 self.lp[key].extend(values)

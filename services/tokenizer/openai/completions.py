@@ -28,7 +28,6 @@ from services.tokenizer.openai import responses as shape
 from services.tokenizer.openai.params import DEFAULT_COMPLETION_TOKENS, CompletionRequest
 from services.tokenizer.openai.stop_strings import StopEcho, stop_string_hit
 from services.tokenizer.streaming import EventStream, sse
-from services.tokenizer.tokenization import Tokenization
 from shared.messages import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, TextItem
 
 T = TypeVar("T", Collected, TextItem)
@@ -78,7 +77,7 @@ async def completions(
             if k is not None:
                 lp = shape.CompletionLogprobs(ctx.tok, k, len(echo[pi])).of(c.token_ids, c.logprobs, c.top_logprobs)
                 if body.echo:
-                    lp = with_prompt(ctx.tok, k, prompt_ids[pi], c, lp)
+                    lp = shape.with_prompt(ctx.tok, k, prompt_ids[pi], c, lp)
             text = c.text
             if body.include_stop_str_in_output and c.finish_reason == FINISH_STOP:
                 text += await stop_string_hit(
@@ -140,7 +139,7 @@ async def _stream(
                     echoed[i] = True
                     text = echo[i // n] + text
                     if lp is not None and body.echo:
-                        lp = with_prompt(ctx.tok, k or 0, prompt_ids[i // n], item, lp)
+                        lp = shape.with_prompt(ctx.tok, k or 0, prompt_ids[i // n], item, lp)
                     if body.prompt_logprobs is not None:
                         plp = shape.vllm_prompt_logprobs(ctx.tok, prompt_ids[i // n], item, body.prompt_logprobs)
                 if has_news(text, item) or plp is not None:
@@ -170,12 +169,6 @@ async def _prompts(ctx: FrontContext, body: CompletionRequest) -> tuple[list[lis
             prompt_ids.append(p)
             prompt_texts.append(await ctx.tok.decode(p) if body.echo else "")
     return prompt_ids, prompt_texts
-
-
-def with_prompt(tok: Tokenization, k: int, prompt_ids: list[int], c: Collected | TextItem, lp: dict) -> dict:
-    """A choice's logprobs with the echoed prompt's entries first (their offsets from 0)."""
-    prompt = shape.CompletionLogprobs(tok, k, 0).prompt(prompt_ids, c.prompt_logprobs, c.prompt_top_logprobs)
-    return shape.joined(prompt, lp)
 
 
 def no_output(c: T) -> T:

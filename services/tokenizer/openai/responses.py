@@ -75,6 +75,13 @@ def joined(a: dict[str, list], b: dict[str, list]) -> dict[str, list]:
     return {key: a[key] + b[key] for key in a}
 
 
+def with_prompt(tok: Tokenization, k: int, prompt_ids: list[int], c: Any, lp: dict) -> dict:
+    """A choice's logprobs lp with the echoed prompt's entries first (their offsets from 0), from
+    the prompt logprobs of c (a generation's TextItem or Collected)."""
+    prompt = CompletionLogprobs(tok, k, 0).prompt(prompt_ids, c.prompt_logprobs, c.prompt_top_logprobs)
+    return joined(prompt, lp)
+
+
 def completion_choice(
     index: int, text: str, logprobs: dict | None, reason: str, prompt_logprobs: list | None = None
 ) -> dict[str, Any]:
