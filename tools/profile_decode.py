@@ -2,7 +2,7 @@
 the host's time in an eager prefill forward (cProfile).
 
     python tools/profile_decode.py --out FILE.json [--shape llama3-8b] [--cases 1x1024,64x1024,256x1024]
-        [--prefills 1x209,4x209]
+        [--prefills 1x209,4x209] [--quantization none|fp8|awq|gptq] [--fp8-lm-head]
 
 For each batch x context it builds requests in the decode state (KV filled by a real
 prefill), then profiles eager decode forwards and reports the device time per kernel
@@ -31,13 +31,16 @@ from torch.profiler import ProfilerActivity, profile
 from services.worker.batch_builder import build_batch
 from services.worker.build import build_engine
 from services.worker.forward_batch import ForwardBatch
+from services.worker.models import int4_formats
 from services.worker.models.bench_shapes import SHAPES
+from services.worker.models.fp8_weight import quantize_layers_
 from services.worker.models.registry import random_weights
 from services.worker.request import Req
 from services.worker.scheduler import StepPlan
 from shared.config import WorkerConfig
 from shared.messages import GenerateReq, SamplingParams
 from shared.model_config import ModelConfig
+from tools.engine_factory import INT4
 from tools.workload import random_prompts
 
 
@@ -175,10 +178,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefills", default="1x209,4x209,1x1024", help="eager prefill batch x length, host-profiled")
     ap.add_argument("--gemm-search", type=int, default=1, help="0: decode graphs use PyTorch's matmul libraries only")
     ap.add_argument("--fold-norms", type=int, default=1, help="0: norms kept apart from the weights (no decode_folded)")
+    ap.add_argument("--quantization", choices=("none", "fp8", *INT4), default="none", help="the projections' format")
+    ap.add_argument("--fp8-lm-head", action="store_true", help="with --quantization fp8: the output layer in FP8 too")
     args = ap.parse_args(argv)
     cfg = ModelConfig.from_dict(SHAPES[args.shape])
     device = torch.device("cuda")
     weights = random_weights(cfg, torch.bfloat16, device)
+    if args.quantization == "fp8":
+        quantize_layers_(weights.layers)
+    elif args.quantization in INT4:
+        int4_formats.quantize_layers_(weights.layers, args.quantization)
     engine = build_engine(
         WorkerConfig(
             model_dir="(random)",
@@ -186,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
             running_max_req_size=512,
             gemm_search=bool(args.gemm_search),
             fold_norms=bool(args.fold_norms),
+            quantization="fp8" if args.quantization == "fp8" else "none",
+            fp8_lm_head=args.fp8_lm_head,
         ),
         weights=weights,
         model_cfg=cfg,
