@@ -29,8 +29,8 @@ from shared.wire_values import CONSTRAINT_KINDS
 # dead group's requests (GenerateReq.resumed and .handovers, TokenItem.handovers, Handover);
 # 5: SamplingParams.constraint; 6: a group's drain (WorkerStatus.draining, .leaving); 7: images
 # (GenerateReq.images, VisualReq, ImageEmbedding); 8: ImageRef.grid (M-RoPE's image grids);
-# 9: prompt logprobs (SamplingParams.prompt_logprobs, TokenItem's and TextItem's)
-SCHEMA_VERSION = 9
+# 9: prompt logprobs (SamplingParams.prompt_logprobs, TokenItem's and TextItem's); 10: SamplingParams.logit_bias
+SCHEMA_VERSION = 10
 
 
 # ---------------------------------------------------------------- nested structs
@@ -73,6 +73,7 @@ class SamplingParams:
     constraint: Constraint | None = None  # structured output; None: free text
     # each prompt token's logprob after the first (with this many alternatives): -1 none
     prompt_logprobs: int = -1
+    logit_bias: list[list[float]] = field(default_factory=list)  # [[token id, bias], ...] added to the logits
 
     @property
     def greedy(self) -> bool:

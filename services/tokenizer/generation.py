@@ -75,12 +75,6 @@ def seeds(given: int | None, count: int) -> list[int]:
     return [(base + i) % SEED_LIMIT for i in range(count)]
 
 
-def check_token_ids(ids: list[int], vocab_size: int, name: str) -> None:
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise APIError(400, f"{name}: token ids must be in [0, {vocab_size}), got {bad[0]}", param=name)
-
-
 async def submit_all(
     ctx: FrontContext,
     jobs: list[Job],

@@ -10,6 +10,8 @@ from typing import Annotated
 
 from pydantic import Field
 
+from services.tokenizer.errors import APIError
+
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (as in LightLLM)
 MAX_N = 16  # most sequences one request may ask for (n, best_of)
 MAX_STOPS = 16
@@ -33,3 +35,10 @@ def check_stops(v: str | list[str] | None) -> str | list[str] | None:
     if len(stops) > MAX_STOPS:
         raise ValueError(f"at most {MAX_STOPS} stop sequences")
     return v
+
+
+def check_token_ids(ids: list[int], vocab_size: int, name: str) -> None:
+    """Token ids a client sent (name: the parameter) must be in [0, vocab_size): else a 400."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise APIError(400, f"{name}: token ids must be in [0, {vocab_size}), got {bad[0]}", param=name)

@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.tokenizer.errors import APIError, parse_json, validation_response
-from services.tokenizer.generation import FrontContext, check_token_ids
+from services.tokenizer.generation import FrontContext
+from services.tokenizer.limits import check_token_ids
 from services.tokenizer.openai.chat_params import ChatMessage
 from services.tokenizer.openai.routes import check_model
 

@@ -5,13 +5,14 @@ draw with the Gumbel-max trick from noise that is a hash of (request seed, outpu
 position, token id): a request's draw depends on its seed alone, never on which
 requests share its batch, so seeded requests are reproducible. Penalties (repetition
 over prompt and output; presence and frequency over the output, as in OpenAI's API)
-and min_new_tokens (end tokens banned until then) apply to both. Parameters come from
-SamplingState rows; the result stays on the device until the engine copies it out.
+min_new_tokens (end tokens banned until then) and a request's logit_bias (added to its logits)
+apply to both. Parameters come from SamplingState rows; the result stays on the device until the
+engine copies it out.
 
 Log-probabilities are of the logits the sampler was given (an output format's mask applied, no
-penalties): a token the mask rules out has none, and is reported at LOGPROB_FLOOR, as vLLM
-reports it, since JSON has no -inf (a top_logprobs list under a mask that allows fewer tokens
-than it asks for holds such tokens).
+penalties, no logit_bias, as vLLM reports them by default): a token the mask rules out has none,
+and is reported at LOGPROB_FLOOR, as vLLM reports it, since JSON has no -inf (a top_logprobs list
+under a mask that allows fewer tokens than it asks for holds such tokens).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class SampleBatch:
     filtered: bool  # some row uses top-k or top-p
     penalties: bool
     bans: list[tuple[int, int]]  # (sample index, token id) banned this step (min_new_tokens)
+    bias_at: list[tuple[int, int]]  # (sample index, token id) of each logit_bias entry
+    bias: list[float]  # the bias added there
     top_logprobs: int  # the most any row asks for; 0: none
     logprobs: bool  # some row wants its chosen token's logprob
 
@@ -99,19 +102,25 @@ class Sampler:
         """Host side: read the requests' parameters once, build the row index (rows: the
         requests' rows as [S] int64 on the device, where the batch builder made them)."""
         params = [r.params for r in reqs]
-        bans = []
+        vocab = self.state.vocab
+        bans, bias_at, bias = [], [], []
         for i, r in enumerate(reqs):
             p = r.params
             if r.output_len < p.min_new_tokens:  # outputs before this draw (pending ones included)
                 ends = [*p.stop_token_ids, *([] if p.ignore_eos else self.eos_ids)]
-                bans += [(i, t) for t in ends if 0 <= t < self.state.vocab]
-        vocab = self.state.vocab
+                bans += [(i, t) for t in ends if 0 <= t < vocab]
+            for t, b in p.logit_bias:  # the fronts refuse ids past the vocabulary; kept out here too
+                if 0 <= t < vocab:
+                    bias_at.append((i, int(t)))
+                    bias.append(float(b))
         return SampleBatch(
             rows=rows if rows is not None else to_device([r.row for r in reqs], torch.int64, device),
             all_greedy=all(p.greedy for p in params),
             filtered=any(not p.greedy and (0 < p.top_k < vocab or p.top_p < 1.0) for p in params),
             penalties=any(uses_penalty(r) for r in reqs),
             bans=bans,
+            bias_at=bias_at,
+            bias=bias,
             top_logprobs=max((p.top_logprobs for p in params), default=0),
             logprobs=any(p.logprobs or p.top_logprobs for p in params),
         )
@@ -120,12 +129,12 @@ class Sampler:
         """logits: [S, V], one row per request of the batch, in order, in the model's dtype. A
         greedy step without penalties or log-probabilities takes the argmax of them as they are
         (a float32 copy has the same maxima); anything else works on a float32 copy."""
-        if not b.all_greedy or b.penalties or b.bans or b.logprobs:
+        if not b.all_greedy or b.penalties or b.bans or b.bias or b.logprobs:
             logits = logits.float()
         raw = logits
         st = self.state
         rows = b.rows
-        if b.penalties or b.bans:
+        if b.penalties or b.bans or b.bias:
             logits = self._penalised(logits, b)
         if b.all_greedy:
             tokens = self.argmax(logits)
@@ -157,6 +166,9 @@ class Sampler:
             penalised = torch.where(logits > 0, logits / rep, logits * rep)
             logits = torch.where(seen, penalised, logits)
             logits -= st.frequency[rows][:, None] * counts + st.presence[rows][:, None] * (counts > 0).to(logits.dtype)
+        if b.bias:
+            at = to_device(b.bias_at, torch.int64, logits.device)
+            logits.index_put_((at[:, 0], at[:, 1]), to_device(b.bias, torch.float32, logits.device), accumulate=True)
         if b.bans:
             idx = to_device(b.bans, torch.int64, logits.device)
             logits[idx[:, 0], idx[:, 1]] = float("-inf")

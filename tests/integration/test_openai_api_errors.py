@@ -37,7 +37,10 @@ COMMON_BAD = [
     ("stream", "yes", "stream"),
     ("stream_options", {"include_usage": True}, "stream_options"),  # without stream
     ("user", 5, "user"),
-    ("logit_bias", {"5": 1.0}, "logit_bias"),
+    ("logit_bias", {"a": 1.0}, "logit_bias"),
+    ("logit_bias", {"5": 101.0}, "logit_bias"),
+    ("logit_bias", {"1000000": 1.0}, "logit_bias"),  # past the vocabulary
+    ("logit_bias", {str(i): 1.0 for i in range(301)}, "logit_bias"),
     ("top_k", 0, "top_k"),
     ("repetition_penalty", 0, "repetition_penalty"),
     ("min_tokens", -1, "min_tokens"),

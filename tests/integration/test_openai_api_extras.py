@@ -32,7 +32,10 @@ NO_OPS = {
 }
 
 
-def _hf_text(stack: Stack, prompt: str, new: int, min_new: int = 0) -> tuple[list[int], str]:
+def _hf_text(
+    stack: Stack, prompt: str, new: int, min_new: int = 0, bias: dict[int, float] | None = None
+) -> tuple[list[int], str]:
+    """Greedy ids and text from Hugging Face; bias: added to those tokens' logits (sequence_bias)."""
     tok, model = hf_reference._load(stack.model_dir)
     ids = torch.tensor([tok(prompt)["input_ids"]])
     with torch.no_grad():
@@ -43,6 +46,7 @@ def _hf_text(stack: Stack, prompt: str, new: int, min_new: int = 0) -> tuple[lis
             min_new_tokens=min_new,
             do_sample=False,
             pad_token_id=model.config.vocab_size - 1,
+            sequence_bias={(t,): b for t, b in bias.items()} if bias else None,
         )
     got = out[0, ids.shape[1] :].tolist()
     return got, tok.decode(got, skip_special_tokens=True)
@@ -116,6 +120,29 @@ def test_min_tokens_holds_back_the_end_as_hf_does(stack: Stack) -> None:
     )
     assert len(want_ids) >= at_least and got.choices[0].text == want
     assert got.usage.completion_tokens == len(want_ids)
+
+
+def test_logit_bias_as_hf_sequence_bias(stack: Stack) -> None:
+    """A ban of the first greedy token and a push toward another change the output as Hugging
+    Face's sequence_bias does; on both routes, streamed and whole."""
+    plain, _ = _hf_text(stack, PROMPT, 8)
+    bias = {plain[0]: -100.0, plain[3]: 3.0}
+    want_ids, want = _hf_text(stack, PROMPT, 8, bias=bias)
+    assert want_ids != plain
+    client = sync_client(stack)
+    body = {"logit_bias": {str(t): b for t, b in bias.items()}}
+    kw = {"model": stack.model_name, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "extra_body": body}
+    assert client.completions.create(**kw).choices[0].text == want
+    assert "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True)) == want
+    chat = client.chat.completions.create(
+        model=stack.model_name,
+        messages=[{"role": "user", "content": "Hello"}],
+        max_completion_tokens=4,
+        temperature=0,
+        logit_bias={str(plain[0]): 100},  # as good as forced: every token is that one
+    )
+    tok = hf_reference.tokenizer(stack.model_dir)
+    assert chat.choices[0].message.content == tok.decode([plain[0]] * 4, skip_special_tokens=True)
 
 
 def test_continuous_usage_stats_put_usage_in_every_chunk(stack: Stack) -> None:

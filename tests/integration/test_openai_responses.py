@@ -94,13 +94,16 @@ def test_a_streamed_response_sends_openais_events(stack, tiny_llama: str) -> Non
 
 
 def test_what_is_not_supported_is_named(stack) -> None:
+    model = httpx.get(stack.url + "/v1/models", timeout=30).json()["data"][0]["id"]
     for extra, name in [
         ({"tools": [{"type": "function", "name": "f"}]}, "tools"),
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"text": {"format": {"type": "json_schema"}}}, "schema"),
         ({"text": {"format": {"type": "json_object"}}, "guided_regex": "a+"}, "text.format and guided_*"),
+        ({"logit_bias": {"10000000": 1.0}}, "logit_bias"),  # past the vocabulary
+        ({"stop_token_ids": [10000000]}, "stop_token_ids"),
     ]:
-        body = {"model": "x", "input": "hi", **extra}
+        body = {"model": model, "input": "hi", **extra}
         r = httpx.post(stack.url + "/v1/responses", json=body, timeout=30)
         assert r.status_code == 400 and name in r.text, (extra, r.text)
 

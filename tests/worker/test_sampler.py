@@ -195,3 +195,24 @@ def test_low_precision_logits_give_what_their_float32_copy_gives() -> None:
     assert torch.equal(low.tokens, ref.tokens)
     assert low.logprobs is not None and low.logprobs.dtype == torch.float32
     assert torch.equal(low.logprobs, ref.logprobs)
+
+
+def test_logit_bias_moves_the_choice_of_its_request_only() -> None:
+    """A bias is added to its request's logits before the choice, greedy or sampled; the
+    logprobs stay those of the model's logits (vLLM's default); other rows are untouched."""
+    b = Bench()
+    torch.manual_seed(3)
+    logits = torch.randn(3, V)
+    top = logits.argmax(-1).tolist()
+    second = logits.topk(2, dim=-1).indices[:, 1].tolist()
+    banned = b.req("ban", logit_bias=[[top[0], -100.0]], logprobs=True)
+    forced = b.req("force", logit_bias=[[7, 100.0], [top[1], -1.0]], do_sample=True, temperature=0.8, seed=5)
+    plain = b.req("plain")
+    out = b.sample(logits, [banned, forced, plain])
+    assert out.tokens.tolist() == [second[0], 7, top[2]]
+    raw = torch.log_softmax(logits[0], -1)[second[0]]
+    assert out.logprobs is not None and torch.allclose(out.logprobs[0], raw)
+    # a small bias adds to the logit: the second-best passes the best when the bias bridges their gap
+    gap = float(logits[2, top[2]] - logits[2, second[2]])
+    nudged = b.req("nudge", logit_bias=[[second[2], gap + 0.01]])
+    assert b.tokens(logits[2:3], [nudged]) == [second[2]]

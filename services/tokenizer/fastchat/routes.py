@@ -29,10 +29,10 @@ from services.tokenizer.generation import (
     Generation,
     Job,
     abandon,
-    check_token_ids,
     seeds,
     submit_all,
 )
+from services.tokenizer.limits import check_token_ids
 from services.tokenizer.post_routes import PostRoute
 from services.tokenizer.streaming import EventStream
 from shared.messages import FINISH_ERROR, TextItem

@@ -18,7 +18,6 @@ from services.tokenizer.generation import (
     Generation,
     Job,
     abandon,
-    check_token_ids,
     seeds,
     submit_all,
 )
@@ -26,6 +25,7 @@ from services.tokenizer.lightllm.params import GenerateBody
 from services.tokenizer.lightllm.responses import generate_response, stream_events
 from services.tokenizer.lightllm.tgi import TGIRoutes
 from services.tokenizer.lightllm.tgi_params import TGIRequest, is_tgi
+from services.tokenizer.limits import check_token_ids
 from services.tokenizer.post_routes import Handler, PostRoute
 from services.tokenizer.streaming import EventStream
 from shared.messages import FINISH_ERROR

@@ -21,7 +21,6 @@ from services.tokenizer.generation import (
     Generation,
     Job,
     abandon,
-    check_token_ids,
     seeds,
     submit_all,
 )
@@ -39,7 +38,7 @@ async def chat_completions(
     ctx: FrontContext, body: ChatCompletionRequest, request: Request, arrival: float
 ) -> JSONResponse | EventStream:
     body.check()
-    check_token_ids(body.stop_token_ids or [], ctx.vocab_size, "stop_token_ids")
+    body.check_ids(ctx.vocab_size)
     plan = tool_plan(body.tools, body.tool_choice, ctx.cfg.tool_call_parser, body.parallel_tool_calls)
     images = await ctx.images.load(body.image_sources())
     try:

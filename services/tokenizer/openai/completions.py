@@ -20,10 +20,10 @@ from services.tokenizer.generation import (
     Generation,
     Job,
     abandon,
-    check_token_ids,
     seeds,
     submit_all,
 )
+from services.tokenizer.limits import check_token_ids
 from services.tokenizer.openai import responses as shape
 from services.tokenizer.openai.params import DEFAULT_COMPLETION_TOKENS, CompletionRequest
 from services.tokenizer.openai.stop_strings import StopEcho, stop_string_hit
@@ -37,7 +37,7 @@ async def completions(
     ctx: FrontContext, body: CompletionRequest, request: Request, arrival: float
 ) -> JSONResponse | EventStream:
     body.check()
-    check_token_ids(body.stop_token_ids or [], ctx.vocab_size, "stop_token_ids")
+    body.check_ids(ctx.vocab_size)
     prompt_ids, prompt_texts = await _prompts(ctx, body)
     # max_tokens 0 (with echo): the prompt alone; one token is generated for its logprobs and dropped
     prompt_only = body.max_tokens == 0

@@ -1,9 +1,11 @@
 """OpenAI's request bodies (/v1/completions, /v1/chat/completions), validated.
 
 Bounds follow OpenAI's API reference; an unknown key is an error, and so is an OpenAI
-parameter this server does not implement (logit_bias, suffix, ...), with a message that
-says so. The output's format (response_format, vLLM's guided_*) is formats.py's. Checks
-across fields are in ``check()`` so the error can name its parameter.
+parameter this server does not implement (suffix, ...), with a message that says so.
+logit_bias maps token ids (as strings) to a bias in [-100, 100] added to their logits before
+sampling; the routes check the ids against the vocabulary. The output's format
+(response_format, vLLM's guided_*) is formats.py's. Checks across fields are in ``check()`` so
+the error can name its parameter.
 top_k, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens and
 include_stop_str_in_output are accepted as extensions, spelled as vLLM spells them. Fields
 SDKs send that change no output (NO_OPS) are accepted and ignored, with a debug line.
@@ -17,11 +19,20 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from services.tokenizer.errors import APIError
-from services.tokenizer.limits import GREEDY_TEMPERATURE, MAX_N, MAX_TOP_LOGPROBS, TokenId, check_stops, check_top_k
+from services.tokenizer.limits import (
+    GREEDY_TEMPERATURE,
+    MAX_N,
+    MAX_TOP_LOGPROBS,
+    TokenId,
+    check_stops,
+    check_token_ids,
+    check_top_k,
+)
 from services.tokenizer.openai.formats import OutputFormat
 from shared.messages import Constraint, SamplingParams
 
 MAX_GENERATIONS = 64  # prompts x best_of of one completions request
+MAX_LOGIT_BIAS = 300  # token ids one logit_bias may name, as OpenAI's API allows
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 
 log = logging.getLogger(__name__)
@@ -105,8 +116,26 @@ class OpenAISampling(OutputFormat):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, v: Any) -> Any:
-        return not_supported("logit_bias", v)
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens, got {len(v)}")
+        for key, bias in v.items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids (non-negative integers), got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases must be in [-100, 100], got {bias} for token {key}")
+        return v
+
+    def bias_ids(self) -> list[int]:
+        """logit_bias's token ids (the routes check them against the vocabulary)."""
+        return [int(k) for k in self.logit_bias or {}]
+
+    def check_ids(self, vocab_size: int) -> None:
+        """The token ids the body names (stop_token_ids, logit_bias's) must be in the vocabulary."""
+        check_token_ids(self.stop_token_ids or [], vocab_size, "stop_token_ids")
+        check_token_ids(self.bias_ids(), vocab_size, "logit_bias")
 
     @field_validator("spaces_between_special_tokens")
     @classmethod
@@ -182,6 +211,7 @@ class OpenAISampling(OutputFormat):
             logprobs=logprobs,
             top_logprobs=top_logprobs,
             constraint=constraint if constraint is not None else self._constraint,
+            logit_bias=[[int(k), float(b)] for k, b in (self.logit_bias or {}).items()],
         )
 
 

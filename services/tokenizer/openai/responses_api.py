@@ -29,6 +29,7 @@ from shared.messages import FINISH_ERROR, FINISH_LENGTH
 
 async def responses(ctx: FrontContext, body: ResponsesRequest, request: Request, arrival: float) -> Any:
     body.check()
+    body.check_ids(ctx.vocab_size)
     try:
         _, ids = await ctx.tok.encode_chat(body.chat())
     except (ValueError, jinja2.TemplateError) as e:

@@ -89,7 +89,9 @@ def test_chat_rules_across_fields() -> None:
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content"),
-        ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+        ({"logit_bias": {"-1": 2.0}}, "logit_bias"),
+        ({"logit_bias": {"1": -100.5}}, "logit_bias"),
+        ({"logit_bias": {"1": "2"}}, "logit_bias.1"),
         ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
         ({"stream_options": {"continuous": True}}, "stream_options.continuous"),
         ({"stop": 3}, "stop"),
@@ -118,3 +120,10 @@ def test_vllm_extras_that_change_the_output() -> None:
     assert body.continuous_usage()
     assert not _completion(stream=True, stream_options={"continuous_usage_stats": True}).continuous_usage()
     assert _chat(include_stop_str_in_output=True, spaces_between_special_tokens=True).include_stop_str_in_output
+
+
+def test_logit_bias_reaches_the_sampling_params() -> None:
+    body = _chat(logit_bias={"7": -100, "12": 2.5})  # an integer bias is a number as JSON has it
+    sp = body.sampling(seed=1, max_new_tokens=4, logprobs=False, top_logprobs=0)
+    assert sp.logit_bias == [[7, -100.0], [12, 2.5]] and body.bias_ids() == [7, 12]
+    assert _completion(logit_bias={}).sampling(1, 4, False, 0).logit_bias == []
