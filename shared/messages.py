@@ -30,6 +30,7 @@ from shared.wire_values import CONSTRAINT_KINDS
 # 5: SamplingParams.constraint; 6: a group's drain (WorkerStatus.draining, .leaving); 7: images
 # (GenerateReq.images, VisualReq, ImageEmbedding); 8: ImageRef.grid (M-RoPE's image grids);
 # 9: prompt logprobs (SamplingParams.prompt_logprobs, TokenItem's and TextItem's); 10: SamplingParams.logit_bias
+# and .min_p
 SCHEMA_VERSION = 10
 
 
@@ -74,6 +75,7 @@ class SamplingParams:
     # each prompt token's logprob after the first (with this many alternatives): -1 none
     prompt_logprobs: int = -1
     logit_bias: list[list[float]] = field(default_factory=list)  # [[token id, bias], ...] added to the logits
+    min_p: float = 0.0  # sampling keeps the tokens of at least min_p x the likeliest one's probability
 
     @property
     def greedy(self) -> bool:

@@ -1,6 +1,7 @@
 """Next-token choice for a whole batch at once, on the logits' device, with no host sync.
 
-Greedy rows take the argmax. Sampling rows apply temperature, top-k and top-p, then
+Greedy rows take the argmax. Sampling rows apply temperature, min-p (a token whose probability
+is under min_p times the likeliest one's is dropped), top-k and top-p, then
 draw with the Gumbel-max trick from noise that is a hash of (request seed, output
 position, token id): a request's draw depends on its seed alone, never on which
 requests share its batch, so seeded requests are reproducible. Penalties (repetition
@@ -64,6 +65,7 @@ class SampleBatch:
     rows: torch.Tensor  # [S] int64, the requests' rows in SamplingState
     all_greedy: bool
     filtered: bool  # some row uses top-k or top-p
+    min_p: bool  # some sampling row uses min-p
     penalties: bool
     bans: list[tuple[int, int]]  # (sample index, token id) banned this step (min_new_tokens)
     bias_at: list[tuple[int, int]]  # (sample index, token id) of each logit_bias entry
@@ -117,6 +119,7 @@ class Sampler:
             rows=rows if rows is not None else to_device([r.row for r in reqs], torch.int64, device),
             all_greedy=all(p.greedy for p in params),
             filtered=any(not p.greedy and (0 < p.top_k < vocab or p.top_p < 1.0) for p in params),
+            min_p=any(not p.greedy and p.min_p > 0.0 for p in params),
             penalties=any(uses_penalty(r) for r in reqs),
             bans=bans,
             bias_at=bias_at,
@@ -140,6 +143,8 @@ class Sampler:
             tokens = self.argmax(logits)
         else:
             scaled = logits / st.temperature[rows][:, None]
+            if b.min_p:
+                scaled = _min_p(scaled, st.min_p[rows])
             if b.filtered:
                 scaled = _top_k_top_p(scaled, st.top_k[rows], st.top_p[rows])
             noise = -torch.log(-torch.log(hashed_uniform(st.seed[rows], st.out_pos[rows], logits.shape[1])))
@@ -173,6 +178,13 @@ class Sampler:
             idx = to_device(b.bans, torch.int64, logits.device)
             logits[idx[:, 0], idx[:, 1]] = float("-inf")
         return logits
+
+
+def _min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask (to -inf) each row's tokens whose probability is under min_p times its likeliest
+    token's: their logits are under the row's maximum plus ln(min_p) (min_p 0: none)."""
+    floor = logits.max(dim=-1, keepdim=True).values + torch.log(min_p)[:, None]
+    return logits.masked_fill(logits < floor, float("-inf"))
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ class SamplingState:
         self.device = device
         self.temperature = torch.ones(rows, device=device)  # [rows]
         self.top_p = torch.ones(rows, device=device)
+        self.min_p = torch.zeros(rows, device=device)
         self.top_k = torch.full((rows,), vocab, dtype=torch.int64, device=device)
         self.greedy = torch.ones(rows, dtype=torch.bool, device=device)
         self.seed = torch.zeros(rows, dtype=torch.int64, device=device)
@@ -45,6 +46,7 @@ class SamplingState:
 
         put(self.temperature, [p.temperature for p in ps], torch.float32)
         put(self.top_p, [p.top_p for p in ps], torch.float32)
+        put(self.min_p, [p.min_p for p in ps], torch.float32)
         put(self.top_k, [p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in ps], torch.int64)
         put(self.greedy, [p.greedy for p in ps], torch.bool)
         put(self.seed, [p.seed for p in ps], torch.int64)

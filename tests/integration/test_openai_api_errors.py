@@ -42,6 +42,8 @@ COMMON_BAD = [
     ("logit_bias", {"1000000": 1.0}, "logit_bias"),  # past the vocabulary
     ("logit_bias", {str(i): 1.0 for i in range(301)}, "logit_bias"),
     ("top_k", 0, "top_k"),
+    ("min_p", -0.1, "min_p"),
+    ("min_p", 1.5, "min_p"),
     ("repetition_penalty", 0, "repetition_penalty"),
     ("min_tokens", -1, "min_tokens"),
     ("min_tokens", 100, "min_tokens", {"max_tokens": 5}),

@@ -145,6 +145,18 @@ def test_logit_bias_as_hf_sequence_bias(stack: Stack) -> None:
     assert chat.choices[0].message.content == tok.decode([plain[0]] * 4, skip_special_tokens=True)
 
 
+def test_min_p_of_one_samples_the_greedy_text(stack: Stack) -> None:
+    """vLLM's min_p: at 1 only the likeliest token survives, so a sampled completion (OpenAI's
+    default temperature of 1) is Hugging Face's greedy text whatever the seed."""
+    _, want = _hf_text(stack, PROMPT, 8)
+    client = sync_client(stack)
+    for seed in (1, 2):
+        got = client.completions.create(
+            model=stack.model_name, prompt=PROMPT, max_tokens=8, seed=seed, extra_body={"min_p": 1.0}
+        )
+        assert got.choices[0].text == want
+
+
 def test_continuous_usage_stats_put_usage_in_every_chunk(stack: Stack) -> None:
     chunks = list(
         sync_client(stack).completions.create(

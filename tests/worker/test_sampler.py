@@ -216,3 +216,19 @@ def test_logit_bias_moves_the_choice_of_its_request_only() -> None:
     gap = float(logits[2, top[2]] - logits[2, second[2]])
     nudged = b.req("nudge", logit_bias=[[second[2], gap + 0.01]])
     assert b.tokens(logits[2:3], [nudged]) == [second[2]]
+
+
+def test_min_p_keeps_the_tokens_near_the_likeliest() -> None:
+    """min_p 0.5 keeps the tokens of at least half the likeliest one's probability (after the
+    temperature): over many seeds every draw is one of them, and without it others come too."""
+    b = Bench()
+    logits = torch.full((1, V), -2.0)
+    logits[0, 3], logits[0, 9], logits[0, 20] = 1.0, 1.0 - 0.5, 1.0 - 0.8  # ratios 1, 0.61, 0.45
+    kept, free = set(), set()
+    for seed in range(300):
+        kept |= set(b.tokens(logits, [b.req("k", do_sample=True, seed=seed, min_p=0.5)]))
+        free |= set(b.tokens(logits, [b.req("f", do_sample=True, seed=seed)]))
+        b.next_row = 0
+    assert kept == {3, 9} and len(free) > 10
+    # min_p 1: only the likeliest token is left, as greedy takes it
+    assert b.tokens(logits, [b.req("one", do_sample=True, seed=1, min_p=1.0)]) == [3]

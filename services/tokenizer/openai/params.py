@@ -6,7 +6,7 @@ logit_bias maps token ids (as strings) to a bias in [-100, 100] added to their l
 sampling; the routes check the ids against the vocabulary. The output's format
 (response_format, vLLM's guided_*) is formats.py's. Checks across fields are in ``check()`` so
 the error can name its parameter.
-top_k, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens and
+top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens and
 include_stop_str_in_output are accepted as extensions, spelled as vLLM spells them. Fields
 SDKs send that change no output (NO_OPS) are accepted and ignored, with a debug line.
 """
@@ -96,6 +96,7 @@ class OpenAISampling(OutputFormat):
     cache_salt: str | None = None
     # extensions
     top_k: int | None = None
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
     min_tokens: int | None = Field(None, ge=0)
     ignore_eos: bool | None = False
@@ -202,6 +203,7 @@ class OpenAISampling(OutputFormat):
             temperature=1.0 if greedy else temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=-1 if self.top_k is None else self.top_k,
+            min_p=self.min_p or 0.0,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,

@@ -122,6 +122,11 @@ def test_vllm_extras_that_change_the_output() -> None:
     assert _chat(include_stop_str_in_output=True, spaces_between_special_tokens=True).include_stop_str_in_output
 
 
+def test_min_p_reaches_the_sampling_params() -> None:
+    assert _completion(min_p=0.05).sampling(1, 4, False, 0).min_p == 0.05
+    assert _chat().sampling(1, 4, False, 0).min_p == 0.0
+
+
 def test_logit_bias_reaches_the_sampling_params() -> None:
     body = _chat(logit_bias={"7": -100, "12": 2.5})  # an integer bias is a number as JSON has it
     sp = body.sampling(seed=1, max_new_tokens=4, logprobs=False, top_logprobs=0)
