@@ -69,11 +69,15 @@ class Tokenization:
         messages: list[dict[str, Any]],
         template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final: bool = False,
     ) -> tuple[str, list[int]]:
         """The rendered chat and its tokens. The template writes any BOS itself, so the
         tokenizer adds no special tokens again."""
         loop = asyncio.get_running_loop()
-        render = functools.partial(self.render_chat, messages, True, template_kwargs, tools)
+        render = functools.partial(
+            self.render_chat, messages, add_generation_prompt, template_kwargs, tools, continue_final
+        )
         text = await loop.run_in_executor(self._pool, render)
         return text, await self.encode(text, add_special_tokens=False)
 
@@ -87,17 +91,25 @@ class Tokenization:
         add_generation_prompt: bool = True,
         template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        continue_final: bool = False,
     ) -> str:
         """The model's chat template applied to OpenAI-style messages; template_kwargs: extra
         variables the template reads (vLLM's chat_template_kwargs, e.g. enable_thinking);
-        tools: OpenAI's tool definitions, for a template that renders them."""
+        tools: OpenAI's tool definitions, for a template that renders them; continue_final: the
+        text ends where the last message's content does, left open for the model to continue
+        (vLLM's continue_final_message; not with add_generation_prompt)."""
         if not getattr(self.hf, "chat_template", None):
             raise ValueError(
                 "the model has no chat template (tokenizer_config.json chat_template); give one with --chat-template"
             )
         extra = template_kwargs or {}
         return self.hf.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+            messages,
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final,
+            **extra,
         )
 
     def single_token(self, text: str) -> int | None:

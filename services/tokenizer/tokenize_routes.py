@@ -39,6 +39,7 @@ class TokenizePrompt(_Body):
 class TokenizeChat(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM's: the last message left open (needs add_generation_prompt false)
     add_special_tokens: bool = False
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -71,7 +72,12 @@ async def _tokens(ctx: FrontContext, body: TokenizePrompt | TokenizeChat) -> lis
         return await ctx.tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     try:
         text = await asyncio.to_thread(
-            ctx.tok.render_chat, body.chat(), body.add_generation_prompt, body.chat_template_kwargs
+            ctx.tok.render_chat,
+            body.chat(),
+            body.add_generation_prompt,
+            body.chat_template_kwargs,
+            None,
+            body.continue_final_message,
         )
     except (ValueError, jinja2.TemplateError) as e:
         raise APIError(400, f"messages: the chat template refused them: {e}", param="messages") from e

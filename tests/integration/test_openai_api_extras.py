@@ -269,6 +269,32 @@ def test_vllm_prompt_logprobs_of_a_chat(stack: Stack) -> None:
     assert e.value.body["param"] == "prompt_logprobs"
 
 
+@pytest.mark.parametrize("continue_final", [True, False])
+def test_chat_without_a_generation_prompt_as_hf(stack: Stack, continue_final: bool) -> None:
+    """vLLM's add_generation_prompt false, and continue_final_message: the prompt is the template's
+    rendering without the next turn's header (or left open inside the assistant's begun message),
+    and the answer is Hugging Face's greedy continuation of exactly those tokens."""
+    messages = [{"role": "user", "content": PROMPT}]
+    if continue_final:
+        messages.append({"role": "assistant", "content": "Once upon"})
+    tok = hf_reference.tokenizer(stack.model_dir)
+    ids = tok.apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message=continue_final, tokenize=True, return_dict=True
+    )["input_ids"]
+    want = tok.decode(hf_reference.greedy(stack.model_dir, ids, 6), skip_special_tokens=True)
+    flags = {"add_generation_prompt": False, "continue_final_message": continue_final}
+    client = sync_client(stack)
+    r = client.chat.completions.create(
+        model=stack.model_name, messages=messages, max_tokens=6, temperature=0, extra_body=flags
+    )
+    assert r.choices[0].message.content == want and r.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=stack.model_name, messages=messages, extra_body={"continue_final_message": True}
+        )
+    assert e.value.body["param"] == "continue_final_message"
+
+
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 

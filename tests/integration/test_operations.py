@@ -100,11 +100,17 @@ def test_tokenize_and_detokenize_give_the_hf_tokenizers_tokens(stack: Stack) -> 
     tok = hf_reference.tokenizer(stack.opts.model_dir)
     chat_text = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
     bare_chat = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=False)
+    begun = [*CHAT, {"role": "assistant", "content": "Once upon"}]
+    open_chat = tok.apply_chat_template(begun, tokenize=False, continue_final_message=True)
     cases = [
         ({"prompt": PROMPT}, tok(PROMPT)["input_ids"]),
         ({"prompt": PROMPT, "add_special_tokens": False}, tok(PROMPT, add_special_tokens=False)["input_ids"]),
         ({"messages": CHAT}, tok(chat_text, add_special_tokens=False)["input_ids"]),
         ({"messages": CHAT, "add_generation_prompt": False}, tok(bare_chat, add_special_tokens=False)["input_ids"]),
+        (
+            {"messages": begun, "add_generation_prompt": False, "continue_final_message": True},
+            tok(open_chat, add_special_tokens=False)["input_ids"],
+        ),
     ]
     with _client(stack, headers=AUTH) as c:
         max_len = c.get("/v1/models").json()["data"][0]["max_model_len"]

@@ -42,7 +42,7 @@ async def chat_completions(
     plan = tool_plan(body.tools, body.tool_choice, ctx.cfg.tool_call_parser, body.parallel_tool_calls)
     images = await ctx.images.load(body.image_sources())
     try:
-        _, ids = await ctx.tok.encode_chat(body.chat(), body.chat_template_kwargs, plan.tools)
+        _, ids = await ctx.tok.encode_chat(body.chat(), body.chat_template_kwargs, plan.tools, **body.template_flags())
     except (ValueError, jinja2.TemplateError) as e:
         raise APIError(400, f"messages: the chat template refused them: {e}", param="messages") from e
     ids, prompt_images = ctx.images.expand(ids, images, "messages")

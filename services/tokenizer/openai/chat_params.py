@@ -90,11 +90,23 @@ class ChatCompletionRequest(OpenAISampling):
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's: the rendered prompt's logprobs (the response's prompt_logprobs), with this many alternatives
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # vLLM's: the template's generation prompt (the next turn's header), or instead the last
+    # message (an assistant's answer begun) left open for the answer to continue
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
 
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_kwargs(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        reserved = {"messages", "tokenize", "add_generation_prompt", "conversation", "chat_template", "tools"}
+        reserved = {
+            "messages",
+            "tokenize",
+            "add_generation_prompt",
+            "continue_final_message",
+            "conversation",
+            "chat_template",
+            "tools",
+        }
         clash = sorted(reserved & set(v or {}))
         if clash:
             raise ValueError(f"chat_template_kwargs may not set {', '.join(clash)}")
@@ -115,6 +127,20 @@ class ChatCompletionRequest(OpenAISampling):
             raise APIError(
                 400, "prompt_logprobs: not with stream (they come in the whole response)", param="prompt_logprobs"
             )
+        if self.continue_final_message and self.add_generation_prompt is not False:
+            raise APIError(
+                400,
+                "continue_final_message: needs add_generation_prompt false (the answer continues the last message"
+                " instead of starting a turn)",
+                param="continue_final_message",
+            )
+
+    def template_flags(self) -> dict[str, bool]:
+        """How the chat template ends the prompt: a generation prompt, or the last message open."""
+        return {
+            "add_generation_prompt": self.add_generation_prompt is not False,
+            "continue_final": bool(self.continue_final_message),
+        }
 
     def sampling(self, *args: Any, **kwargs: Any) -> SamplingParams:
         """OpenAISampling's, with vLLM's prompt_logprobs."""
