@@ -43,6 +43,8 @@ COMMON_BAD = [
     ("logit_bias", {str(i): 1.0 for i in range(301)}, "logit_bias"),
     ("top_k", 0, "top_k"),
     ("min_p", -0.1, "min_p"),
+    ("truncate_prompt_tokens", 0, "truncate_prompt_tokens"),
+    ("truncate_prompt_tokens", -2, "truncate_prompt_tokens"),
     ("min_p", 1.5, "min_p"),
     ("repetition_penalty", 0, "repetition_penalty"),
     ("min_tokens", -1, "min_tokens"),

@@ -295,6 +295,36 @@ def test_chat_without_a_generation_prompt_as_hf(stack: Stack, continue_final: bo
     assert e.value.body["param"] == "continue_final_message"
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_end(stack: Stack) -> None:
+    """vLLM's truncate_prompt_tokens: the prompt's (or the rendered chat's) last k tokens are the
+    prompt, as Hugging Face continues them; echo returns those k tokens' text."""
+    tok = hf_reference.tokenizer(stack.model_dir)
+    client = sync_client(stack)
+    ids = tok(PROMPT)["input_ids"][-5:]
+    want = tok.decode(hf_reference.greedy(stack.model_dir, ids, 6), skip_special_tokens=True)
+    r = client.completions.create(
+        model=stack.model_name,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        echo=True,
+        extra_body={"truncate_prompt_tokens": 5},
+    )
+    assert r.choices[0].text == tok.decode(ids) + want and r.usage.prompt_tokens == 5
+    messages = [{"role": "user", "content": PROMPT}]
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    ids = rendered["input_ids"][-7:]
+    chat = client.chat.completions.create(
+        model=stack.model_name,
+        messages=messages,
+        max_tokens=6,
+        temperature=0,
+        extra_body={"truncate_prompt_tokens": 7},
+    )
+    want = tok.decode(hf_reference.greedy(stack.model_dir, ids, 6), skip_special_tokens=True)
+    assert chat.choices[0].message.content == want and chat.usage.prompt_tokens == 7
+
+
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 

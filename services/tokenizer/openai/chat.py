@@ -45,7 +45,7 @@ async def chat_completions(
         _, ids = await ctx.tok.encode_chat(body.chat(), body.chat_template_kwargs, plan.tools, **body.template_flags())
     except (ValueError, jinja2.TemplateError) as e:
         raise APIError(400, f"messages: the chat template refused them: {e}", param="messages") from e
-    ids, prompt_images = ctx.images.expand(ids, images, "messages")
+    ids, prompt_images = ctx.images.expand(body.truncated_chat(ids, ctx.max_total_len, images), images, "messages")
     constraint = _answer_constraint(ctx, body, plan, ids)
     asked, name = body.max_tokens_asked()
     max_new = asked if asked is not None else ctx.max_total_len - len(ids)  # as OpenAI: up to the context

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from services.tokenizer.errors import APIError
 from services.tokenizer.images.sources import ImageSource
 from services.tokenizer.limits import MAX_TOP_LOGPROBS
-from services.tokenizer.openai.params import OpenAISampling
+from services.tokenizer.openai.params import OpenAISampling, PromptTruncation
 from services.tokenizer.openai.tools import ToolCallIn, ToolChoice, ToolDef
 from shared.messages import SamplingParams
 
@@ -76,7 +76,7 @@ def _image_url(part: dict[str, Any]) -> Any:
     return url.get("url") if isinstance(url, dict) else url
 
 
-class ChatCompletionRequest(OpenAISampling):
+class ChatCompletionRequest(OpenAISampling, PromptTruncation):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -134,6 +134,17 @@ class ChatCompletionRequest(OpenAISampling):
                 " instead of starting a turn)",
                 param="continue_final_message",
             )
+
+    def truncated_chat(self, ids: list[int], context: int, images: list) -> list[int]:
+        """The rendered chat's last truncate_prompt_tokens (PromptTruncation); refused with images,
+        whose placeholders a cut could split."""
+        if self.truncate_prompt_tokens is not None and images:
+            raise APIError(
+                400,
+                "truncate_prompt_tokens: not with images (a cut could split an image's tokens)",
+                param="truncate_prompt_tokens",
+            )
+        return self.truncated(ids, context)
 
     def template_flags(self) -> dict[str, bool]:
         """How the chat template ends the prompt: a generation prompt, or the last message open."""

@@ -158,16 +158,19 @@ async def _stream(
 
 
 async def _prompts(ctx: FrontContext, body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
-    """Each prompt's token ids and its text (of token ids: decoded, for echo)."""
+    """Each prompt's token ids (its last truncate_prompt_tokens) and its text (of token ids, or of
+    a truncated prompt: decoded, for echo)."""
     prompt_ids, prompt_texts = [], []
     for p in body.prompts():
         if isinstance(p, str):
-            prompt_ids.append(await ctx.tok.encode(p))
-            prompt_texts.append(p)
+            ids = await ctx.tok.encode(p)
         else:
             check_token_ids(p, ctx.vocab_size, "prompt")
-            prompt_ids.append(p)
-            prompt_texts.append(await ctx.tok.decode(p) if body.echo else "")
+            ids = p
+        kept = body.truncated(ids, ctx.max_total_len)
+        prompt_ids.append(kept)
+        text = p if isinstance(p, str) and kept is ids else None
+        prompt_texts.append(text if text is not None else await ctx.tok.decode(kept) if body.echo else "")
     return prompt_ids, prompt_texts
 
 
