@@ -29,8 +29,8 @@ from shared.wire_values import CONSTRAINT_KINDS
 # dead group's requests (GenerateReq.resumed and .handovers, TokenItem.handovers, Handover);
 # 5: SamplingParams.constraint; 6: a group's drain (WorkerStatus.draining, .leaving); 7: images
 # (GenerateReq.images, VisualReq, ImageEmbedding); 8: ImageRef.grid (M-RoPE's image grids);
-# 9: prompt logprobs (SamplingParams.prompt_logprobs, TokenItem's and TextItem's); 10: SamplingParams.logit_bias
-# and .min_p
+# 9: prompt logprobs (SamplingParams.prompt_logprobs, TokenItem's and TextItem's); 10: SamplingParams.logit_bias,
+# .min_p and .allowed_token_ids
 SCHEMA_VERSION = 10
 
 
@@ -76,6 +76,7 @@ class SamplingParams:
     prompt_logprobs: int = -1
     logit_bias: list[list[float]] = field(default_factory=list)  # [[token id, bias], ...] added to the logits
     min_p: float = 0.0  # sampling keeps the tokens of at least min_p x the likeliest one's probability
+    allowed_token_ids: list[int] = field(default_factory=list)  # the only tokens the output may have; []: any
 
     @property
     def greedy(self) -> bool:

@@ -1,14 +1,14 @@
 """Next-token choice for a whole batch at once, on the logits' device, with no host sync.
 
 Greedy rows take the argmax. Sampling rows apply temperature, min-p (a token whose probability
-is under min_p times the likeliest one's is dropped), top-k and top-p, then
-draw with the Gumbel-max trick from noise that is a hash of (request seed, output
-position, token id): a request's draw depends on its seed alone, never on which
-requests share its batch, so seeded requests are reproducible. Penalties (repetition
-over prompt and output; presence and frequency over the output, as in OpenAI's API)
-min_new_tokens (end tokens banned until then) and a request's logit_bias (added to its logits)
-apply to both. Parameters come from SamplingState rows; the result stays on the device until the
-engine copies it out.
+is under min_p times the likeliest one's is dropped), top-k and top-p, then draw with the
+Gumbel-max trick from noise that is a hash of (request seed, output position, token id): a
+request's draw depends on its seed alone, never on which requests share its batch, so seeded
+requests are reproducible. Penalties (repetition over prompt and output; presence and frequency
+over the output, as in OpenAI's API), min_new_tokens (end tokens banned until then), a request's
+logit_bias (added to its logits) and its allowed_token_ids (every other token masked) apply to
+both. Parameters come from SamplingState rows; the result stays on the device until the engine
+copies it out.
 
 Log-probabilities are of the logits the sampler was given (an output format's mask applied, no
 penalties, no logit_bias, as vLLM reports them by default): a token the mask rules out has none,
@@ -70,6 +70,8 @@ class SampleBatch:
     bans: list[tuple[int, int]]  # (sample index, token id) banned this step (min_new_tokens)
     bias_at: list[tuple[int, int]]  # (sample index, token id) of each logit_bias entry
     bias: list[float]  # the bias added there
+    allowed_rows: list[int]  # sample indices of the rows held to allowed_token_ids
+    allowed_at: list[tuple[int, int]]  # (position in allowed_rows, token id) each may take
     top_logprobs: int  # the most any row asks for; 0: none
     logprobs: bool  # some row wants its chosen token's logprob
 
@@ -105,7 +107,7 @@ class Sampler:
         requests' rows as [S] int64 on the device, where the batch builder made them)."""
         params = [r.params for r in reqs]
         vocab = self.state.vocab
-        bans, bias_at, bias = [], [], []
+        bans, bias_at, bias, allowed_rows, allowed_at = [], [], [], [], []
         for i, r in enumerate(reqs):
             p = r.params
             if r.output_len < p.min_new_tokens:  # outputs before this draw (pending ones included)
@@ -115,6 +117,9 @@ class Sampler:
                 if 0 <= t < vocab:
                     bias_at.append((i, int(t)))
                     bias.append(float(b))
+            if p.allowed_token_ids:
+                allowed_at += [(len(allowed_rows), t) for t in p.allowed_token_ids if 0 <= t < vocab]
+                allowed_rows.append(i)
         return SampleBatch(
             rows=rows if rows is not None else to_device([r.row for r in reqs], torch.int64, device),
             all_greedy=all(p.greedy for p in params),
@@ -124,6 +129,8 @@ class Sampler:
             bans=bans,
             bias_at=bias_at,
             bias=bias,
+            allowed_rows=allowed_rows,
+            allowed_at=allowed_at,
             top_logprobs=max((p.top_logprobs for p in params), default=0),
             logprobs=any(p.logprobs or p.top_logprobs for p in params),
         )
@@ -132,12 +139,13 @@ class Sampler:
         """logits: [S, V], one row per request of the batch, in order, in the model's dtype. A
         greedy step without penalties or log-probabilities takes the argmax of them as they are
         (a float32 copy has the same maxima); anything else works on a float32 copy."""
-        if not b.all_greedy or b.penalties or b.bans or b.bias or b.logprobs:
+        masked = b.penalties or b.bans or b.bias or b.allowed_rows
+        if not b.all_greedy or masked or b.logprobs:
             logits = logits.float()
         raw = logits
         st = self.state
         rows = b.rows
-        if b.penalties or b.bans or b.bias:
+        if masked:
             logits = self._penalised(logits, b)
         if b.all_greedy:
             tokens = self.argmax(logits)
@@ -177,6 +185,12 @@ class Sampler:
         if b.bans:
             idx = to_device(b.bans, torch.int64, logits.device)
             logits[idx[:, 0], idx[:, 1]] = float("-inf")
+        if b.allowed_rows:
+            rows = to_device(b.allowed_rows, torch.int64, logits.device)
+            at = to_device(b.allowed_at, torch.int64, logits.device)
+            ok = torch.zeros((len(b.allowed_rows), logits.shape[1]), dtype=torch.bool, device=logits.device)
+            ok[at[:, 0], at[:, 1]] = True
+            logits[rows] = logits[rows].masked_fill(~ok, float("-inf"))
         return logits
 
 

@@ -43,6 +43,8 @@ COMMON_BAD = [
     ("logit_bias", {str(i): 1.0 for i in range(301)}, "logit_bias"),
     ("top_k", 0, "top_k"),
     ("min_p", -0.1, "min_p"),
+    ("allowed_token_ids", [], "allowed_token_ids"),
+    ("allowed_token_ids", [10**6], "allowed_token_ids"),
     ("truncate_prompt_tokens", 0, "truncate_prompt_tokens"),
     ("truncate_prompt_tokens", -2, "truncate_prompt_tokens"),
     ("min_p", 1.5, "min_p"),

@@ -33,9 +33,15 @@ NO_OPS = {
 
 
 def _hf_text(
-    stack: Stack, prompt: str, new: int, min_new: int = 0, bias: dict[int, float] | None = None
+    stack: Stack,
+    prompt: str,
+    new: int,
+    min_new: int = 0,
+    bias: dict[int, float] | None = None,
+    allowed: list[int] | None = None,
 ) -> tuple[list[int], str]:
-    """Greedy ids and text from Hugging Face; bias: added to those tokens' logits (sequence_bias)."""
+    """Greedy ids and text from Hugging Face; bias: added to those tokens' logits (sequence_bias);
+    allowed: the only tokens it may choose (prefix_allowed_tokens_fn)."""
     tok, model = hf_reference._load(stack.model_dir)
     ids = torch.tensor([tok(prompt)["input_ids"]])
     with torch.no_grad():
@@ -47,6 +53,7 @@ def _hf_text(
             do_sample=False,
             pad_token_id=model.config.vocab_size - 1,
             sequence_bias={(t,): b for t, b in bias.items()} if bias else None,
+            prefix_allowed_tokens_fn=(lambda _batch, _ids: allowed) if allowed else None,
         )
     got = out[0, ids.shape[1] :].tolist()
     return got, tok.decode(got, skip_special_tokens=True)
@@ -143,6 +150,23 @@ def test_logit_bias_as_hf_sequence_bias(stack: Stack) -> None:
     )
     tok = hf_reference.tokenizer(stack.model_dir)
     assert chat.choices[0].message.content == tok.decode([plain[0]] * 4, skip_special_tokens=True)
+
+
+def test_allowed_token_ids_as_hf_prefix_allowed_tokens(stack: Stack) -> None:
+    """vLLM's allowed_token_ids: greedy over those tokens only, as Hugging Face's
+    prefix_allowed_tokens_fn chooses; the plain answer's tokens are left out but two."""
+    plain, _ = _hf_text(stack, PROMPT, 6)
+    allowed = sorted({plain[1], plain[3], 5, 9, 17})
+    want_ids, want = _hf_text(stack, PROMPT, 6, allowed=allowed)
+    assert set(want_ids) <= set(allowed)
+    got = sync_client(stack).completions.create(
+        model=stack.model_name,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        extra_body={"allowed_token_ids": allowed, "ignore_eos": True},
+    )
+    assert got.choices[0].text == want
 
 
 def test_min_p_of_one_samples_the_greedy_text(stack: Stack) -> None:

@@ -232,3 +232,20 @@ def test_min_p_keeps_the_tokens_near_the_likeliest() -> None:
     assert kept == {3, 9} and len(free) > 10
     # min_p 1: only the likeliest token is left, as greedy takes it
     assert b.tokens(logits, [b.req("one", do_sample=True, seed=1, min_p=1.0)]) == [3]
+
+
+def test_allowed_token_ids_hold_the_choice_to_them() -> None:
+    """A row with allowed_token_ids takes the best of them (greedy) or draws among them only;
+    the row beside it is free."""
+    b = Bench()
+    torch.manual_seed(5)
+    logits = torch.randn(2, V)
+    allowed = [4, 11, 30]
+    best = max(allowed, key=lambda t: float(logits[0, t]))
+    held, free = b.req("held", allowed_token_ids=allowed), b.req("free")
+    assert b.tokens(logits, [held, free]) == [best, int(logits[1].argmax())]
+    drawn = set()
+    for seed in range(200):
+        drawn |= set(b.tokens(logits[:1], [b.req("s", do_sample=True, seed=seed, allowed_token_ids=allowed)]))
+        b.next_row = 2
+    assert drawn == set(allowed)

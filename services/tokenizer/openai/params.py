@@ -6,9 +6,10 @@ logit_bias maps token ids (as strings) to a bias in [-100, 100] added to their l
 sampling; the routes check the ids against the vocabulary. The output's format
 (response_format, vLLM's guided_*) is formats.py's. Checks across fields are in ``check()`` so
 the error can name its parameter.
-top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens and
-include_stop_str_in_output are accepted as extensions, spelled as vLLM spells them. Fields
-SDKs send that change no output (NO_OPS) are accepted and ignored, with a debug line.
+top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, allowed_token_ids,
+skip_special_tokens and include_stop_str_in_output are accepted as extensions, spelled as vLLM
+spells them. Fields SDKs send that change no output (NO_OPS) are accepted and ignored, with a
+debug line.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ class OpenAISampling(OutputFormat):
     min_tokens: int | None = Field(None, ge=0)
     ignore_eos: bool | None = False
     stop_token_ids: list[TokenId] | None = None
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
     skip_special_tokens: bool | None = True
     spaces_between_special_tokens: bool | None = True
     include_stop_str_in_output: bool | None = False
@@ -158,6 +160,7 @@ class OpenAISampling(OutputFormat):
         """The token ids the body names (stop_token_ids, logit_bias's) must be in the vocabulary."""
         check_token_ids(self.stop_token_ids or [], vocab_size, "stop_token_ids")
         check_token_ids(self.bias_ids(), vocab_size, "logit_bias")
+        check_token_ids(self.allowed_token_ids or [], vocab_size, "allowed_token_ids")
 
     @field_validator("spaces_between_special_tokens")
     @classmethod
@@ -235,6 +238,7 @@ class OpenAISampling(OutputFormat):
             top_logprobs=top_logprobs,
             constraint=constraint if constraint is not None else self._constraint,
             logit_bias=[[int(k), float(b)] for k, b in (self.logit_bias or {}).items()],
+            allowed_token_ids=list(self.allowed_token_ids or []),
         )
 
 
