@@ -12,6 +12,8 @@ regex         POST /v1/completions under a regular expression (vLLM's guided_reg
               matches it when it stops
 score         POST /v1/completions with echo and logprobs (lm-eval's loglikelihood), on the prefix
               requests' shared text: a logprob for each prompt token after the first, and the output's
+held          POST /v1/completions sampled (min_p, top_p) with allowed_token_ids of two tokens and a
+              logit_bias of -100 on the first: every output token is the second
 bad           a request that is wrong (a negative max_new_tokens): a 4xx that says what is wrong
 
 Each takes the client, the served model's name, a prompt and a token count, and returns None
@@ -36,6 +38,7 @@ SCHEMA = {
 # every answer SCHEMA allows, its properties in the schema's order, without whitespace
 ANSWERS = [f'{{"ok":{ok},"size":"{size}"}}' for ok in ("true", "false") for size in ("small", "large")]
 REGEX = "[0-9]{1,6}x"
+HELD = (40, 41)  # token ids every tiny model's vocabulary has: held's allowed tokens
 
 Check = Callable[[httpx.AsyncClient, str, str, int], Awaitable[str | None]]  # (client, model, prompt, max_new)
 
@@ -115,6 +118,26 @@ async def score(client: httpx.AsyncClient, model: str, prompt: str, max_new: int
     return f"score: {len(lp)} logprobs for {n} prompt tokens and 1 output token: {lp[:3]}..."
 
 
+async def held(client: httpx.AsyncClient, model: str, prompt: str, max_new: int) -> str | None:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_new,
+        "temperature": 1.0,
+        "min_p": 0.05,
+        "top_p": 0.9,
+        "allowed_token_ids": list(HELD),
+        "logit_bias": {str(HELD[0]): -100},
+        "ignore_eos": True,
+    }
+    r = await client.post("/v1/completions", json=body)
+    want = await client.post("/detokenize", json={"tokens": [HELD[1]] * max_new})
+    if r.status_code != 200 or want.status_code != 200:
+        return f"held: {r.status_code} {r.text} / detokenize {want.status_code} {want.text}"
+    text = r.json()["choices"][0]["text"]
+    return None if text == want.json()["prompt"] else f"held: {text!r} is not token {HELD[1]} {max_new} times"
+
+
 async def bad(client: httpx.AsyncClient, model: str, prompt: str, max_new: int) -> str | None:
     r = await client.post("/generate", json={"inputs": prompt, "parameters": {"max_new_tokens": -max_new}})
     if 400 <= r.status_code < 500 and "max_new_tokens" in r.text:
@@ -129,6 +152,7 @@ CHECKS: dict[str, Check] = {
     "schema": schema,
     "regex": regex,
     "score": score,
+    "held": held,
     "bad": bad,
 }
 KINDS = tuple(CHECKS)
