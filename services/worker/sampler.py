@@ -117,8 +117,9 @@ class Sampler:
                 if 0 <= t < vocab:
                     bias_at.append((i, int(t)))
                     bias.append(float(b))
-            if p.allowed_token_ids:
-                allowed_at += [(len(allowed_rows), t) for t in p.allowed_token_ids if 0 <= t < vocab]
+            allowed = [t for t in p.allowed_token_ids if 0 <= t < vocab]
+            if allowed:  # a list with none in the vocabulary (the fronts refuse it) holds nothing
+                allowed_at += [(len(allowed_rows), t) for t in allowed]
                 allowed_rows.append(i)
         return SampleBatch(
             rows=rows if rows is not None else to_device([r.row for r in reqs], torch.int64, device),

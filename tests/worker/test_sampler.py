@@ -249,3 +249,11 @@ def test_allowed_token_ids_hold_the_choice_to_them() -> None:
         drawn |= set(b.tokens(logits[:1], [b.req("s", do_sample=True, seed=seed, allowed_token_ids=allowed)]))
         b.next_row = 2
     assert drawn == set(allowed)
+
+
+def test_ids_past_the_vocabulary_are_left_out() -> None:
+    """The fronts refuse them; a request that has them anyway is sampled as if they were not there."""
+    b = Bench()
+    logits = torch.randn(1, V)
+    r = b.req("r", logit_bias=[[V + 3, 50.0]], allowed_token_ids=[V, V + 1])
+    assert b.tokens(logits, [r]) == [int(logits.argmax())]
