@@ -6,14 +6,18 @@ Two body shapes, by route family: OpenAI's ``{"error": {"message", "type", "para
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic_core import from_json
 
-from shared.messages import ERR_DEADLINE, ERR_FAILED, ERR_INVALID, ERR_OVERLOADED, ERR_TOO_LARGE
+from services.tokenizer.streaming import sse
+from shared.messages import ERR_DEADLINE, ERR_FAILED, ERR_INVALID, ERR_OVERLOADED, ERR_TOO_LARGE, TextItem
+
+if TYPE_CHECKING:
+    from services.tokenizer.metrics import FrontMetrics
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads this answer
 
@@ -68,6 +72,13 @@ def openai_error_body(status: int, message: str, kind: str, param: str | None) -
     # OpenAI answers a wrong key with type invalid_request_error too (code invalid_api_key)
     kind_of = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind_of, "param": param, "code": kind or None}}
+
+
+def failed_event(metrics: FrontMetrics, route: str, item: TextItem) -> bytes:
+    """The event that ends an OpenAI stream whose generation failed after it began (counted)."""
+    status = pipeline_status(item.error_kind)
+    metrics.error(route, status)
+    return sse(openai_error_body(status, f"generation failed: {item.error}", item.error_kind, None))
 
 
 def error_body(path: str, status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:

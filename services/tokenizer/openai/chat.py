@@ -14,7 +14,7 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from services.tokenizer.errors import APIError, openai_error_body, pipeline_status
+from services.tokenizer.errors import APIError, failed_event
 from services.tokenizer.fanout import collect_all, first_items
 from services.tokenizer.generation import (
     FrontContext,
@@ -162,9 +162,7 @@ async def _stream(
             while nxt is not None:
                 i, item = nxt
                 if item.finish_reason == FINISH_ERROR:
-                    status = pipeline_status(item.error_kind)
-                    ctx.metrics.error(route, status)
-                    yield sse(openai_error_body(status, f"generation failed: {item.error}", item.error_kind, None))
+                    yield failed_event(ctx.metrics, route, item)
                     break
                 output_tokens[i] = max(output_tokens[i], item.output_tokens)
                 lp = None

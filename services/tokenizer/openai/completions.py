@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from services.tokenizer.collected import Collected, best
-from services.tokenizer.errors import openai_error_body, pipeline_status
+from services.tokenizer.errors import failed_event
 from services.tokenizer.fanout import collect_all, first_items
 from services.tokenizer.generation import (
     FrontContext,
@@ -128,7 +128,7 @@ async def _stream(
             while nxt is not None:
                 i, item = nxt
                 if item.finish_reason == FINISH_ERROR:
-                    yield failed_event(ctx, route, item)
+                    yield failed_event(ctx.metrics, route, item)
                     break
                 item = no_output(item) if prompt_only else item
                 output_tokens[i] = max(output_tokens[i], item.output_tokens)
@@ -169,8 +169,10 @@ async def _prompts(ctx: FrontContext, body: CompletionRequest) -> tuple[list[lis
             ids = p
         kept = body.truncated(ids, ctx.max_total_len)
         prompt_ids.append(kept)
-        text = p if isinstance(p, str) and kept is ids else None
-        prompt_texts.append(text if text is not None else await ctx.tok.decode(kept) if body.echo else "")
+        if isinstance(p, str) and kept is ids:
+            prompt_texts.append(p)  # as sent
+        else:
+            prompt_texts.append(await ctx.tok.decode(kept) if body.echo else "")
     return prompt_ids, prompt_texts
 
 
@@ -180,13 +182,6 @@ def no_output(c: T) -> T:
     return dataclasses.replace(
         c, text="", token_ids=[], logprobs=[], top_logprobs=[], output_tokens=0, finish_reason=reason
     )
-
-
-def failed_event(ctx: FrontContext, route: str, item: TextItem) -> bytes:
-    """The event that ends a stream whose generation failed after it began."""
-    status = pipeline_status(item.error_kind)
-    ctx.metrics.error(route, status)
-    return sse(openai_error_body(status, f"generation failed: {item.error}", item.error_kind, None))
 
 
 def has_news(text: str, item: TextItem) -> bool:
