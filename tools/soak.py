@@ -11,8 +11,9 @@ ended by an error, or lost (no answer within --bound-s). One JSON report on stdo
     python -m tools.soak --minutes 10 --clients 16 --out soak.json
 
 --mix names the kinds of request each client cycles through (tools/soak_requests.py: /generate,
-shared prefixes, streams left early, JSON schemas, regular expressions, scored prompts, bad
-requests); each must be answered as its kind says, and the report counts them by kind.
+shared prefixes, streams left early, JSON schemas, regular expressions, scored prompts, sampling
+held to allowed tokens, bad requests); each must be answered as its kind says, and the report
+counts them by kind.
 
     python -m tools.soak --minutes 8 --clients 12 --mix generate,prefix,stream-left,schema,regex,score,bad
 """

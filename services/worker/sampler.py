@@ -117,7 +117,7 @@ class Sampler:
                 if 0 <= t < vocab:
                     bias_at.append((i, int(t)))
                     bias.append(float(b))
-            allowed = [t for t in p.allowed_token_ids if 0 <= t < vocab]
+            allowed = [t for t in p.allowed_token_ids if 0 <= t < vocab] if p.allowed_token_ids else None
             if allowed:  # a list with none in the vocabulary (the fronts refuse it) holds nothing
                 allowed_at += [(len(allowed_rows), t) for t in allowed]
                 allowed_rows.append(i)
