@@ -28,8 +28,9 @@ from services.worker.request import Req
 from services.worker.sampling_state import SamplingState, uses_penalty
 
 LOGPROB_FLOOR = -9999.0
-
-_MASK = {s: (1 << (64 - s)) - 1 for s in (27, 30, 31, 40)}
+# (k + 0.5) / 2^23 is exact in float32 for every k < 2^23; with 24 bits the top k rounded to 1.0
+UNIFORM_BITS = 23
+_MASK = {s: (1 << (64 - s)) - 1 for s in (27, 30, 31, 64 - UNIFORM_BITS)}
 
 
 def _signed(c: int) -> int:
@@ -55,7 +56,14 @@ def hashed_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torc
     z = (z ^ _shr(z, 30)) * _M1
     z = (z ^ _shr(z, 27)) * _M2
     z = z ^ _shr(z, 31)
-    return (_shr(z, 40).float() + 0.5) * (1.0 / (1 << 24))
+    return open_unit(_shr(z, 64 - UNIFORM_BITS))
+
+
+def open_unit(k: torch.Tensor) -> torch.Tensor:
+    """Integers k in [0, 2^UNIFORM_BITS) -> float32 (k + 0.5) / 2^UNIFORM_BITS, strictly inside (0, 1):
+    a draw of exactly 1 would make its Gumbel noise +inf, and a masked token's -inf + inf a NaN
+    that argmax takes."""
+    return (k.float() + 0.5) * (1.0 / (1 << UNIFORM_BITS))
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from services.worker.request import Req
-from services.worker.sampler import LOGPROB_FLOOR, Sampler, SampleResult, hashed_uniform
+from services.worker.sampler import LOGPROB_FLOOR, UNIFORM_BITS, Sampler, SampleResult, hashed_uniform, open_unit
 from services.worker.sampling_state import SamplingState
 from tests.worker.engine_driver import request
 
@@ -45,6 +45,17 @@ def test_hashed_uniform_is_deterministic_and_uniform() -> None:
     assert abs(float((u < 0.1).float().mean()) - 0.1) < 0.01
     other_step = hashed_uniform(seeds[:1], torch.tensor([1]), 100_000)
     assert not torch.equal(other_step[0], u[0])
+
+
+def test_the_uniform_draws_never_reach_0_or_1() -> None:
+    """The largest and smallest hash values stay inside (0, 1) in float32, so the Gumbel noise is
+    finite and a masked token (-inf) can never be drawn (24 bits rounded the top one to 1.0)."""
+    top = (1 << UNIFORM_BITS) - 1
+    u = open_unit(torch.tensor([0, 1, top - 1, top], dtype=torch.int64))
+    assert float(u.min()) > 0.0 and float(u.max()) < 1.0 and len(set(u.tolist())) == 4
+    noise = -torch.log(-torch.log(u))
+    assert bool(torch.isfinite(noise).all())
+    assert int(torch.argmax(torch.tensor([0.0, float("-inf")]) + noise[[0, 3]])) == 0
 
 
 def test_greedy_takes_the_argmax() -> None:
