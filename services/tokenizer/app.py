@@ -1,6 +1,6 @@
 """The front end's ASGI application: gates, the drain's gate, the routes that generate, and
 FastAPI for the rest (its routes and error handlers, /health, /readiness, /liveness, /version,
-/tokenize, /detokenize and /metrics)."""
+/tokenize, /detokenize, /v1/messages/count_tokens and /metrics)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
+from services.tokenizer.anthropic.routes import anthropic_post_routes, anthropic_router
 from services.tokenizer.drain import Drain, DrainGate
 from services.tokenizer.errors import APIError, api_error_handler, validation_handler
 from services.tokenizer.fastchat.registration import start_registration
@@ -49,6 +50,7 @@ def create_app(ctx: FrontContext, drain: Drain | None = None) -> ASGIApp:
     app.add_exception_handler(RequestValidationError, validation_handler)
     app.add_exception_handler(APIError, api_error_handler)
     app.include_router(openai_router(ctx))
+    app.include_router(anthropic_router(ctx))
     app.include_router(fastchat_router(fastchat))
     app.include_router(tgi_router(ctx))
     app.include_router(ops_router(ctx, drain))
@@ -78,7 +80,12 @@ def create_app(ctx: FrontContext, drain: Drain | None = None) -> ASGIApp:
     # routing, its error middleware's wrap of every send): count every request, then the gates
     # may refuse it, then the drain's gate (a 503 while draining, else counted in flight),
     # then the routes that generate are served; the rest go on to FastAPI
-    post = {**openai_post_routes(ctx), **lightllm_post_routes(ctx), **fastchat_post_routes(fastchat)}
+    post = {
+        **openai_post_routes(ctx),
+        **anthropic_post_routes(ctx),
+        **lightllm_post_routes(ctx),
+        **fastchat_post_routes(fastchat),
+    }
     document_post_routes(app, post)
     drained = DrainGate(PostRoutes(app, routes=post), drain, paths=post)
     keys = ctx.cfg.api_keys

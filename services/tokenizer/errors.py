@@ -1,7 +1,8 @@
 """Errors the front end answers with: a status code and a message that says what is wrong.
 
-Two body shapes, by route family: OpenAI's ``{"error": {"message", "type", "param",
-"code"}}`` under /v1, LightLLM's ``{"error": message, "error_type": kind}`` elsewhere.
+Three body shapes, by route family: Anthropic's ``{"type": "error", "error": {"type",
+"message"}}`` under /v1/messages, OpenAI's ``{"error": {"message", "type", "param", "code"}}``
+elsewhere under /v1, LightLLM's ``{"error": message, "error_type": kind}`` everywhere else.
 """
 
 from __future__ import annotations
@@ -68,6 +69,27 @@ def is_openai_path(path: str) -> bool:
     return path == "/v1" or path.startswith("/v1/")
 
 
+def is_anthropic_path(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+# Anthropic's error type for each status (its API reference's list); any other 4xx is a bad request
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    default = "invalid_request_error" if status < 500 else "api_error"
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, default), "message": message}}
+
+
 def openai_error_body(status: int, message: str, kind: str, param: str | None) -> dict[str, Any]:
     # OpenAI answers a wrong key with type invalid_request_error too (code invalid_api_key)
     kind_of = "invalid_request_error" if status < 500 else "server_error"
@@ -82,6 +104,8 @@ def failed_event(metrics: FrontMetrics, route: str, item: TextItem) -> bytes:
 
 
 def error_body(path: str, status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+    if is_anthropic_path(path):
+        return anthropic_error_body(status, message)
     if is_openai_path(path):
         return openai_error_body(status, message, kind, param)
     return {"error": message, "error_type": kind}

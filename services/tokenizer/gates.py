@@ -1,6 +1,9 @@
 """What a request must pass before any route sees it: the API key, and the body-size limit on
 the bytes read, within a time limit.
 
+The key comes as ``Authorization: Bearer <key>`` (OpenAI's clients and most others) or as
+``x-api-key: <key>`` (Anthropic's clients).
+
 A body is read here, whole, before any route runs: Content-Length only says how much a
 client means to send (a chunked body says nothing), so the bytes are counted as they come and
 past ``max_body_bytes`` the request gets 413 at once, its connection closed, the rest never
@@ -54,9 +57,13 @@ class Gates:
             return
         headers = dict(scope.get("headers", ()))
         path = scope.get("path", "")
-        if self.api_keys and path not in self.open_paths and not self._key_ok(headers.get(b"authorization", b"")):
+        if self.api_keys and path not in self.open_paths and not self._key_ok(headers):
             await _refuse(
-                send, path, 401, "a valid API key is required (Authorization: Bearer <key>)", "invalid_api_key"
+                send,
+                path,
+                401,
+                "a valid API key is required (Authorization: Bearer <key>, or x-api-key: <key>)",
+                "invalid_api_key",
             )
             return
         length = headers.get(b"content-length")
@@ -80,14 +87,17 @@ class Gates:
             return  # the client left mid-upload: nobody to answer, nothing went wrong here
         await self.app(scope, _replay(first, receive), send)
 
-    def _key_ok(self, authorization: bytes) -> bool:
-        scheme, _, key = authorization.partition(b" ")
-        if scheme.lower() != b"bearer" or not key:
+    def _key_ok(self, headers: dict[bytes, bytes]) -> bool:
+        scheme, _, key = headers.get(b"authorization", b"").partition(b" ")
+        if scheme.lower() != b"bearer" or not key.strip():
+            key = headers.get(b"x-api-key", b"")
+        key = key.strip()
+        if not key:
             return False
         # compare with every key, in constant time, so timing tells nothing about them
         found = False
         for k in self.api_keys:
-            found |= hmac.compare_digest(k, key.strip())
+            found |= hmac.compare_digest(k, key)
         return found
 
 

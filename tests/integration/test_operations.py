@@ -90,10 +90,11 @@ def test_openapi_lists_every_route_those_outside_fastapi_too(stack: Stack) -> No
     with _client(stack, headers=AUTH) as c:
         paths = c.get("/openapi.json").json()["paths"]
         assert c.get("/docs").status_code == 200
-    generating = ["/generate", "/generate_stream", "/", "/v1/completions", "/v1/chat/completions"]
+    generating = ["/generate", "/generate_stream", "/", "/v1/completions", "/v1/chat/completions", "/v1/messages"]
     generating += ["/worker_generate", "/worker_generate_stream"]
     assert all("post" in paths[p] for p in generating), sorted(paths)
-    assert {"/health", "/readiness", "/version", "/tokenize", "/detokenize", "/v1/models", "/info"} <= set(paths)
+    fastapis = {"/health", "/readiness", "/version", "/tokenize", "/detokenize", "/v1/models", "/info"}
+    assert fastapis | {"/v1/messages/count_tokens"} <= set(paths)
 
 
 def test_tokenize_and_detokenize_give_the_hf_tokenizers_tokens(stack: Stack) -> None:

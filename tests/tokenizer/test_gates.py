@@ -99,3 +99,24 @@ def test_a_client_that_leaves_mid_upload_reaches_no_route() -> None:
     scope = {"type": "http", "method": "POST", "path": "/generate", "headers": CHUNKED}
     asyncio.run(Gates(Echo(), MB, ())(scope, receive, send))
     assert sent == []  # no 500, no traceback: there is no one to answer
+
+
+def _keyed(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-length", b"10"), *headers]}
+    asyncio.run(Gates(Echo(), MB, ("k1", "k2"))(scope, Client(chunk=10, chunks=1).receive, send))
+    return sent[0]["status"], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+
+
+def test_the_key_comes_as_a_bearer_token_or_as_anthropics_x_api_key() -> None:
+    assert _keyed("/generate", [(b"authorization", b"Bearer k2")])[0] == 200
+    assert _keyed("/v1/messages", [(b"x-api-key", b"k1")])[0] == 200
+    assert _keyed("/v1/messages", [(b"authorization", b"Basic k1"), (b"x-api-key", b"k2")])[0] == 200
+    status, body = _keyed("/v1/messages", [(b"x-api-key", b"nope")])
+    assert status == 401 and body["type"] == "error" and body["error"]["type"] == "authentication_error"
+    status, body = _keyed("/v1/chat/completions", [])
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"  # OpenAI's shape there

@@ -100,7 +100,12 @@ def _answer_constraint(
             "cannot be used with it",
             param="tool_choice",
         )
-    c = plan.constraint or asked
+    return after_thinking(ctx, plan.constraint or asked, ids, "response_format")
+
+
+def after_thinking(ctx: FrontContext, c: Constraint | None, ids: list[int], param: str) -> Constraint | None:
+    """With a reasoning parser, the constraint c holds the answer from the end of the thinking
+    on (unless the prompt ids ended it already); param: what asked for c, for the error."""
     if c is None or not ctx.cfg.reasoning_parser:
         return c
     end, start = ctx.tok.single_token(END), ctx.tok.single_token(START)
@@ -108,7 +113,7 @@ def _answer_constraint(
         raise APIError(
             400,
             f"an output format with --reasoning-parser needs {END} to be one token of the tokenizer, and it is not",
-            param="response_format",
+            param=param,
         )
     closed = end in ids and (start not in ids or _last(ids, end) > _last(ids, start))
     return c if closed else dataclasses.replace(c, after_token=end)
