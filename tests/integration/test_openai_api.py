@@ -1,12 +1,13 @@
 """The OpenAI routes driven by the real `openai` package against the whole stack, which
 here asks for API keys: greedy output equal to Hugging Face's, streaming, n, seeds,
-best_of, stop strings, penalties, logprobs, usage. Errors, keys and metrics:
-test_openai_api_errors.py."""
+best_of, stop strings, penalties, logprobs (vLLM's return_tokens_as_token_ids too), vLLM's
+return_token_ids, usage. Errors, keys and metrics: test_openai_api_errors.py."""
 
 from __future__ import annotations
 
 import asyncio
 
+import httpx
 import openai
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch
 from tests import hf_reference
 from tests.integration.api_helpers import hf_logprobs, hf_penalised_greedy
 from tests.integration.openai_helpers import (  # noqa: F401 (_stack: a fixture)
+    AUTH,
     CHATS,
     PROMPTS,
     _stack,
@@ -159,6 +161,68 @@ def test_logprobs_equal_hf(stack: Stack) -> None:
     pieces = [bytes(c.bytes) for c, t in zip(content, want, strict=True) if t not in specials]
     text = b"".join(pieces).decode("utf-8", errors="replace")
     assert text == r.choices[0].message.content
+
+
+IDS = {"return_token_ids": True, "return_tokens_as_token_ids": True}  # vLLM's
+
+
+def _post(stack: Stack, route: str, body: dict) -> dict:
+    r = httpx.post(stack.url + route, json={"model": stack.model_name, **body}, headers=AUTH, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _text_of(stack: Stack, ids: list[int]) -> str:
+    """/detokenize's text of ids, special tokens (the output skips them) left out."""
+    specials = set(hf_reference.tokenizer(stack.model_dir).all_special_ids)
+    return _post(stack, "/detokenize", {"tokens": [t for t in ids if t not in specials]})["prompt"]
+
+
+def test_completions_return_token_ids_and_name_tokens_by_id(stack: Stack) -> None:
+    client = sync_client(stack)
+    kw = {"model": stack.model_name, "prompt": PROMPTS[4], "max_tokens": 8, "temperature": 0, "logprobs": 2}
+    plain, whole = client.completions.create(**kw).choices[0], client.completions.create(**kw, extra_body=IDS)
+    got = whole.choices[0]
+    prompt_ids, ids = got.model_extra["prompt_token_ids"], got.model_extra["token_ids"]
+    assert prompt_ids == _post(stack, "/tokenize", {"prompt": PROMPTS[4]})["tokens"]
+    assert not {"prompt_token_ids", "token_ids"} & set(plain.model_extra) and got.text == plain.text
+    assert _text_of(stack, ids) == got.text and len(ids) == whole.usage.completion_tokens
+    assert got.logprobs.tokens == [f"token_id:{t}" for t in ids]
+    assert got.logprobs.text_offset == plain.logprobs.text_offset
+    assert got.logprobs.token_logprobs == plain.logprobs.token_logprobs
+    for top, label in zip(got.logprobs.top_logprobs, got.logprobs.tokens, strict=True):
+        assert label in top and all(key.startswith("token_id:") for key in top)
+    chunks = [c.choices[0] for c in client.completions.create(**kw, stream=True, extra_body=IDS) if c.choices]
+    assert chunks[0].model_extra["prompt_token_ids"] == prompt_ids
+    assert not any("prompt_token_ids" in c.model_extra for c in chunks[1:])
+    assert [t for c in chunks for t in c.model_extra["token_ids"]] == ids
+    assert [t for c in chunks for t in c.logprobs.tokens] == got.logprobs.tokens
+    echo = client.completions.create(**{**kw, "max_tokens": 1}, echo=True, extra_body=IDS).choices[0]
+    both = echo.model_extra["prompt_token_ids"] + echo.model_extra["token_ids"]
+    assert echo.logprobs.tokens == [f"token_id:{t}" for t in both]
+
+
+def test_chat_returns_token_ids_and_names_tokens_by_id(stack: Stack) -> None:
+    client = sync_client(stack)
+    kw = {"model": stack.model_name, "messages": CHATS[1], "max_tokens": 6, "temperature": 0}
+    kw |= {"logprobs": True, "top_logprobs": 2}
+    plain, whole = client.chat.completions.create(**kw), client.chat.completions.create(**kw, extra_body=IDS)
+    prompt_ids, ids = whole.model_extra["prompt_token_ids"], whole.choices[0].model_extra["token_ids"]
+    assert (
+        prompt_ids == _post(stack, "/tokenize", {"messages": CHATS[1]})["tokens"] == chat_ids(stack.model_dir, CHATS[1])
+    )
+    assert "prompt_token_ids" not in plain.model_extra and "token_ids" not in plain.choices[0].model_extra
+    content = whole.choices[0].logprobs.content
+    assert _text_of(stack, ids) == whole.choices[0].message.content == plain.choices[0].message.content
+    assert [c.token for c in content] == [f"token_id:{t}" for t in ids]
+    assert all(t.token.startswith("token_id:") for c in content for t in c.top_logprobs)
+    assert [c.bytes for c in content] == [c.bytes for c in plain.choices[0].logprobs.content]  # the real bytes
+    chunks = list(client.chat.completions.create(**kw, stream=True, extra_body=IDS))
+    assert chunks[0].model_extra["prompt_token_ids"] == prompt_ids
+    assert not any("prompt_token_ids" in c.model_extra for c in chunks[1:])
+    assert [t for c in chunks if c.choices for t in c.choices[0].model_extra["token_ids"]] == ids
+    labels = [t.token for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert labels == [c.token for c in content]
 
 
 def test_n_and_seed_are_reproducible_and_streaming_matches(stack: Stack) -> None:

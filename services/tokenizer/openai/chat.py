@@ -68,20 +68,22 @@ async def chat_completions(
     rid, created = gens[0].pending.rid.partition("-")[0], int(time.time())
     reader = functools.partial(_reader, ctx, plan, body)
     if body.stream:
-        return await _stream(ctx, body, request, gens, rid, created, reader)
+        return await _stream(ctx, body, request, gens, rid, created, reader, ids)
 
     outs = await collect_all(ctx, gens, request)
-    choices = []
+    choices, names = [], body.token_names(ctx.tok)  # names: the logprobs' tokens' (texts or ids)
     for i, c in enumerate(outs):
-        lp = shape.chat_logprobs(ctx.tok, c.token_ids, c.logprobs, c.top_logprobs, k) if body.logprobs else None
+        lp = shape.chat_logprobs(names, c.token_ids, c.logprobs, c.top_logprobs, k) if body.logprobs else None
         text = c.text
         if body.include_stop_str_in_output and c.finish_reason == FINISH_STOP:
             text += await stop_string_hit(ctx.tok, c.token_ids, c.text, body.stops(), skip)
         r = reader()
         msg = message(r.feed(text) + r.finish(), with_reasoning=r.reasoning is not None)
-        choices.append(shape.chat_choice(i, msg, lp, _finish(c.finish_reason, r)))
+        choices.append(shape.chat_choice(i, msg, lp, _finish(c.finish_reason, r)) | body.token_ids(c.token_ids))
     use = shape.usage(len(ids), sum(c.output_tokens for c in outs), outs[0].cached_tokens)  # one prompt for n
     whole = shape.chat(rid, created, ctx.model_name, choices, use, chunk=False, usage_key=True)
+    if body.return_token_ids:  # vLLM's: the rendered (and truncated) prompt's, as the model saw it
+        whole["prompt_token_ids"] = ids
     if body.prompt_logprobs is not None:  # vLLM's, of the one prompt
         whole["prompt_logprobs"] = shape.vllm_prompt_logprobs(ctx.tok, ids, outs[0], body.prompt_logprobs)
     return JSONResponse(whole)
@@ -143,8 +145,10 @@ async def _stream(
     rid: str,
     created: int,
     reader: Callable[[], ChatReader],
+    prompt_ids: list[int],
 ) -> EventStream:
     k, route, with_usage = body.top_logprobs or 0, request.url.path, body.include_usage()
+    names = body.token_names(ctx.tok)  # the logprobs' tokens' (texts or ids)
     output_tokens = [0] * len(gens)
     stop_echo = StopEcho(ctx.tok, body.stops(), bool(body.skip_special_tokens), len(gens))
     readers = [reader() for _ in gens]
@@ -154,15 +158,16 @@ async def _stream(
         """So far: the prompt counts once for the n generations, its first one's cached tokens with it."""
         return shape.usage(gens[0].pending.prompt_tokens, sum(output_tokens), gens[0].cached_tokens)
 
-    def chunk(choices: list[dict], use: dict | None = None) -> bytes:
+    def chunk(choices: list[dict], use: dict | None = None, top: dict | None = None) -> bytes:
         if use is None and body.continuous_usage():
             use = usage()
-        return sse(shape.chat(rid, created, ctx.model_name, choices, use, chunk=True, usage_key=with_usage))
+        out = shape.chat(rid, created, ctx.model_name, choices, use, chunk=True, usage_key=with_usage)
+        return sse(out | (top or {}))
 
     async def events() -> AsyncIterator[bytes]:
         async with contextlib.aclosing(stream):
-            for i in range(len(gens)):  # OpenAI's first chunk of each choice names the role
-                yield chunk([shape.chat_delta(i, {"role": "assistant", "content": ""}, None, "")])
+            for choice, top in _openers(body, len(gens), prompt_ids):
+                yield chunk([choice], top=top)
             nxt: tuple | None = first
             while nxt is not None:
                 i, item = nxt
@@ -172,15 +177,17 @@ async def _stream(
                 output_tokens[i] = max(output_tokens[i], item.output_tokens)
                 lp = None
                 if body.logprobs and item.token_ids:
-                    lp = shape.chat_logprobs(ctx.tok, item.token_ids, item.logprobs, item.top_logprobs, k)
+                    lp = shape.chat_logprobs(names, item.token_ids, item.logprobs, item.top_logprobs, k)
                 text = await stop_echo.text(i, item) if body.include_stop_str_in_output else item.text
                 parts = readers[i].feed(text) + (readers[i].finish() if item.finish_reason else [])
-                if not parts and item.token_ids and (plain or lp):  # every step with tokens, as in completions
+                if not parts and item.token_ids and (plain or lp or body.return_token_ids):  # every step with tokens
                     parts = [{"content": ""} if plain else {}]
-                for j, part in enumerate(parts):
-                    yield chunk([shape.chat_delta(i, part, lp if j == 0 else None, "")])
+                for j, part in enumerate(parts):  # the step's logprobs and ids with its first part
+                    ids = body.token_ids(item.token_ids if j == 0 else [])
+                    yield chunk([shape.chat_delta(i, part, lp if j == 0 else None, "") | ids])
                 if item.finish_reason:
-                    yield chunk([shape.chat_delta(i, {}, None, _finish(item.finish_reason, readers[i]))])
+                    end = shape.chat_delta(i, {}, None, _finish(item.finish_reason, readers[i]))
+                    yield chunk([end | body.token_ids([])])
                 nxt = await anext(stream, None)
             else:
                 if with_usage:
@@ -190,3 +197,11 @@ async def _stream(
     response = EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)  # built before the wait
     stream, first = await first_items(ctx, gens, request, coalesce=True)
     return response
+
+
+def _openers(body: ChatCompletionRequest, n: int, prompt_ids: list[int]) -> list[tuple[dict, dict | None]]:
+    """Each choice's first chunk, which names the role (OpenAI's), with the keys the stream's
+    first chunk adds at the top: the prompt's ids (vLLM's return_token_ids)."""
+    top = {"prompt_token_ids": prompt_ids} if body.return_token_ids else None
+    role = {"role": "assistant", "content": ""}
+    return [(shape.chat_delta(i, role, None, "") | body.token_ids([]), top if i == 0 else None) for i in range(n)]

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from services.tokenizer.errors import APIError
 from services.tokenizer.images.sources import ImageSource
 from services.tokenizer.limits import MAX_TOP_LOGPROBS
-from services.tokenizer.openai.params import OpenAISampling, PromptTruncation
+from services.tokenizer.openai.params import OpenAISampling, PromptTruncation, TokenIdOutput
 from services.tokenizer.openai.tools import ToolCallIn, ToolChoice, ToolDef
 from shared.messages import SamplingParams
 
@@ -76,7 +76,7 @@ def _image_url(part: dict[str, Any]) -> Any:
     return url.get("url") if isinstance(url, dict) else url
 
 
-class ChatCompletionRequest(OpenAISampling, PromptTruncation):
+class ChatCompletionRequest(OpenAISampling, PromptTruncation, TokenIdOutput):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)

@@ -28,6 +28,7 @@ from services.tokenizer.openai import responses as shape
 from services.tokenizer.openai.params import DEFAULT_COMPLETION_TOKENS, CompletionRequest
 from services.tokenizer.openai.stop_strings import StopEcho, stop_string_hit
 from services.tokenizer.streaming import EventStream, sse
+from services.tokenizer.token_names import TokenNames
 from shared.messages import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, TextItem
 
 T = TypeVar("T", Collected, TextItem)
@@ -70,14 +71,10 @@ async def completions(
     outs = await collect_all(ctx, gens, request)
     if prompt_only:
         outs = [no_output(c) for c in outs]
-    choices = []
+    choices, names = [], body.token_names(ctx.tok)  # names: the logprobs' tokens' (texts or ids)
     for pi in range(len(prompt_ids)):
         for j, c in enumerate(best(outs[pi * per_prompt : (pi + 1) * per_prompt], n)):
-            lp = None
-            if k is not None:
-                lp = shape.CompletionLogprobs(ctx.tok, k, len(echo[pi])).of(c.token_ids, c.logprobs, c.top_logprobs)
-                if body.echo:
-                    lp = shape.with_prompt(ctx.tok, k, prompt_ids[pi], c, lp)
+            lp = _logprobs(names, body, c, len(echo[pi]), prompt_ids[pi])
             text = c.text
             if body.include_stop_str_in_output and c.finish_reason == FINISH_STOP:
                 text += await stop_string_hit(
@@ -88,7 +85,8 @@ async def completions(
                 if body.prompt_logprobs is None
                 else shape.vllm_prompt_logprobs(ctx.tok, prompt_ids[pi], c, prompt_k)
             )
-            choices.append(shape.completion_choice(pi * n + j, echo[pi] + text, lp, c.finish_reason, plp))
+            choice = shape.completion_choice(pi * n + j, echo[pi] + text, lp, c.finish_reason, plp)
+            choices.append(choice | body.token_ids(c.token_ids, prompt_ids[pi]))
     # a prompt counts once, its first generation's cached tokens with it (docs/api.md)
     cached = sum(c.cached_tokens for c in outs[::per_prompt])
     use = shape.usage(sum(len(ids) for ids in prompt_ids), sum(c.output_tokens for c in outs), cached)
@@ -106,8 +104,8 @@ async def _stream(
     prompt_ids: list[list[int]],
     prompt_only: bool,
 ) -> EventStream:
-    n, k, route = body.n or 1, body.logprobs, request.url.path
-    builders = [shape.CompletionLogprobs(ctx.tok, k or 0, len(echo[i // n])) for i in range(len(gens))]
+    n, k, route, names = body.n or 1, body.logprobs, request.url.path, body.token_names(ctx.tok)
+    builders = [shape.CompletionLogprobs(names, k or 0, len(echo[i // n])) for i in range(len(gens))]
     echoed = [False] * len(gens)
     output_tokens = [0] * len(gens)
     stop_echo = StopEcho(ctx.tok, body.stops(), bool(body.skip_special_tokens), len(gens))
@@ -134,16 +132,14 @@ async def _stream(
                 output_tokens[i] = max(output_tokens[i], item.output_tokens)
                 text = await stop_echo.text(i, item) if body.include_stop_str_in_output else item.text
                 lp = builders[i].of(item.token_ids, item.logprobs, item.top_logprobs) if k is not None else None
-                plp = None
-                if not echoed[i]:  # a generation's first chunk: the echo, the prompt's logprobs
+                plp, ids = None, body.token_ids(item.token_ids)
+                if not echoed[i]:  # a generation's first chunk: the echo, the prompt's logprobs and ids
                     echoed[i] = True
                     text = echo[i // n] + text
-                    if lp is not None and body.echo:
-                        lp = shape.with_prompt(ctx.tok, k or 0, prompt_ids[i // n], item, lp)
-                    if body.prompt_logprobs is not None:
-                        plp = shape.vllm_prompt_logprobs(ctx.tok, prompt_ids[i // n], item, body.prompt_logprobs)
-                if has_news(text, item) or plp is not None:
-                    yield chunk([shape.completion_choice(i, text, lp, item.finish_reason, plp)])
+                    lp, plp = _prompt_logprobs(ctx, body, prompt_ids[i // n], item, lp)
+                    ids = body.token_ids(item.token_ids, prompt_ids[i // n])
+                if has_news(text, item) or plp is not None or "prompt_token_ids" in ids:
+                    yield chunk([shape.completion_choice(i, text, lp, item.finish_reason, plp) | ids])
                 nxt = await anext(stream, None)
             else:
                 if body.include_usage():
@@ -155,6 +151,29 @@ async def _stream(
     response = EventStream(events(), on_close=lambda: abandon(ctx, gens), first_ready=True)
     stream, first = await first_items(ctx, gens, request, coalesce=True)
     return response
+
+
+def _logprobs(
+    names: TokenNames, body: CompletionRequest, c: Collected, offset: int, prompt_ids: list[int]
+) -> dict | None:
+    """A whole choice's logprobs (where asked for), from text offset offset; with echo the
+    prompt's entries first."""
+    k = body.logprobs
+    if k is None:
+        return None
+    lp = shape.CompletionLogprobs(names, k, offset).of(c.token_ids, c.logprobs, c.top_logprobs)
+    return shape.with_prompt(names, k, prompt_ids, c, lp) if body.echo else lp
+
+
+def _prompt_logprobs(
+    ctx: FrontContext, body: CompletionRequest, prompt_ids: list[int], item: TextItem, lp: dict | None
+) -> tuple[dict | None, list | None]:
+    """A stream's first chunk of a generation: its logprobs lp with the echoed prompt's first
+    (echo), and vLLM's prompt_logprobs (where asked for)."""
+    if lp is not None and body.echo:
+        lp = shape.with_prompt(body.token_names(ctx.tok), body.logprobs or 0, prompt_ids, item, lp)
+    k = body.prompt_logprobs
+    return lp, None if k is None else shape.vllm_prompt_logprobs(ctx.tok, prompt_ids, item, k)
 
 
 async def _prompts(ctx: FrontContext, body: CompletionRequest) -> tuple[list[list[int]], list[str]]:

@@ -8,8 +8,9 @@ sampling; the routes check the ids against the vocabulary. The output's format
 the error can name its parameter.
 top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids, allowed_token_ids,
 skip_special_tokens and include_stop_str_in_output are accepted as extensions, spelled as vLLM
-spells them. Fields SDKs send that change no output (NO_OPS) are accepted and ignored, with a
-debug line.
+spells them, and so are (completions and chat: TokenIdOutput) return_token_ids and
+return_tokens_as_token_ids. Fields SDKs send that change no output (NO_OPS) are accepted and
+ignored, with a debug line.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from services.tokenizer.limits import (
     check_top_k,
 )
 from services.tokenizer.openai.formats import OutputFormat
+from services.tokenizer.token_names import TokenNames, token_names
 from shared.messages import Constraint, SamplingParams
 
 MAX_GENERATIONS = 64  # prompts x best_of of one completions request
@@ -85,6 +87,28 @@ class PromptTruncation(BaseModel):
         """ids, or its last truncate_prompt_tokens (-1: context) when it is longer."""
         k = context if self.truncate_prompt_tokens == -1 else self.truncate_prompt_tokens
         return ids[-k:] if k is not None and len(ids) > k else ids
+
+
+class TokenIdOutput(BaseModel):
+    """vLLM's token id outputs (completions, chat): return_token_ids puts the prompt's ids (as the
+    model saw them) and each choice's generated ids in the response; return_tokens_as_token_ids
+    names each token of the logprobs "token_id:<id>" instead of by its text."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    return_token_ids: bool | None = False
+    return_tokens_as_token_ids: bool | None = False
+
+    def token_names(self, tok: TokenNames) -> TokenNames:
+        """What names the logprobs' tokens: tok, or its ids."""
+        return token_names(tok, bool(self.return_tokens_as_token_ids))
+
+    def token_ids(self, token_ids: list[int], prompt_ids: list[int] | None = None) -> dict[str, list[int]]:
+        """The keys return_token_ids adds (prompt_token_ids only where given); none without it."""
+        if not self.return_token_ids:
+            return {}
+        out = {} if prompt_ids is None else {"prompt_token_ids": list(prompt_ids)}
+        return out | {"token_ids": list(token_ids)}
 
 
 class OpenAISampling(OutputFormat):
@@ -242,7 +266,7 @@ class OpenAISampling(OutputFormat):
         )
 
 
-class CompletionRequest(OpenAISampling, PromptTruncation):
+class CompletionRequest(OpenAISampling, PromptTruncation, TokenIdOutput):
     # token ids first: pydantic tries the members in turn and a member that fails reports every
     # element, so list[str] ahead of list[int] cost a 1000-token prompt 120 us (of 146) locally
     prompt: list[int] | str | list[str] | list[list[int]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.tokenizer.token_names import TokenNames
 from services.tokenizer.tokenization import Tokenization
 from shared.messages import FINISH_LENGTH
 
@@ -40,7 +41,7 @@ def _top(entries: list[list[float]], k: int) -> list[tuple[int, float]]:
 class CompletionLogprobs:
     """The legacy completions ``logprobs`` object of one choice, built token by token."""
 
-    def __init__(self, tok: Tokenization, k: int, text_offset: int) -> None:
+    def __init__(self, tok: TokenNames, k: int, text_offset: int) -> None:
         self.tok = tok
         self.k = k
         self.offset = text_offset
@@ -75,7 +76,7 @@ def joined(a: dict[str, list], b: dict[str, list]) -> dict[str, list]:
     return {key: a[key] + b[key] for key in a}
 
 
-def with_prompt(tok: Tokenization, k: int, prompt_ids: list[int], c: Any, lp: dict) -> dict:
+def with_prompt(tok: TokenNames, k: int, prompt_ids: list[int], c: Any, lp: dict) -> dict:
     """A choice's logprobs lp with the echoed prompt's entries first (their offsets from 0), from
     the prompt logprobs of c (a generation's TextItem or Collected)."""
     prompt = CompletionLogprobs(tok, k, 0).prompt(prompt_ids, c.prompt_logprobs, c.prompt_top_logprobs)
@@ -131,9 +132,9 @@ def _envelope(
 
 
 def chat_logprobs(
-    tok: Tokenization, token_ids: list[int], logprobs: list[float], top: list[list[list[float]]], k: int
+    tok: TokenNames, token_ids: list[int], logprobs: list[float], top: list[list[list[float]]], k: int
 ) -> dict[str, Any]:
-    def entry(tid: int, lp: float | None) -> dict[str, Any]:
+    def entry(tid: int, lp: float | None) -> dict[str, Any]:  # bytes: the token's own, also when named by id
         return {"token": tok.token_label(tid), "logprob": lp, "bytes": list(tok.token_bytes(tid))}
 
     content = []
