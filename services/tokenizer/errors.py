@@ -97,10 +97,12 @@ def openai_error_body(status: int, message: str, kind: str, param: str | None) -
 
 
 def failed_event(metrics: FrontMetrics, route: str, item: TextItem) -> bytes:
-    """The event that ends an OpenAI stream whose generation failed after it began (counted)."""
+    """The event that ends a stream whose generation failed after it began (counted), in the
+    route's dialect: OpenAI's error body, or Anthropic's as an ``error`` event."""
     status = pipeline_status(item.error_kind)
     metrics.error(route, status)
-    return sse(openai_error_body(status, f"generation failed: {item.error}", item.error_kind, None))
+    body = error_body(route, status, f"generation failed: {item.error}", item.error_kind)
+    return sse(body, event="error" if is_anthropic_path(route) else "")
 
 
 def error_body(path: str, status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:

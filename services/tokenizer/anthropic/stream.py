@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.tokenizer.anthropic.reply import Blocks, Event, Shell, stop_reason, usage
-from services.tokenizer.errors import anthropic_error_body, pipeline_status
+from services.tokenizer.errors import failed_event
 from services.tokenizer.metrics import FrontMetrics
 from services.tokenizer.openai.chat_reader import ChatReader
 from services.tokenizer.streaming import sse
@@ -21,13 +21,6 @@ from shared.messages import FINISH_ERROR, TextItem
 
 def event(name: str, **fields: Any) -> bytes:
     return sse({"type": name, **fields}, event=name)
-
-
-def error_event(metrics: FrontMetrics, route: str, item: TextItem) -> bytes:
-    """The event that ends a stream whose generation failed after it began (counted)."""
-    status = pipeline_status(item.error_kind)
-    metrics.error(route, status)
-    return sse(anthropic_error_body(status, f"generation failed: {item.error}"), event="error")
 
 
 class MessageStream:
@@ -46,7 +39,7 @@ class MessageStream:
     async def step(self, item: TextItem) -> tuple[list[bytes], bool]:
         """The events for one item, and whether the stream is over."""
         if item.finish_reason == FINISH_ERROR:
-            return [error_event(self.metrics, self.route, item)], True
+            return [failed_event(self.metrics, self.route, item)], True
         self.token_ids += item.token_ids
         self.text += item.text
         deltas = self.reader.feed(item.text) + (self.reader.finish() if item.finish_reason else [])

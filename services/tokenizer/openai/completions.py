@@ -136,7 +136,7 @@ async def _stream(
                 if not echoed[i]:  # a generation's first chunk: the echo, the prompt's logprobs and ids
                     echoed[i] = True
                     text = echo[i // n] + text
-                    lp, plp = _prompt_logprobs(ctx, body, prompt_ids[i // n], item, lp)
+                    lp, plp = _prompt_logprobs(ctx, names, body, prompt_ids[i // n], item, lp)
                     ids = body.token_ids(item.token_ids, prompt_ids[i // n])
                 if has_news(text, item) or plp is not None or "prompt_token_ids" in ids:
                     yield chunk([shape.completion_choice(i, text, lp, item.finish_reason, plp) | ids])
@@ -166,12 +166,17 @@ def _logprobs(
 
 
 def _prompt_logprobs(
-    ctx: FrontContext, body: CompletionRequest, prompt_ids: list[int], item: TextItem, lp: dict | None
+    ctx: FrontContext,
+    names: TokenNames,
+    body: CompletionRequest,
+    prompt_ids: list[int],
+    item: TextItem,
+    lp: dict | None,
 ) -> tuple[dict | None, list | None]:
     """A stream's first chunk of a generation: its logprobs lp with the echoed prompt's first
     (echo), and vLLM's prompt_logprobs (where asked for)."""
     if lp is not None and body.echo:
-        lp = shape.with_prompt(body.token_names(ctx.tok), body.logprobs or 0, prompt_ids, item, lp)
+        lp = shape.with_prompt(names, body.logprobs or 0, prompt_ids, item, lp)
     k = body.prompt_logprobs
     return lp, None if k is None else shape.vllm_prompt_logprobs(ctx.tok, prompt_ids, item, k)
 
