@@ -2,7 +2,7 @@
 the host's time in an eager prefill forward (cProfile).
 
     python tools/profile_decode.py --out FILE.json [--shape llama3-8b] [--cases 1x1024,64x1024,256x1024]
-        [--prefills 1x209,4x209] [--quantization none|fp8|awq|gptq] [--fp8-lm-head]
+        [--prefills 1x209,4x209] [--quantization none|fp8|awq|gptq] [--fp8-lm-head] [--kv-dtype auto|int8|fp8]
 
 For each batch x context it builds requests in the decode state (KV filled by a real
 prefill), then profiles eager decode forwards and reports the device time per kernel
@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fold-norms", type=int, default=1, help="0: norms kept apart from the weights (no decode_folded)")
     ap.add_argument("--quantization", choices=("none", "fp8", *INT4), default="none", help="the projections' format")
     ap.add_argument("--fp8-lm-head", action="store_true", help="with --quantization fp8: the output layer in FP8 too")
+    ap.add_argument("--kv-dtype", default="auto", help="the KV pool's format: auto (the model's dtype), int8 or fp8")
     args = ap.parse_args(argv)
     cfg = ModelConfig.from_dict(SHAPES[args.shape])
     device = torch.device("cuda")
@@ -197,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
             fold_norms=bool(args.fold_norms),
             quantization="fp8" if args.quantization == "fp8" else "none",
             fp8_lm_head=args.fp8_lm_head,
+            kv_dtype=args.kv_dtype,
         ),
         weights=weights,
         model_cfg=cfg,
