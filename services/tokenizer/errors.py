@@ -7,15 +7,19 @@ elsewhere under /v1, LightLLM's ``{"error": message, "error_type": kind}`` every
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from pydantic_core import from_json
 
 from services.tokenizer.streaming import sse
 from shared.messages import ERR_DEADLINE, ERR_FAILED, ERR_INVALID, ERR_OVERLOADED, ERR_TOO_LARGE, TextItem
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from services.tokenizer.metrics import FrontMetrics
@@ -165,6 +169,15 @@ def validation_response(path: str, errors: list[dict[str, Any]]) -> JSONResponse
 
 def api_error_response(path: str, exc: APIError) -> JSONResponse:
     return error_response(path, exc.status, exc.message, exc.kind, exc.param, exc.headers)
+
+
+async def parsed_body(request: Request, parse: Callable[[bytes], T]) -> T:
+    """parse(the request's body); what pydantic refuses is raised as FastAPI's own refusals are,
+    for validation_handler to answer in the route's API's shape."""
+    try:
+        return parse(await request.body())
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from None
 
 
 async def validation_handler(request: Request, exc: RequestValidationError) -> JSONResponse:

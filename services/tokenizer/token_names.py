@@ -5,7 +5,7 @@ bodies can name it without loading transformers."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 
 class TokenNames(Protocol):
@@ -19,8 +19,8 @@ class TokenNames(Protocol):
 
 
 class TokenIdLabels:
-    """A Tokenization whose token_label is "token_id:<id>"; everything else (token_text, which
-    text offsets count, token_bytes, which chat's logprobs keep) is the wrapped one's."""
+    """A Tokenization's TokenNames whose token_label is "token_id:<id>"; token_text (which text
+    offsets count) and token_bytes (which chat's logprobs keep) are the wrapped one's."""
 
     def __init__(self, tok: TokenNames) -> None:
         self.tok = tok
@@ -33,11 +33,6 @@ class TokenIdLabels:
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.tok.token_bytes(token_id)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "tok":  # not set yet (a copy being built): no endless recursion
-            raise AttributeError(name)
-        return getattr(self.tok, name)
 
 
 def token_names(tok: TokenNames, as_ids: bool) -> TokenNames:

@@ -15,9 +15,9 @@ from typing import Any
 import jinja2
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from services.tokenizer.errors import APIError, parse_json, validation_response
+from services.tokenizer.errors import APIError, parse_json, parsed_body
 from services.tokenizer.generation import FrontContext
 from services.tokenizer.limits import check_token_ids
 from services.tokenizer.openai.chat_params import ChatMessage
@@ -89,10 +89,7 @@ def tokenize_router(ctx: FrontContext) -> APIRouter:
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:
-        try:
-            body = _tokenize_body(await request.body())
-        except ValidationError as e:
-            return validation_response(request.url.path, list(e.errors()))
+        body = await parsed_body(request, _tokenize_body)
         if body.model is not None:
             check_model(ctx, body.model)
         ids = await _tokens(ctx, body)
@@ -103,10 +100,7 @@ def tokenize_router(ctx: FrontContext) -> APIRouter:
 
     @router.post("/detokenize")
     async def detokenize(request: Request) -> JSONResponse:
-        try:
-            body = Detokenize.model_validate_json(await request.body())
-        except ValidationError as e:
-            return validation_response(request.url.path, list(e.errors()))
+        body = await parsed_body(request, Detokenize.model_validate_json)
         if body.model is not None:
             check_model(ctx, body.model)
         check_token_ids(body.tokens, ctx.vocab_size, "tokens")

@@ -36,10 +36,8 @@ def test_the_wrapper_labels_by_id_and_delegates_the_rest() -> None:
     tok = FakeTok()
     names = TokenIdLabels(tok)
     assert [names.token_label(t) for t in (5, 6, 7)] == ["token_id:5", "token_id:6", "token_id:7"]
-    assert names.token_text(5) == "ab" and names.token_bytes(6) == b"\xe4" and names.eos_token_id == 2
+    assert names.token_text(5) == "ab" and names.token_bytes(6) == b"\xe4"
     assert token_names(tok, False) is tok and isinstance(token_names(tok, True), TokenIdLabels)
-    with pytest.raises(AttributeError):
-        _ = names.no_such_thing
 
 
 def test_completion_logprobs_name_ids_and_count_offsets_by_text() -> None:

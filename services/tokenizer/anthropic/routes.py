@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from starlette.responses import Response
 
 from services.tokenizer.anthropic.messages import messages
 from services.tokenizer.anthropic.params import CountTokensRequest, MessagesRequest
 from services.tokenizer.anthropic.prompt import render
-from services.tokenizer.errors import validation_response
+from services.tokenizer.errors import parsed_body
 from services.tokenizer.generation import FrontContext
 from services.tokenizer.openai.routes import check_model
 from services.tokenizer.post_routes import PostRoute
@@ -35,10 +34,7 @@ def anthropic_router(ctx: FrontContext) -> APIRouter:
     @router.post("/count_tokens")
     async def count_tokens(request: Request) -> JSONResponse:
         """The prompt's tokens as /v1/messages renders it (images' positions included)."""
-        try:
-            body = CountTokensRequest.model_validate_json(await request.body())
-        except ValidationError as e:
-            return validation_response(request.url.path, list(e.errors()))
+        body = await parsed_body(request, CountTokensRequest.model_validate_json)
         check_model(ctx, body.model)
         prompt = await render(ctx, body)
         return JSONResponse({"input_tokens": len(prompt.ids)})
