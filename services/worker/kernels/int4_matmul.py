@@ -33,11 +33,13 @@ import triton
 import triton.language as tl
 
 from services.worker.kernels.gemm_tiles import INT4_DEFAULT, INT4_TILES, Tile, check_rows, lookup
+from services.worker.kernels.int4_pairs import pairs_step
 from services.worker.kernels.launch import launcher
 from services.worker.kernels.split_k_sum import plan_split, split_k_sum
 from services.worker.models.int4_weight import Int4Weight
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+PAIRS = True  # one row of 16-bit x in packed pairs where it can (pairs_mode)
 
 
 @triton.jit
@@ -62,6 +64,7 @@ def _int4_matmul_kernel(
     ACCUMULATE: tl.constexpr,
     IEEE: tl.constexpr,
     DOT: tl.constexpr,
+    PAIRS: tl.constexpr = 0,  # one row of 16-bit x in packed pairs (int4_pairs.py): 1 in PTX, 2 emulated
     MAGIC: tl.constexpr = 8388608.0,  # 2^23, whose float32 bits are 0x4B000000
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -92,6 +95,9 @@ def _int4_matmul_kernel(
                 acc += tl.dot(a, w, input_precision="ieee")
             else:
                 acc += tl.dot(a, w)
+        elif PAIRS:
+            x_words = x_ptr.to(tl.pointer_type(tl.int32)) + (tl.program_id(0) * x_row_stride + k0) // 2 + offs_w * 4
+            acc += (pairs_step(packed, z, x_words, dtype == tl.bfloat16, PAIRS == 1) * s)[None, :]
         elif BLOCK_M == 1:
             # one row: the step's sum over K stays in each thread's rows (in_place_nibbles)
             x_row = x_ptr + tl.program_id(0).to(tl.int64) * x_row_stride + k0 + offs_w * 8
@@ -182,6 +188,17 @@ def choose_tile(m: int, w: Int4Weight, tile: Tile | None) -> Tile:
     return replace(INT4_DEFAULT, block_k=min(INT4_DEFAULT.block_k, g))
 
 
+def pairs_mode(x: torch.Tensor, t: Tile) -> int:
+    """How a product takes one row of x: in packed pairs (int4_pairs.py) where x is one 16-bit row
+    on 4-byte words and the tile is an FMA tile, in PTX on a GPU of compute capability 8.0 or
+    more (1), emulated in the interpreter (2); else the float32 path (0). PAIRS False: never."""
+    if not PAIRS or x.shape[0] != 1 or t.dot or x.dtype not in (torch.float16, torch.bfloat16) or x.data_ptr() % 4:
+        return 0
+    if not x.is_cuda:
+        return 2
+    return 1 if torch.cuda.get_device_capability(x.device) >= (8, 0) else 0
+
+
 def int4_matmul(
     x: torch.Tensor,
     w: Int4Weight,
@@ -223,6 +240,7 @@ def int4_matmul(
         ACCUMULATE=accumulate,
         IEEE=x.dtype == torch.float32,
         DOT=t.dot,
+        PAIRS=pairs_mode(x, t),
         num_warps=t.num_warps,
         num_stages=t.num_stages,
     )

@@ -1,0 +1,148 @@
+"""int4 weights against one row of 16-bit x in packed pairs (int4_matmul's one-row path for
+float16 and bfloat16 x): two weights an instruction where the float32 path takes one.
+
+A word of qweight holds the nibbles of input rows 8i + j at bits 4j. Shifted right by 4p and
+masked with 0x000F000F, it holds nibbles p and p + 4, one in each 16-bit half; OR-ed with a half's
+MAGIC (the 16-bit float 2^E whose last mantissa bit is worth 1: bfloat16 128, float16 1024), each
+half reads MAGIC + q exactly, and less MAGIC + zero (one packed FMA) it is q - zero. x's words
+(x[8i], x[8i + 1]) ... are permuted into the matching pairs (x[8i + p], x[8i + p + 4]) once a step,
+for every column of the tile. A word's eight products are summed in the pair's format, four
+packed FMAs deep, then its two halves in float32: rounding a product to bfloat16 as the reference
+rounds a dequantized weight, so the error is of the same size. On an H100 (sm_90) the loop is
+about 3.1 instructions a weight against the float32 path's 5.9 (SASS compiled here).
+
+ASM 1 runs the pairs in PTX (fma.rn.{bf16x2,f16x2}: sm_80 and newer); ASM 0 is the same
+arithmetic in Triton, each packed FMA rounded to the pair's format, for the interpreter (which
+runs no inline PTX, and no bfloat16)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# one word's eight products: $1 the word, $2..$5 x's pairs for nibbles (0, 4) .. (3, 7), $6 the
+# pair MAGIC + zero; $0 the float32 bits of their sum. "{T}" is bf16x2 or f16x2; ONE and NZ are
+# the pair's 1.0 and -0.0; the halves become float32 as "{LO}" / "{HI}" say.
+_WORD_DOT = """{
+.reg .b32 t0, t1, t2, t3, w4, w8, w12, nm, acc, lo, hi, one, nz;
+.reg .b16 l16, h16;
+.reg .f32 flo, fhi, fs;
+lop3.b32 t0, $1, 0x000F000F, MAGIC2, 0xEA;
+shr.u32 w4, $1, 4;
+lop3.b32 t1, w4, 0x000F000F, MAGIC2, 0xEA;
+shr.u32 w8, $1, 8;
+lop3.b32 t2, w8, 0x000F000F, MAGIC2, 0xEA;
+shr.u32 w12, $1, 12;
+lop3.b32 t3, w12, 0x000F000F, MAGIC2, 0xEA;
+xor.b32 nm, $6, 0x80008000;
+mov.b32 one, ONE;
+mov.b32 nz, NZ;
+fma.rn.{T} t0, t0, one, nm;
+fma.rn.{T} t1, t1, one, nm;
+fma.rn.{T} t2, t2, one, nm;
+fma.rn.{T} t3, t3, one, nm;
+fma.rn.{T} acc, t0, $2, nz;
+fma.rn.{T} acc, t1, $3, acc;
+fma.rn.{T} acc, t2, $4, acc;
+fma.rn.{T} acc, t3, $5, acc;
+{HALVES}
+add.f32 fs, flo, fhi;
+mov.b32 $0, fs;
+}"""
+_BF16_HALVES = "shl.b32 lo, acc, 16;\nand.b32 hi, acc, 0xFFFF0000;\nmov.b32 flo, lo;\nmov.b32 fhi, hi;"
+_F16_HALVES = "mov.b32 {l16, h16}, acc;\ncvt.f32.f16 flo, l16;\ncvt.f32.f16 fhi, h16;"
+
+
+def _word_dot(bf16: bool) -> str:
+    magic, one, halves = (0x4300, 0x3F80, _BF16_HALVES) if bf16 else (0x6400, 0x3C00, _F16_HALVES)
+    return (
+        _WORD_DOT.replace("{T}", "bf16x2" if bf16 else "f16x2")
+        .replace("MAGIC2", f"0x{magic:04X}{magic:04X}")
+        .replace("ONE", f"0x{one:04X}{one:04X}")
+        .replace("NZ", "0x80008000")
+        .replace("{HALVES}", halves)
+    )
+
+
+WORD_DOT_BF16 = tl.constexpr(_word_dot(True))
+WORD_DOT_F16 = tl.constexpr(_word_dot(False))
+MAGIC_BF16 = tl.constexpr(0x4300)
+MAGIC_F16 = tl.constexpr(0x6400)
+
+
+@triton.jit
+def _half(bits, BF16: tl.constexpr):
+    """The 16-bit float in the low half of int32 bits, as float32."""
+    if BF16:
+        return (bits << 16).to(tl.float32, bitcast=True)
+    return (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _round(v, BF16: tl.constexpr):
+    """float32 v rounded to the pair's format (to nearest, ties to even), as float32."""
+    if BF16:
+        b = v.to(tl.int32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
+        return b.to(tl.float32, bitcast=True)
+    return v.to(tl.float16).to(tl.float32)
+
+
+@triton.jit
+def _lane_dot(w, p0, p1, p2, p3, zf, SHIFT: tl.constexpr, BF16: tl.constexpr):
+    """One half's four products, summed as the packed FMAs sum them: nibbles SHIFT / 4 + (0..3)."""
+    acc = _round((((w >> SHIFT) & 0xF).to(tl.float32) - zf) * _half(p0 >> SHIFT, BF16), BF16)
+    acc = _round((((w >> (SHIFT + 4)) & 0xF).to(tl.float32) - zf) * _half(p1 >> SHIFT, BF16) + acc, BF16)
+    acc = _round((((w >> (SHIFT + 8)) & 0xF).to(tl.float32) - zf) * _half(p2 >> SHIFT, BF16) + acc, BF16)
+    return _round((((w >> (SHIFT + 12)) & 0xF).to(tl.float32) - zf) * _half(p3 >> SHIFT, BF16) + acc, BF16)
+
+
+@triton.jit
+def word_dots(w, p0, p1, p2, p3, z, BF16: tl.constexpr, ASM: tl.constexpr):
+    """Each word's eight products with x's pairs, summed, float32: w [R, N] int32 words, p0..p3
+    [R, 1] pairs, z [1, N] int32 zero points."""
+    if ASM:
+        p0, p1, p2, p3 = (
+            tl.broadcast_to(p0, w.shape),
+            tl.broadcast_to(p1, w.shape),
+            tl.broadcast_to(p2, w.shape),
+            tl.broadcast_to(p3, w.shape),
+        )
+        if BF16:
+            m = tl.broadcast_to((z | MAGIC_BF16) * 65537, w.shape)
+            bits = tl.inline_asm_elementwise(
+                WORD_DOT_BF16, "=r,r,r,r,r,r,r", [w, p0, p1, p2, p3, m], dtype=tl.int32, is_pure=True, pack=1
+            )
+        else:
+            m = tl.broadcast_to((z | MAGIC_F16) * 65537, w.shape)
+            bits = tl.inline_asm_elementwise(
+                WORD_DOT_F16, "=r,r,r,r,r,r,r", [w, p0, p1, p2, p3, m], dtype=tl.int32, is_pure=True, pack=1
+            )
+        return bits.to(tl.float32, bitcast=True)
+    zf = z.to(tl.float32)
+    return _lane_dot(w, p0, p1, p2, p3, zf, 0, BF16) + _lane_dot(w, p0, p1, p2, p3, zf, 16, BF16)
+
+
+@triton.jit
+def x_pairs(a, b, ASM: tl.constexpr):
+    """x's words a = (x0, x1) and b = (x4, x5), low half first -> the pairs (x0, x4), (x1, x5)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "prmt.b32 $0, $2, $3, 0x5410; prmt.b32 $1, $2, $3, 0x7632;",
+            "=r,=r,r,r",
+            [a, b],
+            dtype=(tl.int32, tl.int32),
+            is_pure=True,
+            pack=1,
+        )
+    return (a & 0xFFFF) | (b << 16), ((a >> 16) & 0xFFFF) | (b & -65536)
+
+
+@triton.jit
+def pairs_step(packed, z, x_words, BF16: tl.constexpr, ASM: tl.constexpr):
+    """sum over a step of (q - zero) * x, [BLOCK_N] float32: packed [BLOCK_K / 8, BLOCK_N] words,
+    z [BLOCK_N] int32 zero points, x_words [BLOCK_K / 8] int32 pointers to x[8i], x[8i + 1]."""
+    p0, p1 = x_pairs(tl.load(x_words), tl.load(x_words + 2), ASM)
+    p2, p3 = x_pairs(tl.load(x_words + 1), tl.load(x_words + 3), ASM)
+    d = word_dots(packed, p0[:, None], p1[:, None], p2[:, None], p3[:, None], z[None, :], BF16, ASM)
+    return tl.sum(d, axis=0)

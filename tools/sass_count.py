@@ -1,0 +1,123 @@
+"""Compile a Triton kernel for an H100/H200 (sm_90) on a machine without a GPU, with the ptxas
+and cuobjdump that ship with Triton, and count the instructions of its SASS: the whole kernel by
+opcode, and its main loop (the longest backward branch). A kernel's cost in issue slots, read
+before any GPU time is spent (run without TRITON_INTERPRET, which swaps kernels for the
+interpreter's).
+
+    python tools/sass_count.py int4-one-row [--pairs 0|1] [--dtype bf16|fp16] [--block-n 64] [--block-k 128] [--warps 1]
+
+prints a JSON line: loop instructions, per weight a thread, and the opcodes' counts."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+_OP = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)(?:\s+0x([0-9a-f]+))?")
+
+
+def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], warps: int, stages: int) -> bytes:
+    """fn (a @triton.jit kernel) compiled for sm_90 -> its cubin. signature: each runtime
+    argument's Triton type ("*bf16", "i32"); constexprs: the compile-time ones' values."""
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default and p.name not in constexprs}
+    constexprs = constexprs | defaults
+    sig = dict(signature) | {name: "constexpr" for name in constexprs}
+    names = fn.arg_names
+    src = triton.compiler.ASTSource(
+        fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}
+    )
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    return kernel.asm["cubin"]
+
+
+def sass(cubin: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        done = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"cuobjdump: {done.stderr.strip()}")
+    return done.stdout
+
+
+def count(text: str) -> tuple[collections.Counter, int]:
+    """(instructions by opcode, without modifiers; the main loop's length in instructions)."""
+    ops: collections.Counter = collections.Counter()
+    loop = 0
+    for line in text.splitlines():
+        m = _OP.match(line)
+        if not m:
+            continue
+        at, op, target = int(m.group(1), 16), m.group(2), m.group(3)
+        ops[op.split(".")[0]] += 1
+        if op == "BRA" and target is not None and int(target, 16) < at:
+            loop = max(loop, (at - int(target, 16)) // 16 + 1)
+    return ops, loop
+
+
+INT4_SIGNATURE = {
+    "x_ptr": "*bf16",
+    "qw_ptr": "*i32",
+    "z_ptr": "*u8",
+    "s_ptr": "*bf16",
+    "out_ptr": "*fp32",
+    "M": "i32",
+    "N": "i32",
+    "K": "i32",
+    "x_row_stride": "i32",
+    "out_row_stride": "i32",
+    "share_stride": "i32",
+    "k_per_share": "i32",
+}
+
+
+def int4_one_row(pairs: int, dtype: str, block_n: int, block_k: int, warps: int, stages: int = 3) -> dict:
+    """int4_matmul's kernel at one row (an FMA tile, split partials), float32 path (pairs 0) or
+    packed pairs in PTX (pairs 1)."""
+    from services.worker.kernels.int4_matmul import _int4_matmul_kernel
+
+    constexprs = dict(
+        GROUP=128,
+        BLOCK_M=1,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        PARTIAL=True,
+        ACCUMULATE=False,
+        IEEE=False,
+        DOT=False,
+        PAIRS=pairs,
+    )
+    sig = INT4_SIGNATURE | {"x_ptr": f"*{dtype}", "s_ptr": f"*{dtype}"}
+    ops, loop = count(sass(compile_sm90(_int4_matmul_kernel, sig, constexprs, warps, stages)))
+    weights = block_n * block_k / (32 * warps)  # a step's weights a thread
+    return {"loop": loop, "per_weight": round(loop / weights, 3), "ops": dict(ops.most_common())}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("kernel", choices=("int4-one-row",))
+    ap.add_argument("--pairs", type=int, default=1, choices=(0, 1))
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--block-n", type=int, default=64)
+    ap.add_argument("--block-k", type=int, default=128)
+    ap.add_argument("--warps", type=int, default=1)
+    args = ap.parse_args(argv)
+    print(json.dumps(int4_one_row(args.pairs, args.dtype, args.block_n, args.block_k, args.warps)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
