@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.kernels.fp8_quant_rows import fp8_quant_rows
+from services.worker.kernels.fp8_quant_rows import ONE_PASS_MAX, fp8_quant_rows, launch_shape
 from services.worker.models.layers.fp8_product import quantize_tokens
 
 
@@ -23,7 +23,7 @@ def _check(x: torch.Tensor, exact: bool = True) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter has no bfloat16
-@pytest.mark.parametrize(("t", "k"), [(1, 64), (5, 300), (3, 2048 + 96)])
+@pytest.mark.parametrize(("t", "k"), [(1, 64), (5, 300), (3, 2048 + 96), (2, ONE_PASS_MAX + 300)])
 def test_fp8_quant_rows(t: int, k: int, dtype: torch.dtype, device) -> None:
     x = (torch.randn(t, k, device=device) * torch.logspace(-2, 2, t, device=device)[:, None]).to(dtype)
     _check(x)
@@ -39,6 +39,15 @@ def test_zero_rows_ties_and_tiny_values(device) -> None:
 def test_a_strided_row_view(device) -> None:
     base = torch.randn(6, 256, device=device)
     _check(base[:, 64:192])  # rows 256 apart, 128 wide
+
+
+def test_launch_shapes() -> None:
+    """Rows up to ONE_PASS_MAX in one tile (Llama-3-8B's 4096 and 14336: 8 and 16 warps); longer
+    ones in two passes of 4096."""
+    assert launch_shape(64) == (64, True, 4)
+    assert launch_shape(4096) == (4096, True, 8)
+    assert launch_shape(14336) == (16384, True, 16)
+    assert launch_shape(ONE_PASS_MAX + 1) == (4096, False, 8)
 
 
 def test_rejects_a_transposed_input(device) -> None:
