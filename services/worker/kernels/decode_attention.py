@@ -60,6 +60,11 @@ COMBINE_SPLITS = 8
 # batches of 8 or more gave the same at any of these, since their grid's split count, not
 # this, bounds their splits (and from 64 requests it is one)
 SPLIT_TOKENS = 64
+# an e4m3 pool's dots in float16, not q's bfloat16: e4m3 converts to float16 in one instruction a
+# pair (to bfloat16 through float16, a second a value), and both hold e4m3's values exactly;
+# q and p are rounded to float16 (3 more bits than bfloat16), p times v's scale lifted by 2^8
+# clear of float16's subnormals
+F16_DOTS = True
 
 
 def decode_config(head_dim: int, dtype: torch.dtype, is_cuda: bool, quantized: bool = False) -> dict[str, int]:
@@ -266,6 +271,7 @@ def decode_attention(
         FUSED=fused,
         WINDOW=window,
         SOFTCAP=float(softcap),
+        F16=F16_DOTS and k_pool.dtype == torch.float8_e4m3fn and q.dtype != torch.float32,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -114,6 +114,8 @@ def _decode_split_kernel(
     FUSED: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    F16: tl.constexpr = False,
+    P_LIFT: tl.constexpr = 256.0,
 ):
     """DIRECT (one split): mid_o_ptr and its b/h strides are the output's; no log-sum-exp.
     FUSED (several splits): the last split of a (request, KV head) to finish combines them
@@ -231,14 +233,22 @@ def _decode_split_kernel(
         if QUANT:
             k_s = load_kv_scale(ks_ptr, slots, ks_slot_stride, kvh, ks_head_stride, nmask)
             v_s = load_kv_scale(vs_ptr, slots, vs_slot_stride, kvh, vs_head_stride, nmask)
-            qk = dot(q, tl.trans(k.to(q.dtype)), IEEE) * k_s[None, :]  # [BLOCK_G, BLOCK_N]
+            if F16:
+                qk = dot(q.to(tl.float16), tl.trans(k.to(tl.float16)), IEEE) * k_s[None, :]  # [BLOCK_G, BLOCK_N]
+            else:
+                qk = dot(q, tl.trans(k.to(q.dtype)), IEEE) * k_s[None, :]
         else:
             v_s = None
             qk = dot(q, tl.trans(k), IEEE)
         if SOFTCAP > 0:
             qk = softcap_scores(qk, qk_scale, SOFTCAP)
         qk = tl.where(nmask[None, :], qk, float("-inf"))
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
+        if F16:  # p times v's scale in float16, lifted by P_LIFT clear of its subnormals
+            acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s * P_LIFT, tl.float16, QUANT, IEEE)
+        else:
+            acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
+    if F16:
+        acc = acc * (1.0 / P_LIFT)
 
     o_ptrs = mid_o_ptr + b.to(tl.int64) * o_b_stride + heads[:, None] * o_h_stride + offs_d[None, :]
     if DIRECT:  # an empty request (a padded graph row) gets zeros, not NaN, as from the reduce
