@@ -378,3 +378,13 @@ def test_decode_gemma2_9b_window_and_softcap(quantized: bool, pooled, reference,
             softcap=50.0,
             split_tokens=SPLIT_TOKENS,
         )
+
+
+def test_int8_scales_must_start_on_a_word() -> None:
+    """e4m3's exponent scales are read four bytes at a time (kv_scale.load_kv_scale)."""
+    q = torch.randn(1, 4, 32)
+    pool = torch.zeros(8, 2, 32, dtype=torch.float8_e4m3fn)
+    scales = torch.zeros(17, dtype=torch.int8)[1:].view(8, 2)
+    table, one = torch.zeros(1, 8, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="4-byte boundary"):
+        decode_attention(q, pool, pool, table, one - 1, one, 1.0, 1, k_scale=scales, v_scale=scales)

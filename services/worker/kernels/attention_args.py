@@ -39,6 +39,8 @@ def check_pool(
             if s.shape != k_pool.shape[:2] or s.dtype not in kinds:
                 want = f"{tuple(k_pool.shape[:2])} of {' or '.join(_name(k) for k in kinds)}"
                 raise ValueError(f"{name}: scales must be {want}, got {tuple(s.shape)} of {_name(s.dtype)}")
+            if s.dtype == torch.int8 and s.data_ptr() % 4:  # kv_scale.load_kv_scale reads whole words
+                raise ValueError(f"{name}: int8 scales must start on a 4-byte boundary")
     elif k_pool.dtype != q.dtype or v_pool.dtype != q.dtype:
         raise ValueError(f"{name}: pools are {k_pool.dtype}/{v_pool.dtype} but q is {q.dtype}")
     return hkv
