@@ -5,8 +5,11 @@ before any GPU time is spent (run without TRITON_INTERPRET, which swaps kernels 
 interpreter's).
 
     python tools/sass_count.py int4-one-row [--pairs 0|1] [--dtype bf16|fp16] [--block-n 64] [--block-k 128] [--warps 1]
+    python tools/sass_count.py decode-e4m3 [--scales i8|fp32]
 
-prints a JSON line: loop instructions, per weight a thread, and the opcodes' counts."""
+prints a JSON line: the loop's instructions (int4: a weight a thread too) and the opcodes' counts.
+decode-e4m3: decode attention's stage 1 over an e4m3 pool at Llama-3-8B's heads, as
+decode_config launches it (LDGSTS counts its asynchronous copies)."""
 
 from __future__ import annotations
 
@@ -107,16 +110,50 @@ def int4_one_row(pairs: int, dtype: str, block_n: int, block_k: int, warps: int,
     return {"loop": loop, "per_weight": round(loop / weights, 3), "ops": dict(ops.most_common())}
 
 
+def decode_e4m3(scales: str) -> dict:
+    """Decode attention's stage 1 over an e4m3 pool (one split, float16 dots, GQA 4, head dim 128)
+    with int8 exponent or float32 scales."""
+    import torch
+
+    from services.worker.kernels.decode_attention import decode_config
+    from services.worker.kernels.decode_split import _decode_split_kernel
+
+    cfg = decode_config(128, torch.bfloat16, True, quantized=True)
+    constexprs = dict(GROUP=4, HEAD_DIM=128, BLOCK_G=16, BLOCK_D=128, BLOCK_N=cfg["BLOCK_N"], BLOCK_S=8)
+    constexprs |= dict(
+        NORM_BLOCK=4096, QUANT=True, IEEE=False, DIRECT=True, FUSED=False, WINDOW=0, SOFTCAP=0.0, F16=True
+    )
+    pointers = dict(k_ptr="*fp8e4nv", v_ptr="*fp8e4nv", ks_ptr=f"*{scales}", vs_ptr=f"*{scales}", mid_lse_ptr="*fp32")
+    pointers |= dict(
+        cs_ptr="*fp32", table_ptr="*i32", rows_ptr="*i32", lens_ptr="*i32", cnt_ptr="*i32", slot_ptr="*i32"
+    )
+    sig = {}
+    for name in _decode_split_kernel.arg_names:
+        if name in constexprs:
+            continue
+        if name.endswith("_ptr"):
+            sig[name] = pointers.get(name, "*bf16")
+        else:
+            sig[name] = "fp32" if name in ("nrm_eps", "qk_scale") else "i32"
+    cubin = compile_sm90(_decode_split_kernel, sig, constexprs, cfg["num_warps"], cfg["num_stages"])
+    ops, loop = count(sass(cubin))
+    return {"loop": loop, "ops": dict(ops.most_common())}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("kernel", choices=("int4-one-row",))
+    ap.add_argument("kernel", choices=("int4-one-row", "decode-e4m3"))
+    ap.add_argument("--scales", default="i8", choices=("i8", "fp32"), help="decode-e4m3: the pool's scales")
     ap.add_argument("--pairs", type=int, default=1, choices=(0, 1))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--block-k", type=int, default=128)
     ap.add_argument("--warps", type=int, default=1)
     args = ap.parse_args(argv)
-    print(json.dumps(int4_one_row(args.pairs, args.dtype, args.block_n, args.block_k, args.warps)), flush=True)
+    if args.kernel == "decode-e4m3":
+        print(json.dumps(decode_e4m3(args.scales)), flush=True)
+    else:
+        print(json.dumps(int4_one_row(args.pairs, args.dtype, args.block_n, args.block_k, args.warps)), flush=True)
 
 
 if __name__ == "__main__":
