@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("kernel", choices=("int4-one-row", "decode-e4m3"))
     ap.add_argument("--scales", default="i8", choices=("i8", "fp32"), help="decode-e4m3: the pool's scales")
     ap.add_argument("--pairs", type=int, default=1, choices=(0, 1))
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="x's; pairs in PTX: bf16 only")
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--block-k", type=int, default=128)
     ap.add_argument("--warps", type=int, default=1)

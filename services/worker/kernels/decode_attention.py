@@ -63,7 +63,9 @@ SPLIT_TOKENS = 64
 # an e4m3 pool's dots in float16, not q's bfloat16: e4m3 converts to float16 in one instruction a
 # pair (to bfloat16 through float16, a second a value), and both hold e4m3's values exactly;
 # q and p are rounded to float16 (3 more bits than bfloat16), p times v's scale lifted by 2^8
-# clear of float16's subnormals
+# clear of float16's subnormals (so |v| must stay under 57,344, a scale of 2^7, and |q| under
+# 65,504). Only quantized pools take it, which never fold a new token in (its k and v
+# would be lifted too): those need a float pool.
 F16_DOTS = True
 
 

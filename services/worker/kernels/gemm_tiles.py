@@ -103,16 +103,16 @@ FP8_TILES: TileTable = {  # (N, K, M bucket): Tile(BLOCK_N, BLOCK_K, warps, stag
 }
 # group size 128: an entry whose block_k does not divide a weight's group is passed over
 INT4_TILES: TileTable = {  # (N, K, M bucket): Tile(BLOCK_N, BLOCK_K, warps, stages, split)
-    (6144, 4096, 1): Tile(64, 64, 1, 3, 32, dot=False),  # qkv: 9.0 us in bf16 pairs on an H100 (float32 11.0)
+    (6144, 4096, 1): Tile(64, 64, 1, 3, 32, dot=False),  # qkv: 9.0 us in bf16 pairs on an H100 (old: 11.0)
     (6144, 4096, 4): Tile(128, 64, 4, 3, None),  # qkv: 16.8 us, default 21.7
     (6144, 4096, 16): Tile(64, 128, 2, 3, 8),  # qkv: 17.4 us, default 19.2
-    (4096, 4096, 1): Tile(32, 128, 2, 3, 16, dot=False),  # o: 7.5 us in pairs on an H100 (9.2)
+    (4096, 4096, 1): Tile(32, 128, 2, 3, 16, dot=False),  # o: 7.5 us in pairs on an H100 (old: 9.2)
     (4096, 4096, 4): Tile(128, 64, 4, 3, None),  # o: 13.0 us, default 16.3
     (4096, 4096, 16): Tile(32, 128, 2, 3, 8),  # o: 14.2 us, default 15.8
-    (28672, 4096, 1): Tile(64, 64, 1, 3, 8, dot=False),  # gate_up: 25.9 us in pairs on an H100 (34.7)
+    (28672, 4096, 1): Tile(64, 64, 1, 3, 8, dot=False),  # gate_up: 25.9 us in pairs on an H100 (old: 34.7)
     (28672, 4096, 4): Tile(64, 64, 2, 3, 4),  # gate_up: 59.4 us, default 77.1
     (28672, 4096, 16): Tile(64, 64, 2, 3, 4),  # gate_up: 61.1 us, default 77.3
-    (4096, 14336, 1): Tile(64, 64, 1, 3, 32, dot=False),  # down: 16.6 us in pairs on an H100 (21.9)
+    (4096, 14336, 1): Tile(64, 64, 1, 3, 32, dot=False),  # down: 16.6 us in pairs on an H100 (old: 21.9)
     (4096, 14336, 4): Tile(128, 64, 4, 3, None),  # down: 33.2 us, default 42.7
     (4096, 14336, 16): Tile(64, 128, 2, 3, 8),  # down: 33.7 us, default 43.1
 }

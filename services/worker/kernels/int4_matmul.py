@@ -13,7 +13,9 @@ summed over the step, times the step's scales (a step lies in one group); its q 
 without an int-to-float conversion: a nibble OR-ed into the bits of 2^23 (0x4B000000) is the
 float32 2^23 + q, less 2^23 + zero, exactly (on the H200 at M = 1: 3.54 to 3.36 ms a decode step;
 the dot path did not gain from it). At one row the FMA path takes each nibble where it lies in its
-word instead (in_place_nibbles: no shift a weight) and sums the step's K within each thread.
+word instead (in_place_nibbles: no shift a weight) and sums the step's K within each thread; and
+one row of bfloat16 x on a GPU takes packed pairs instead (int4_pairs.py: two weights an
+instruction, 3.41 to 2.84 ms an AWQ decode step at batch 1 on an H100).
 
 At decode sizes (M of 1 to 64) the product is a read of the packed weight, and its output tiles
 are too few to fill a GPU (Llama-3-8B's down projection: 64 tiles of 64 columns on an H200's 132
@@ -26,6 +28,7 @@ else INT4_DEFAULT (its BLOCK_K cut to the group size when the group is smaller).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
@@ -190,13 +193,21 @@ def choose_tile(m: int, w: Int4Weight, tile: Tile | None) -> Tile:
 
 def pairs_mode(x: torch.Tensor, t: Tile) -> int:
     """How a product takes one row of x: in packed pairs (int4_pairs.py) where x is one 16-bit row
-    on 4-byte words and the tile is an FMA tile, in PTX on a GPU of compute capability 8.0 or
-    more (1), emulated in the interpreter (2); else the float32 path (0). PAIRS False: never."""
+    on 4-byte words and the tile is an FMA tile: in PTX for bfloat16 x on a GPU of compute
+    capability 8.0 or more (1); emulated in the interpreter, which has float16 but no bfloat16
+    (2: the pairs' indexing and sums, shared with the PTX, tested on the CPU); else the float32
+    path (0). Not float16 on a GPU: float16 products of q - zero (up to 15) with x overflow where
+    |x| passes about a thousand, which bfloat16's range never does. PAIRS False: never."""
     if not PAIRS or x.shape[0] != 1 or t.dot or x.dtype not in (torch.float16, torch.bfloat16) or x.data_ptr() % 4:
         return 0
     if not x.is_cuda:
         return 2
-    return 1 if torch.cuda.get_device_capability(x.device) >= (8, 0) else 0
+    return 1 if x.dtype == torch.bfloat16 and _capability(x.device.index) >= (8, 0) else 0
+
+
+@functools.cache
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def int4_matmul(

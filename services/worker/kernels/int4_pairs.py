@@ -1,19 +1,21 @@
-"""int4 weights against one row of 16-bit x in packed pairs (int4_matmul's one-row path for
-float16 and bfloat16 x): two weights an instruction where the float32 path takes one.
+"""int4 weights against one row of bfloat16 x in packed pairs (int4_matmul's one-row path):
+two weights an instruction where the float32 path takes one.
 
 A word of qweight holds the nibbles of input rows 8i + j at bits 4j. Shifted right by 4p and
-masked with 0x000F000F, it holds nibbles p and p + 4, one in each 16-bit half; OR-ed with a half's
-MAGIC (the 16-bit float 2^E whose last mantissa bit is worth 1: bfloat16 128, float16 1024), each
-half reads MAGIC + q exactly, and less MAGIC + zero (one packed FMA) it is q - zero. x's words
-(x[8i], x[8i + 1]) ... are permuted into the matching pairs (x[8i + p], x[8i + p + 4]) once a step,
-for every column of the tile. A word's eight products are summed in the pair's format, four
-packed FMAs deep, then its two halves in float32: rounding a product to bfloat16 as the reference
-rounds a dequantized weight, so the error is of the same size. On an H100 (sm_90) the loop is
-about 3.1 instructions a weight against the float32 path's 5.9 (SASS compiled here).
+masked with 0x000F000F, it holds nibbles p and p + 4, one in each 16-bit half; OR-ed with 0x4300
+(bfloat16 128, whose last mantissa bit is worth 1) each half reads 128 + q exactly, and less
+128 + zero (one packed FMA) it is q - zero. x's words (x[8i], x[8i + 1]) ... are permuted into
+the matching pairs (x[8i + p], x[8i + p + 4]) once a step, for every column of the tile. A
+word's eight products are summed in bfloat16, four packed FMAs deep, then its two halves in
+float32: a product rounded to bfloat16 as the reference rounds a dequantized weight, so the error
+is of the same size. On an H100 (sm_90) the loop is about 3.1 instructions a weight against the
+float32 path's 5.9 (tools/sass_count.py).
 
-ASM 1 runs the pairs in PTX (fma.rn.{bf16x2,f16x2}: sm_80 and newer); ASM 0 is the same
-arithmetic in Triton, each packed FMA rounded to the pair's format, for the interpreter (which
-runs no inline PTX, and no bfloat16)."""
+ASM runs the pairs in PTX (fma.rn.bf16x2: sm_80 and newer). Without it the same arithmetic runs
+in Triton, each packed FMA rounded to the pair's format, for the interpreter, which runs no
+inline PTX and has no bfloat16: there the pairs are float16 (MAGIC 1024), which tests the
+indexing and sums on the CPU. float16 is not run in PTX: its products of q - zero (up to 15)
+with x would overflow where |x| passes about a thousand."""
 
 from __future__ import annotations
 
@@ -21,53 +23,37 @@ import triton
 import triton.language as tl
 
 # one word's eight products: $1 the word, $2..$5 x's pairs for nibbles (0, 4) .. (3, 7), $6 the
-# pair MAGIC + zero; $0 the float32 bits of their sum. "{T}" is bf16x2 or f16x2; ONE and NZ are
-# the pair's 1.0 and -0.0; the halves become float32 as "{LO}" / "{HI}" say.
-_WORD_DOT = """{
+# pair 128 + zero; $0 the float32 bits of their sum. 0x3F80 and 0x8000 are bfloat16's 1.0 and
+# -0.0; a bfloat16 is the top half of its float32.
+WORD_DOT = tl.constexpr("""{
 .reg .b32 t0, t1, t2, t3, w4, w8, w12, nm, acc, lo, hi, one, nz;
-.reg .b16 l16, h16;
 .reg .f32 flo, fhi, fs;
-lop3.b32 t0, $1, 0x000F000F, MAGIC2, 0xEA;
+lop3.b32 t0, $1, 0x000F000F, 0x43004300, 0xEA;
 shr.u32 w4, $1, 4;
-lop3.b32 t1, w4, 0x000F000F, MAGIC2, 0xEA;
+lop3.b32 t1, w4, 0x000F000F, 0x43004300, 0xEA;
 shr.u32 w8, $1, 8;
-lop3.b32 t2, w8, 0x000F000F, MAGIC2, 0xEA;
+lop3.b32 t2, w8, 0x000F000F, 0x43004300, 0xEA;
 shr.u32 w12, $1, 12;
-lop3.b32 t3, w12, 0x000F000F, MAGIC2, 0xEA;
+lop3.b32 t3, w12, 0x000F000F, 0x43004300, 0xEA;
 xor.b32 nm, $6, 0x80008000;
-mov.b32 one, ONE;
-mov.b32 nz, NZ;
-fma.rn.{T} t0, t0, one, nm;
-fma.rn.{T} t1, t1, one, nm;
-fma.rn.{T} t2, t2, one, nm;
-fma.rn.{T} t3, t3, one, nm;
-fma.rn.{T} acc, t0, $2, nz;
-fma.rn.{T} acc, t1, $3, acc;
-fma.rn.{T} acc, t2, $4, acc;
-fma.rn.{T} acc, t3, $5, acc;
-{HALVES}
+mov.b32 one, 0x3F803F80;
+mov.b32 nz, 0x80008000;
+fma.rn.bf16x2 t0, t0, one, nm;
+fma.rn.bf16x2 t1, t1, one, nm;
+fma.rn.bf16x2 t2, t2, one, nm;
+fma.rn.bf16x2 t3, t3, one, nm;
+fma.rn.bf16x2 acc, t0, $2, nz;
+fma.rn.bf16x2 acc, t1, $3, acc;
+fma.rn.bf16x2 acc, t2, $4, acc;
+fma.rn.bf16x2 acc, t3, $5, acc;
+shl.b32 lo, acc, 16;
+and.b32 hi, acc, 0xFFFF0000;
+mov.b32 flo, lo;
+mov.b32 fhi, hi;
 add.f32 fs, flo, fhi;
 mov.b32 $0, fs;
-}"""
-_BF16_HALVES = "shl.b32 lo, acc, 16;\nand.b32 hi, acc, 0xFFFF0000;\nmov.b32 flo, lo;\nmov.b32 fhi, hi;"
-_F16_HALVES = "mov.b32 {l16, h16}, acc;\ncvt.f32.f16 flo, l16;\ncvt.f32.f16 fhi, h16;"
-
-
-def _word_dot(bf16: bool) -> str:
-    magic, one, halves = (0x4300, 0x3F80, _BF16_HALVES) if bf16 else (0x6400, 0x3C00, _F16_HALVES)
-    return (
-        _WORD_DOT.replace("{T}", "bf16x2" if bf16 else "f16x2")
-        .replace("MAGIC2", f"0x{magic:04X}{magic:04X}")
-        .replace("ONE", f"0x{one:04X}{one:04X}")
-        .replace("NZ", "0x80008000")
-        .replace("{HALVES}", halves)
-    )
-
-
-WORD_DOT_BF16 = tl.constexpr(_word_dot(True))
-WORD_DOT_F16 = tl.constexpr(_word_dot(False))
+}""")
 MAGIC_BF16 = tl.constexpr(0x4300)
-MAGIC_F16 = tl.constexpr(0x6400)
 
 
 @triton.jit
@@ -102,22 +88,17 @@ def word_dots(w, p0, p1, p2, p3, z, BF16: tl.constexpr, ASM: tl.constexpr):
     """Each word's eight products with x's pairs, summed, float32: w [R, N] int32 words, p0..p3
     [R, 1] pairs, z [1, N] int32 zero points."""
     if ASM:
+        tl.static_assert(BF16, "packed pairs run in PTX for bfloat16 x only")
         p0, p1, p2, p3 = (
             tl.broadcast_to(p0, w.shape),
             tl.broadcast_to(p1, w.shape),
             tl.broadcast_to(p2, w.shape),
             tl.broadcast_to(p3, w.shape),
         )
-        if BF16:
-            m = tl.broadcast_to((z | MAGIC_BF16) * 65537, w.shape)
-            bits = tl.inline_asm_elementwise(
-                WORD_DOT_BF16, "=r,r,r,r,r,r,r", [w, p0, p1, p2, p3, m], dtype=tl.int32, is_pure=True, pack=1
-            )
-        else:
-            m = tl.broadcast_to((z | MAGIC_F16) * 65537, w.shape)
-            bits = tl.inline_asm_elementwise(
-                WORD_DOT_F16, "=r,r,r,r,r,r,r", [w, p0, p1, p2, p3, m], dtype=tl.int32, is_pure=True, pack=1
-            )
+        m = tl.broadcast_to((z | MAGIC_BF16) * 65537, w.shape)
+        bits = tl.inline_asm_elementwise(
+            WORD_DOT, "=r,r,r,r,r,r,r", [w, p0, p1, p2, p3, m], dtype=tl.int32, is_pure=True, pack=1
+        )
         return bits.to(tl.float32, bitcast=True)
     zf = z.to(tl.float32)
     return _lane_dot(w, p0, p1, p2, p3, zf, 0, BF16) + _lane_dot(w, p0, p1, p2, p3, zf, 16, BF16)
