@@ -219,6 +219,10 @@ def _decode_split_kernel(
     else:
         q = tl.load(q_rows + offs_d[None, :], mask=qmask, other=0.0)  # [BLOCK_G, BLOCK_D]
         pool_end = end
+    # the dots' operand type: q's, or float16 for an e4m3 pool (F16), p times v's scale lifted by
+    # P_LIFT clear of float16's subnormals and the output brought back after the loop
+    q_dot = q.to(tl.float16) if F16 else q
+    v_lift = P_LIFT if F16 else 1.0
     for start in range(begin, pool_end, BLOCK_N):
         pos = start + offs_n
         nmask = pos < pool_end
@@ -233,22 +237,16 @@ def _decode_split_kernel(
         if QUANT:
             k_s = load_kv_scale(ks_ptr, slots, ks_slot_stride, kvh, ks_head_stride, nmask)
             v_s = load_kv_scale(vs_ptr, slots, vs_slot_stride, kvh, vs_head_stride, nmask)
-            if F16:
-                qk = dot(q.to(tl.float16), tl.trans(k.to(tl.float16)), IEEE) * k_s[None, :]  # [BLOCK_G, BLOCK_N]
-            else:
-                qk = dot(q, tl.trans(k.to(q.dtype)), IEEE) * k_s[None, :]
+            qk = dot(q_dot, tl.trans(k.to(q_dot.dtype)), IEEE) * k_s[None, :]  # [BLOCK_G, BLOCK_N]
+            v_s = v_s * v_lift
         else:
             v_s = None
             qk = dot(q, tl.trans(k), IEEE)
         if SOFTCAP > 0:
             qk = softcap_scores(qk, qk_scale, SOFTCAP)
         qk = tl.where(nmask[None, :], qk, float("-inf"))
-        if F16:  # p times v's scale in float16, lifted by P_LIFT clear of its subnormals
-            acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s * P_LIFT, tl.float16, QUANT, IEEE)
-        else:
-            acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q.dtype, QUANT, IEEE)
-    if F16:
-        acc = acc * (1.0 / P_LIFT)
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, v_s, q_dot.dtype, QUANT, IEEE)
+    acc = acc * (1.0 / v_lift)
 
     o_ptrs = mid_o_ptr + b.to(tl.int64) * o_b_stride + heads[:, None] * o_h_stride + offs_d[None, :]
     if DIRECT:  # an empty request (a padded graph row) gets zeros, not NaN, as from the reduce
