@@ -43,23 +43,33 @@ def _fp8_quant_rows_kernel(
     offs = tl.arange(0, BLOCK_K)
     if ONE_PASS:  # the whole row in one tile, read once
         x = tl.load(x_ptr + row * x_row_stride + offs, mask=offs < K, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), FP8_MAX), MIN_SCALE)
-        y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
-        tl.store(q_ptr + row * q_row_stride + offs, round_to_e4m3(y).to(q_ptr.dtype.element_ty), mask=offs < K)
-        tl.store(s_ptr + row, scale)
-        return
-    absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + offs
-        x = tl.load(x_ptr + row * x_row_stride + k, mask=k < K, other=0.0).to(tl.float32)
-        absmax = tl.maximum(absmax, tl.abs(x))
-    scale = tl.maximum(tl.math.div_rn(tl.max(absmax, axis=0), FP8_MAX), MIN_SCALE)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + offs
-        x = tl.load(x_ptr + row * x_row_stride + k, mask=k < K, other=0.0).to(tl.float32)
-        y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
-        tl.store(q_ptr + row * q_row_stride + k, round_to_e4m3(y).to(q_ptr.dtype.element_ty), mask=k < K)
+        scale = _scale(tl.abs(x), FP8_MAX, MIN_SCALE)
+        _store_e4m3(q_ptr + row * q_row_stride + offs, x, scale, offs < K, FP8_MAX)
+    else:
+        absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs
+            x = tl.load(x_ptr + row * x_row_stride + k, mask=k < K, other=0.0).to(tl.float32)
+            absmax = tl.maximum(absmax, tl.abs(x))
+        scale = _scale(absmax, FP8_MAX, MIN_SCALE)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs
+            x = tl.load(x_ptr + row * x_row_stride + k, mask=k < K, other=0.0).to(tl.float32)
+            _store_e4m3(q_ptr + row * q_row_stride + k, x, scale, k < K, FP8_MAX)
     tl.store(s_ptr + row, scale)
+
+
+@triton.jit
+def _scale(absmax, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):
+    """A row's scale from its values' magnitudes (a tile of them): max / 448, at least MIN_SCALE."""
+    return tl.maximum(tl.math.div_rn(tl.max(absmax, axis=0), FP8_MAX), MIN_SCALE)
+
+
+@triton.jit
+def _store_e4m3(q_ptrs, x, scale, mask, FP8_MAX: tl.constexpr):
+    """x / scale, clamped to e4m3's range and rounded to its nearest e4m3 value, stored."""
+    y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
+    tl.store(q_ptrs, round_to_e4m3(y).to(q_ptrs.dtype.element_ty), mask=mask)
 
 
 _fp8_quant_rows_launch = launcher(_fp8_quant_rows_kernel)
