@@ -4,11 +4,6 @@ it is taken, and that its PTX compiles for sm_90 into packed FMAs (ptxas ships w
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -17,8 +12,7 @@ from services.worker.kernels.gemm_tiles import Tile
 from services.worker.kernels.int4_matmul import int4_matmul, pairs_mode
 from services.worker.models.int4_formats import from_awq, from_gptq, to_awq, to_gptq
 from services.worker.models.int4_weight import int4_reference
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.kernels.sass_run import sass_count
 
 
 def _weight(n: int, k: int, group: int, method: str, device, dtype: torch.dtype):
@@ -68,15 +62,8 @@ def test_when_pairs_are_taken(device, monkeypatch, tol) -> None:
 def test_pairs_ptx_compiles_for_sm90() -> None:
     """The one-row kernel in PTX through ptxas for an H100/H200 (tools/sass_count.py, in a process
     without the interpreter): packed FMAs, and fewer instructions a weight than the float32 path."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-
-    def loop(pairs: int) -> dict:
-        cmd = [sys.executable, os.path.join(ROOT, "tools", "sass_count.py"), "int4-one-row", "--pairs", str(pairs)]
-        done = subprocess.run([*cmd, "--dtype", "bf16"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
-    pairs, plain = loop(1), loop(0)
+    pairs = sass_count("int4-one-row", "--pairs", "1", "--dtype", "bf16")
+    plain = sass_count("int4-one-row", "--pairs", "0", "--dtype", "bf16")
     assert pairs["ops"]["HFMA2"] >= 4 * 32  # four packed FMAs a word at least, 32 words a thread a step
     assert pairs["per_weight"] < 0.7 * plain["per_weight"], (pairs["per_weight"], plain["per_weight"])
 

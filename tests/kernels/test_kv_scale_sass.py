@@ -5,23 +5,11 @@ the interpreter; ptxas ships with Triton)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _ops(scales: str) -> dict[str, int]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, os.path.join(ROOT, "tools", "sass_count.py"), "decode-e4m3", "--scales", scales]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])["ops"]
+from tests.kernels.sass_run import sass_count
 
 
 def test_exponent_scales_are_copied_asynchronously_as_float32_scales_are() -> None:
-    exponents, floats = _ops("i8"), _ops("fp32")
+    exponents = sass_count("decode-e4m3", "--scales", "i8")["ops"]
+    floats = sass_count("decode-e4m3", "--scales", "fp32")["ops"]
     assert floats.get("LDGSTS", 0) > 0
     assert exponents.get("LDGSTS", 0) == floats["LDGSTS"]
