@@ -33,15 +33,27 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 _OP = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)(?:\s+0x([0-9a-f]+))?")
 
 
-def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], warps: int, stages: int) -> bytes:
+def compile_sm90(
+    fn: Any,
+    signature: dict[str, str],
+    constexprs: dict[str, Any],
+    warps: int,
+    stages: int,
+    divisible: frozenset[str] = frozenset(),
+) -> bytes:
     """fn (a @triton.jit kernel) compiled for sm_90 -> its cubin. signature: each runtime
-    argument's Triton type ("*bf16", "i32"); constexprs: the compile-time ones' values."""
+    argument's Triton type ("*bf16", "i32"); constexprs: the compile-time ones' values; divisible:
+    the integers a real launch passes as multiples of 16. Triton's launcher specializes those, and
+    every pointer to a tensor's start (16-byte aligned), as divisible by 16, and its loads
+    vectorize only where it can prove that: without the same marks the SASS is another kernel's."""
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default and p.name not in constexprs}
     constexprs = constexprs | defaults
     sig = dict(signature) | {name: "constexpr" for name in constexprs}
     names = fn.arg_names
+    marked = [n for n, t in signature.items() if t[0] == "*" or n in divisible]
+    marks = {(names.index(n),): [["tt.divisibility", 16]] for n in marked}
     src = triton.compiler.ASTSource(
-        fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}
+        fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=marks
     )
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     return kernel.asm["cubin"]
@@ -105,7 +117,9 @@ def int4_one_row(pairs: int, dtype: str, block_n: int, block_k: int, warps: int,
         PAIRS=pairs,
     )
     sig = INT4_SIGNATURE | {"x_ptr": f"*{dtype}", "s_ptr": f"*{dtype}"}
-    ops, loop = count(sass(compile_sm90(_int4_matmul_kernel, sig, constexprs, warps, stages)))
+    # Llama-3-8B's shapes at one row: every integer but M a multiple of 16
+    divisible = frozenset(n for n in INT4_SIGNATURE if n in ("N", "K") or n.endswith(("stride", "share")))
+    ops, loop = count(sass(compile_sm90(_int4_matmul_kernel, sig, constexprs, warps, stages, divisible)))
     weights = block_n * block_k / (32 * warps)  # a step's weights a thread
     return {"loop": loop, "per_weight": round(loop / weights, 3), "ops": dict(ops.most_common())}
 
@@ -135,7 +149,10 @@ def decode_e4m3(scales: str) -> dict:
             sig[name] = pointers.get(name, "*bf16")
         else:
             sig[name] = "fp32" if name in ("nrm_eps", "qk_scale") else "i32"
-    cubin = compile_sm90(_decode_split_kernel, sig, constexprs, cfg["num_warps"], cfg["num_stages"])
+    # the strides of q, the pools, the tables and the scratch are multiples of 16 at these heads;
+    # the scales' ([slots, 8 KV heads]: 8 and 1) are not
+    divisible = frozenset(n for n in sig if n.endswith("stride") and not n.startswith(("ks_", "vs_")))
+    cubin = compile_sm90(_decode_split_kernel, sig, constexprs, cfg["num_warps"], cfg["num_stages"], divisible)
     ops, loop = count(sass(cubin))
     return {"loop": loop, "ops": dict(ops.most_common())}
 
