@@ -126,7 +126,8 @@ def build_model_stack(
         attn = TritonAttention(
             cache, heads, model_cfg.head_dim, max_decode_batch=cfg.running_max_req_size, layers=layers
         )
-        model = family.model(model_cfg, weights, TritonOps(), attn, cos_sin, tp)
+        fp8 = model_cfg.quantization is not None and model_cfg.quantization.method == "fp8"
+        model = family.model(model_cfg, weights, TritonOps(fp8_rows=fp8), attn, cos_sin, tp)
     else:
         attn = TorchAttention(cache, heads, model_cfg.head_dim, layers)
         model = family.model(model_cfg, weights, TorchOps(), attn, cos_sin, tp)

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.fp8_quant_rows import Fp8Rows, quantize_row
 from services.worker.kernels.launch import launcher
 from services.worker.kernels.rmsnorm import row_launch_params, weighted
 
@@ -22,6 +23,8 @@ def _add_rmsnorm_kernel(
     res_ptr,
     w_ptr,
     out_ptr,
+    q_ptr,
+    qs_ptr,
     x_row_stride,
     res_row_stride,
     out_row_stride,
@@ -29,6 +32,7 @@ def _add_rmsnorm_kernel(
     eps,
     BLOCK: tl.constexpr,
     UNIT_OFFSET: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -39,8 +43,10 @@ def _add_rmsnorm_kernel(
     tl.store(res_ptr + row * res_row_stride + offs, s, mask=mask)
     s = s.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(s * s, axis=0) / hidden + eps)
-    y = weighted(s, rstd, w_ptr, offs, mask, res_ptr.dtype.element_ty, UNIT_OFFSET)
-    tl.store(out_ptr + row * out_row_stride + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    y = weighted(s, rstd, w_ptr, offs, mask, res_ptr.dtype.element_ty, UNIT_OFFSET).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * out_row_stride + offs, y, mask=mask)
+    if QUANT:  # the output row in e4m3 too, for an FP8 product that reads it (fp8_quant_rows' bytes)
+        quantize_row(q_ptr + row * hidden + offs, qs_ptr + row, y.to(tl.float32), mask)
 
 
 _add_rmsnorm_launch = launcher(_add_rmsnorm_kernel)
@@ -53,9 +59,10 @@ def add_rmsnorm_(
     eps: float,
     out: torch.Tensor | None = None,
     unit_offset: bool = False,
+    rows: Fp8Rows | None = None,
 ) -> torch.Tensor:
     """x, residual: [T, H], weight: [H]. Updates residual in place; returns [T, H] normalised
-    (unit_offset: Gemma's norm, times 1 + weight)."""
+    (unit_offset: Gemma's norm, times 1 + weight). rows: where the output's e4m3 rows go too."""
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"add_rmsnorm: x must be [T, H] with a contiguous last dim, got {tuple(x.shape)}")
     t, h = x.shape
@@ -67,6 +74,8 @@ def add_rmsnorm_(
         out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, residual.dtype), device=x.device)
     elif out.shape != (t, h) or out.stride(-1) != 1:
         raise ValueError(f"add_rmsnorm: out must be [{t}, {h}] with a contiguous last dim, got {tuple(out.shape)}")
+    if rows is not None:
+        rows.check("add_rmsnorm", t, h)
     if t == 0:
         return out
     block, num_warps = row_launch_params(h)
@@ -75,6 +84,7 @@ def add_rmsnorm_(
         residual,
         weight,
         out,
+        *(rows if rows is not None else (out, out)),
         x.stride(0),
         residual.stride(0),
         out.stride(0),
@@ -82,6 +92,7 @@ def add_rmsnorm_(
         eps,
         BLOCK=block,
         UNIT_OFFSET=unit_offset,
+        QUANT=rows is not None,
         num_warps=num_warps,
     )
     return out

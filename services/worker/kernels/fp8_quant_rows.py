@@ -15,6 +15,8 @@ each walking its row twice.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -24,6 +26,8 @@ from services.worker.kernels.launch import launcher
 from services.worker.models.fp8_weight import FP8, FP8_MAX, MIN_SCALE
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+E4M3_MAX: tl.constexpr = tl.constexpr(FP8_MAX)  # quantize_row's, as the kernel's own arguments pass them
+E4M3_MIN_SCALE: tl.constexpr = tl.constexpr(MIN_SCALE)
 
 
 @triton.jit
@@ -43,8 +47,7 @@ def _fp8_quant_rows_kernel(
     offs = tl.arange(0, BLOCK_K)
     if ONE_PASS:  # the whole row in one tile, read once
         x = tl.load(x_ptr + row * x_row_stride + offs, mask=offs < K, other=0.0).to(tl.float32)
-        scale = _scale(tl.abs(x), FP8_MAX, MIN_SCALE)
-        _store_e4m3(q_ptr + row * q_row_stride + offs, x, scale, offs < K, FP8_MAX)
+        quantize_row(q_ptr + row * q_row_stride + offs, s_ptr + row, x, offs < K)
     else:
         absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -56,7 +59,17 @@ def _fp8_quant_rows_kernel(
             k = k0 + offs
             x = tl.load(x_ptr + row * x_row_stride + k, mask=k < K, other=0.0).to(tl.float32)
             _store_e4m3(q_ptr + row * q_row_stride + k, x, scale, k < K, FP8_MAX)
-    tl.store(s_ptr + row, scale)
+        tl.store(s_ptr + row, scale)
+
+
+@triton.jit
+def quantize_row(q_ptrs, s_ptr, x, mask):
+    """A whole row x (float32, zero past mask) -> its e4m3 values at q_ptrs and its scale at
+    s_ptr: the bytes fp8_quant_rows stores, for a kernel that already holds the row (a norm's
+    output, silu_mul's) and so saves the product its own launch."""
+    scale = _scale(tl.abs(x), E4M3_MAX, E4M3_MIN_SCALE)
+    _store_e4m3(q_ptrs, x, scale, mask, E4M3_MAX)
+    tl.store(s_ptr, scale)
 
 
 @triton.jit
@@ -74,6 +87,7 @@ def _store_e4m3(q_ptrs, x, scale, mask, FP8_MAX: tl.constexpr):
 
 _fp8_quant_rows_launch = launcher(_fp8_quant_rows_kernel)
 
+ROWS_ATTR = "fp8_rows"  # the attribute of a tensor that carries its Fp8Rows
 ONE_PASS_MAX = 16384  # the longest row held in registers: 32 float32 values a thread at 16 warps
 TWO_PASS_BLOCK = 4096
 
@@ -84,6 +98,44 @@ def launch_shape(k: int) -> tuple[int, bool, int]:
     one_pass = k <= ONE_PASS_MAX
     block = triton.next_power_of_2(k) if one_pass else TWO_PASS_BLOCK
     return block, one_pass, min(16, max(4, block // 512))
+
+
+class Fp8Rows(NamedTuple):
+    """Activations quantized per token: e4m3 [T, K] contiguous and float32 scales [T, 1]."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    @staticmethod
+    def empty(t: int, k: int, device: torch.device) -> Fp8Rows:
+        return Fp8Rows(
+            torch.empty((t, k), dtype=FP8, device=device), torch.empty((t, 1), dtype=torch.float32, device=device)
+        )
+
+    def check(self, where: str, t: int, k: int) -> None:
+        """Refuse rows that are not [t, k] e4m3 contiguous with [t, 1] float32 scales."""
+        q, s = self
+        if (
+            q.shape != (t, k)
+            or q.dtype != FP8
+            or not q.is_contiguous()
+            or s.shape != (t, 1)
+            or s.dtype != torch.float32
+        ):
+            raise ValueError(f"{where}: fp8 rows must be e4m3 [{t}, {k}] contiguous and float32 scales [{t}, 1]")
+
+
+def attached_rows(x: torch.Tensor) -> Fp8Rows | None:
+    """The e4m3 rows the kernel that wrote x stored beside it (ops.fp8_rows), if any: the same
+    bytes fp8_quant_rows(x) would give."""
+    return getattr(x, ROWS_ATTR, None)
+
+
+def with_rows(x: torch.Tensor, rows: Fp8Rows | None) -> torch.Tensor:
+    """x, carrying rows (its e4m3 rows, written by the kernel that wrote x) when they are given."""
+    if rows is not None:
+        setattr(x, ROWS_ATTR, rows)
+    return x
 
 
 def fp8_quant_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.fp8_quant_rows import fp8_quant_rows
+from services.worker.kernels.fp8_quant_rows import attached_rows, fp8_quant_rows
 from services.worker.kernels.gemm_tiles import FP8_DEFAULT, FP8_TILES, Tile, check_rows, lookup
 from services.worker.kernels.launch import cdiv, launcher
 from services.worker.kernels.split_k_sum import plan_split, split_k_sum
@@ -164,7 +164,9 @@ def fp8_weight_matmul(
     t = tile if tile is not None else lookup(FP8_TILES, FP8_DEFAULT, m, n, k)
     check_rows("fp8_weight_matmul", t, m)
     plan = plan_split(m, n, cdiv(k, t.block_k), t.block_n, t.block_k, n * k, x.device, t.split, t.dot)
-    xq, xs = fp8_quant_rows(x) if t.x8 else (x, w.scale)  # w.scale: a pointer the kernel does not read
+    # x's e4m3 rows: those the kernel that wrote x stored beside it, else a launch of their own;
+    # w.scale stands in for a pointer the kernel does not read
+    xq, xs = (attached_rows(x) or fp8_quant_rows(x)) if t.x8 else (x, w.scale)
     _fp8_weight_matmul_launch[plan.grid](
         xq,
         xs,

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.kernels.fp8_quant_rows import Fp8Rows, quantize_row
 from services.worker.kernels.launch import launcher, next_pow2
 from services.worker.models.layers.ops import RowNorm
 
@@ -32,15 +33,28 @@ def weighted(x, rstd, w_ptr, offs, mask, dtype, UNIT_OFFSET: tl.constexpr):
 
 @triton.jit
 def _rmsnorm_kernel(
-    x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, hidden, eps, BLOCK: tl.constexpr, UNIT_OFFSET: tl.constexpr
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    q_ptr,
+    qs_ptr,
+    x_row_stride,
+    out_row_stride,
+    hidden,
+    eps,
+    BLOCK: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
     x = tl.load(x_ptr + row * x_row_stride + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
-    y = weighted(x, rstd, w_ptr, offs, mask, x_ptr.dtype.element_ty, UNIT_OFFSET)
-    tl.store(out_ptr + row * out_row_stride + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    y = weighted(x, rstd, w_ptr, offs, mask, x_ptr.dtype.element_ty, UNIT_OFFSET).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * out_row_stride + offs, y, mask=mask)
+    if QUANT:  # the output row in e4m3 too, for an FP8 product that reads it (fp8_quant_rows' bytes)
+        quantize_row(q_ptr + row * hidden + offs, qs_ptr + row, y.to(tl.float32), mask)
 
 
 _rmsnorm_launch = launcher(_rmsnorm_kernel)
@@ -80,10 +94,15 @@ def row_launch_params(hidden: int) -> tuple[int, int]:
 
 
 def rmsnorm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None, unit_offset: bool = False
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    unit_offset: bool = False,
+    rows: Fp8Rows | None = None,
 ) -> torch.Tensor:
     """x: [T, H], weight: [H] -> [T, H] in the promoted dtype of weight and x. unit_offset: Gemma's
-    norm, times 1 + weight."""
+    norm, times 1 + weight. rows: where the output's e4m3 rows go too."""
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"rmsnorm: x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} {x.stride()}")
     t, h = x.shape
@@ -93,10 +112,23 @@ def rmsnorm(
         out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     elif out.shape != (t, h) or out.stride(-1) != 1:
         raise ValueError(f"rmsnorm: out must be [{t}, {h}] with a contiguous last dim, got {tuple(out.shape)}")
+    if rows is not None:
+        rows.check("rmsnorm", t, h)
     if t == 0:
         return out
     block, num_warps = row_launch_params(h)
     _rmsnorm_launch[(t,)](
-        x, weight, out, x.stride(0), out.stride(0), h, eps, BLOCK=block, UNIT_OFFSET=unit_offset, num_warps=num_warps
+        x,
+        weight,
+        out,
+        *(rows if rows is not None else (out, out)),
+        x.stride(0),
+        out.stride(0),
+        h,
+        eps,
+        BLOCK=block,
+        UNIT_OFFSET=unit_offset,
+        QUANT=rows is not None,
+        num_warps=num_warps,
     )
     return out

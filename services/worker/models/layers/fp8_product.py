@@ -86,6 +86,16 @@ def tokens_as_quantized(x: torch.Tensor) -> torch.Tensor:
     return xq.float() * xs
 
 
+def quantizes_rows(m: int) -> bool:
+    """Whether every FP8 product of m rows on a GPU with e4m3 quantizes x per token: past
+    TRITON_MAX_M rows, where each of FP8_TILES' tiles for m's row bucket is an x8 tile (a shape
+    without one runs torch._scaled_mm, which quantizes x too)."""
+    from services.worker.kernels.gemm_tiles import FP8_TILES, m_bucket
+
+    bucket = m_bucket(m)
+    return m > TRITON_MAX_M and all(t.x8 for (_, _, b), t in FP8_TILES.items() if b == bucket)
+
+
 def scaled_mm_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
     n, k = w.shape
     return x.dtype == torch.bfloat16 and k % 16 == 0 and n % 16 == 0 and fp8_tensor_cores(x.device)
@@ -95,9 +105,9 @@ def fp8_scaled_mm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
     """x [T, K] bf16 @ W.t() -> [T, N] bf16 on the FP8 tensor cores (scaled_mm_fits(x, w) must hold);
     x quantized by kernels/fp8_quant_rows.py, quantize_tokens in one launch."""
     # imported here: the kernels compile for the device they first see
-    from services.worker.kernels.fp8_quant_rows import fp8_quant_rows
+    from services.worker.kernels.fp8_quant_rows import attached_rows, fp8_quant_rows
 
-    xq, xs = fp8_quant_rows(x if x.stride(-1) == 1 else x.contiguous())
+    xq, xs = attached_rows(x) or fp8_quant_rows(x if x.stride(-1) == 1 else x.contiguous())
     # w.weight [N, K] row-major is the [K, N] column-major operand _scaled_mm wants
     return torch._scaled_mm(xq, w.weight.t(), scale_a=xs, scale_b=w.scale[None, :], out_dtype=x.dtype)
 
