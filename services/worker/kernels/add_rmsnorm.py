@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.fp8_quant_rows import Fp8Rows, quantize_row
+from services.worker.kernels.fp8_quant_rows import Fp8Rows, quantize_row, row_pointers
 from services.worker.kernels.launch import launcher
-from services.worker.kernels.rmsnorm import row_launch_params, weighted
+from services.worker.kernels.rmsnorm import norm_output, row_launch_params, weighted
 
 
 @triton.jit
@@ -68,14 +68,7 @@ def add_rmsnorm_(
     t, h = x.shape
     if residual.shape != (t, h) or residual.stride(-1) != 1:
         raise ValueError(f"add_rmsnorm: residual must be [{t}, {h}] with a contiguous last dim")
-    if weight.shape != (h,) or not weight.is_contiguous():
-        raise ValueError(f"add_rmsnorm: weight must be contiguous [{h}], got {tuple(weight.shape)}")
-    if out is None:
-        out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, residual.dtype), device=x.device)
-    elif out.shape != (t, h) or out.stride(-1) != 1:
-        raise ValueError(f"add_rmsnorm: out must be [{t}, {h}] with a contiguous last dim, got {tuple(out.shape)}")
-    if rows is not None:
-        rows.check("add_rmsnorm", t, h)
+    out = norm_output("add_rmsnorm", x, weight, residual.dtype, out, rows)
     if t == 0:
         return out
     block, num_warps = row_launch_params(h)
@@ -84,7 +77,7 @@ def add_rmsnorm_(
         residual,
         weight,
         out,
-        *(rows if rows is not None else (out, out)),
+        *row_pointers(rows, out),
         x.stride(0),
         residual.stride(0),
         out.stride(0),

@@ -131,6 +131,11 @@ def attached_rows(x: torch.Tensor) -> Fp8Rows | None:
     return getattr(x, ROWS_ATTR, None)
 
 
+def row_pointers(rows: Fp8Rows | None, stand_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A kernel's (q, scale) arguments: rows', else stand_in twice (a QUANT=False launch reads neither)."""
+    return (rows.q, rows.scale) if rows is not None else (stand_in, stand_in)
+
+
 def with_rows(x: torch.Tensor, rows: Fp8Rows | None) -> torch.Tensor:
     """x, carrying rows (its e4m3 rows, written by the kernel that wrote x) when they are given."""
     if rows is not None:

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.fp8_quant_rows import Fp8Rows, quantize_row
+from services.worker.kernels.fp8_quant_rows import Fp8Rows, quantize_row, row_pointers
 from services.worker.kernels.launch import launcher, next_pow2
 from services.worker.models.layers.ops import RowNorm
 
@@ -93,6 +93,28 @@ def row_launch_params(hidden: int) -> tuple[int, int]:
     return block, num_warps
 
 
+def norm_output(
+    where: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dtype: torch.dtype,
+    out: torch.Tensor | None,
+    rows: Fp8Rows | None,
+) -> torch.Tensor:
+    """A norm's output for x [T, H]: out checked ([T, H], last dim contiguous), else a new one in
+    weight's and dtype's promoted dtype; weight ([H], contiguous) and rows checked too."""
+    t, h = x.shape
+    if weight.shape != (h,) or not weight.is_contiguous():
+        raise ValueError(f"{where}: weight must be contiguous [{h}], got {tuple(weight.shape)}")
+    if out is None:
+        out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, dtype), device=x.device)
+    elif out.shape != (t, h) or out.stride(-1) != 1:
+        raise ValueError(f"{where}: out must be [{t}, {h}] with a contiguous last dim, got {tuple(out.shape)}")
+    if rows is not None:
+        rows.check(where, t, h)
+    return out
+
+
 def rmsnorm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -106,14 +128,7 @@ def rmsnorm(
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"rmsnorm: x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} {x.stride()}")
     t, h = x.shape
-    if weight.shape != (h,) or not weight.is_contiguous():
-        raise ValueError(f"rmsnorm: weight must be contiguous [{h}], got {tuple(weight.shape)}")
-    if out is None:
-        out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
-    elif out.shape != (t, h) or out.stride(-1) != 1:
-        raise ValueError(f"rmsnorm: out must be [{t}, {h}] with a contiguous last dim, got {tuple(out.shape)}")
-    if rows is not None:
-        rows.check("rmsnorm", t, h)
+    out = norm_output("rmsnorm", x, weight, x.dtype, out, rows)
     if t == 0:
         return out
     block, num_warps = row_launch_params(h)
@@ -121,7 +136,7 @@ def rmsnorm(
         x,
         weight,
         out,
-        *(rows if rows is not None else (out, out)),
+        *row_pointers(rows, out),
         x.stride(0),
         out.stride(0),
         h,

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.fp8_quant_rows import ONE_PASS_MAX, Fp8Rows, quantize_row
+from services.worker.kernels.fp8_quant_rows import ONE_PASS_MAX, Fp8Rows, quantize_row, row_pointers
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
 from services.worker.kernels.rmsnorm import check_row_norm, row_inv_rms
 from services.worker.models.layers.ops import RowNorm
@@ -89,7 +89,7 @@ def silu_mul(
         gate_up,
         out,
         res,
-        *(rows if rows is not None else (out, out)),
+        *row_pointers(rows, out),
         gate_up.stride(0),
         out.stride(0),
         res.stride(0),
