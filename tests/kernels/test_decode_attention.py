@@ -12,6 +12,7 @@ from services.worker.kernels.decode_attention import (
     NewTokens,
     choose_num_splits,
     decode_attention,
+    decode_config,
     decode_scratch,
 )
 from services.worker.kernels.launch import Launcher
@@ -146,6 +147,15 @@ def test_decode_small_quantized(
     kv: str, dtype: torch.dtype, num_splits: int, fused: bool, device, pooled, reference, tol
 ) -> None:
     check(LENS, 4, 2, 32, dtype, kv, num_splits, device, pooled, reference, tol, fused)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_e4m3_narrow_tiles(num_splits: int, device, pooled, reference, tol) -> None:
+    """An e4m3 pool from E4M3_NARROW_BATCH requests on a GPU: decode_config's narrower tiles
+    (the interpreter's own are 16 tokens), over contexts of part tiles and several splits."""
+    cfg = decode_config(128, torch.bfloat16, True, True, e4m3=True, batch=decode_attention_module.E4M3_NARROW_BATCH)
+    assert cfg != decode_config(128, torch.bfloat16, True, True, e4m3=True, batch=1)
+    check([1, 70, 130, 200], 4, 2, 32, torch.float32, "fp8", num_splits, device, pooled, reference, tol, **cfg)
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -67,20 +67,29 @@ SPLIT_TOKENS = 64
 # 65,504). Only quantized pools take it, which never fold a new token in (its k and v
 # would be lifted too): those need a float pool.
 F16_DOTS = True
+# the batch from which an e4m3 pool's stage 1 runs narrower tiles (decode_config)
+E4M3_NARROW_BATCH = 32
 
 
-def decode_config(head_dim: int, dtype: torch.dtype, is_cuda: bool, quantized: bool = False) -> dict[str, int]:
+def decode_config(
+    head_dim: int, dtype: torch.dtype, is_cuda: bool, quantized: bool = False, e4m3: bool = False, batch: int = 1
+) -> dict[str, int]:
     """BLOCK_N / num_warps / num_stages of stage 1; small tiles in the interpreter keep tests fast.
     Measured on an H200 with 32 layers' pools replayed from a graph: bf16 / fp16 pools, 2 warps
     and 3 stages took a layer's attention at context 1024 from 267.5 to 247.7 µs at batch 256
     and 66.6 to 65.5 at batch 64, and gave the same or a little less at batches 1 and 4. An int8
     pool, 128-token tiles, 4 warps, 2 stages: 112 µs a layer at batch 64 and context 2048
     against 258 with 64 / 4 / 2; the fastest of 19 configs at batches 64 and 256, within 0.1 µs
-    of the fastest at batch 1, and faster than the bf16 pool's kernel on the same requests."""
+    of the fastest at batch 1, and faster than the bf16 pool's kernel on the same requests. An
+    e4m3 pool from E4M3_NARROW_BATCH requests: 64-token tiles, 2 warps, 4 stages, 59.1 µs a layer
+    at batch 64 and context 1024 against 64.1 with the int8 pool's (H200, 27 launches swept);
+    at batch 1 they were about 1 µs slower, so smaller batches keep the int8 pool's."""
     if not is_cuda:
         return {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
     if dtype == torch.float32 or head_dim > 128:
         return {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    if quantized and e4m3 and batch >= E4M3_NARROW_BATCH:
+        return {"BLOCK_N": 64, "num_warps": 2, "num_stages": 4}
     if quantized:
         return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}
     return {"BLOCK_N": 64, "num_warps": 2, "num_stages": 3}
@@ -201,7 +210,7 @@ def decode_attention(
     if bsz == 0:
         return out
     quant = k_scale is not None
-    cfg = decode_config(d, q.dtype, q.is_cuda, quant) | config
+    cfg = decode_config(d, q.dtype, q.is_cuda, quant, k_pool.dtype == torch.float8_e4m3fn, bsz) | config
     ks = k_scale if quant else mid_lse  # any float32 tensor: the kernel does not read it
     vs = v_scale if quant else mid_lse
     group = hq // hkv
