@@ -6,7 +6,8 @@ experts: the weight-read floor of its decode steps, and the ratio over the peer 
 
 The job sends the first N requests of sharegpt_shaped at once (ignore_eos, so each runs its
 output length); the engine admits them all, so after the prefill step t runs every request with
-more than t output tokens, and there are as many decode steps as the longest output. A step of b
+more than t output tokens, and there is one decode step fewer than the longest output has tokens
+(the prefill step gives each request its first). A step of b
 tokens reads, in each layer, every expert some token routes to: with top-k of E experts and
 uniform routing (random weights route about uniformly), an expert is missed by one token with
 probability (E - k) / E, so E * (1 - ((E - k) / E) ** b) experts are read on average. It also
@@ -58,16 +59,17 @@ def experts_read(b: int, experts: int, top_k: int) -> float:
 
 def decode_floor(pairs: list[tuple[int, int]], sizes: dict[str, float], copy_gbps: float) -> dict[str, float]:
     """The decode steps' bytes and seconds at the copy rate for requests (input, output) all
-    admitted at once."""
+    admitted at once: the prefill gives each its first token, so decode step t (1 on) runs the
+    requests of more than t output tokens, over t tokens of their own past the prompt."""
     steps = max(o for _, o in pairs)
     weight = kv = 0.0
-    for t in range(steps):
+    for t in range(1, steps):
         running = [(i, o) for i, o in pairs if o > t]
         touched = experts_read(len(running), int(sizes["experts"]), int(sizes["top_k"]))
         weight += sizes["layers"] * touched * sizes["expert"] + sizes["rest"]
         kv += sum(i + t for i, _ in running) * sizes["kv_token"]
     rate = copy_gbps * 1e9
-    return {"steps": steps, "weight_gb": weight / 1e9, "kv_gb": kv / 1e9, "decode_floor_s": (weight + kv) / rate}
+    return {"steps": steps - 1, "weight_gb": weight / 1e9, "kv_gb": kv / 1e9, "decode_floor_s": (weight + kv) / rate}
 
 
 def bound(shape: str, requests: int, copy_gbps: float, prefill_s: float, peer_req_per_s: float) -> dict:

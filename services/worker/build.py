@@ -20,6 +20,7 @@ from services.worker.models.attention.base import attention_layers
 from services.worker.models.attention.torch_backend import TorchAttention
 from services.worker.models.fp8_weight import quantize_layers_, quantize_lm_head_
 from services.worker.models.interface import CausalLM
+from services.worker.models.layers.fp8_product import fp8_triton
 from services.worker.models.layers.ops import TorchOps
 from services.worker.models.layers.rope import cos_sin_table
 from services.worker.models.registry import family_of, load_weights
@@ -126,8 +127,10 @@ def build_model_stack(
         attn = TritonAttention(
             cache, heads, model_cfg.head_dim, max_decode_batch=cfg.running_max_req_size, layers=layers
         )
+        # e4m3 rows beside the norms' outputs: only where Triton converts e4m3 (compute capability
+        # 8.9 on); an older GPU's FP8 products dequantize the weights instead
         fp8 = model_cfg.quantization is not None and model_cfg.quantization.method == "fp8"
-        model = family.model(model_cfg, weights, TritonOps(fp8_rows=fp8), attn, cos_sin, tp)
+        model = family.model(model_cfg, weights, TritonOps(fp8_rows=fp8 and fp8_triton(device)), attn, cos_sin, tp)
     else:
         attn = TorchAttention(cache, heads, model_cfg.head_dim, layers)
         model = family.model(model_cfg, weights, TorchOps(), attn, cos_sin, tp)

@@ -152,10 +152,10 @@ def test_decode_small_quantized(
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_decode_e4m3_narrow_tiles(num_splits: int, device, pooled, reference, tol) -> None:
     """An e4m3 pool from E4M3_NARROW_BATCH requests on a GPU: decode_config's narrower tiles
-    (the interpreter's own are 16 tokens), over contexts of part tiles and several splits."""
+    (the interpreter's own are 16 tokens) with bf16 q as served, over part tiles and several splits."""
     cfg = decode_config(128, torch.bfloat16, True, True, e4m3=True, batch=decode_attention_module.E4M3_NARROW_BATCH)
     assert cfg != decode_config(128, torch.bfloat16, True, True, e4m3=True, batch=1)
-    check([1, 70, 130, 200], 4, 2, 32, torch.float32, "fp8", num_splits, device, pooled, reference, tol, **cfg)
+    check([1, 70, 130, 200], 4, 2, 32, torch.bfloat16, "fp8", num_splits, device, pooled, reference, tol, **cfg)
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -23,11 +23,13 @@ def test_mixtral_expert_is_its_three_matrices_in_bf16():
 
 def test_decode_floor_follows_the_running_requests_step_by_step():
     sizes = {"expert": 100.0, "rest": 10.0, "kv_token": 1.0, "experts": 8, "top_k": 2, "layers": 2}
-    # step 0: both requests run (3.5 experts a layer; KV 10 + 5); step 1: the first alone (2; KV 11)
-    out = mb.decode_floor([(10, 2), (5, 1)], sizes, copy_gbps=1e-9)  # 1 byte/s
-    weight = (2 * 3.5 * 100 + 10) + (2 * 2.0 * 100 + 10)
+    # the prefill gives each its first token; decode step 1 runs all three (of more than 1 token:
+    # 4.625 experts a layer; KV 10 + 1, 5 + 1, 7 + 1), step 2 the two 3-token ones (3.5; 12, 7)
+    out = mb.decode_floor([(10, 3), (5, 3), (7, 2)], sizes, copy_gbps=1e-9)  # 1 byte/s
+    weight = (2 * mb.experts_read(3, 8, 2) * 100 + 10) + (2 * 3.5 * 100 + 10)
+    assert mb.experts_read(3, 8, 2) == pytest.approx(4.625)
     assert out["steps"] == 2
-    assert out["decode_floor_s"] == pytest.approx(weight + 15 + 11)
+    assert out["decode_floor_s"] == pytest.approx(weight + 25 + 19)
 
 
 def test_bound_divides_the_requests_by_floor_and_prefill():

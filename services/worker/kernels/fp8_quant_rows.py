@@ -127,8 +127,11 @@ class Fp8Rows(NamedTuple):
 
 def attached_rows(x: torch.Tensor) -> Fp8Rows | None:
     """The e4m3 rows the kernel that wrote x stored beside it (ops.fp8_rows), if any: the same
-    bytes fp8_quant_rows(x) would give."""
-    return getattr(x, ROWS_ATTR, None)
+    bytes fp8_quant_rows(x) would give. They hold while x is only read: an in-place write to x
+    would leave them stale (nothing writes a norm's or silu_mul's output before its product
+    reads it; a gather, view or slice of x is a new tensor, without them)."""
+    rows = getattr(x, ROWS_ATTR, None)
+    return rows if rows is not None and rows.q.shape == x.shape else None
 
 
 def row_pointers(rows: Fp8Rows | None, stand_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
