@@ -68,7 +68,9 @@ class ServeConfig:
         "quantized to e4m3 with per-channel scales at load)",
         "-q",
     )
-    fp8_lm_head: bool = option(False, "with FP8 weights: the output layer (lm_head) in FP8 too; else it stays bf16")
+    fp8_lm_head: bool = option(
+        False, "with FP8, AWQ or GPTQ weights: the output layer (lm_head) in FP8 too; else it stays bf16"
+    )
     mem_fraction: float = option(0.9, "share of GPU memory for weights plus KV cache", "--gpu-memory-utilization")
     max_total_token_num: int = option(
         0, "tokens in each group's KV pool; 0: sized from free memory", "--max-total-tokens"

@@ -291,7 +291,7 @@ class WorkerConfig(CommonConfig):
         "weights: none (as the checkpoint stores them) or fp8 (a bf16 checkpoint's projections quantized to e4m3 "
         "with per-channel scales at load; an FP8 checkpoint is read as FP8 either way)",
     )
-    fp8_lm_head: bool = option(False, "the output layer (lm_head) in FP8 too, with FP8 weights (if tied: an FP8 copy)")
+    fp8_lm_head: bool = option(False, "the output layer in FP8 too, beside FP8, AWQ or GPTQ weights (tied: a copy)")
     max_total_token_num: int = option(0, "KV pool tokens; 0: sized from free memory")
     mem_fraction: float = option(0.9, "share of the device memory for weights plus KV pool")
     cpu_kv_tokens: int = option(32_768, "KV pool tokens on the CPU when max_total_token_num is 0")

@@ -278,7 +278,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("none", "fp8", *INT4),
         help="fp8: projections quantized at load; awq, gptq: random weights' projections as int4 (group size 128)",
     )
-    ap.add_argument("--fp8-lm-head", action="store_true", help="with --quantization fp8: the output layer in FP8 too")
+    ap.add_argument("--fp8-lm-head", action="store_true", help="with fp8, awq or gptq: the output layer in FP8 too")
     ap.add_argument("--max-total-token-num", type=int, default=0)
     ap.add_argument("--mem-fraction", type=float, default=0.9)
     ap.add_argument("--batch-max-tokens", type=int, default=16384)

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gemm-search", type=int, default=1, help="0: decode graphs use PyTorch's matmul libraries only")
     ap.add_argument("--fold-norms", type=int, default=1, help="0: norms kept apart from the weights (no decode_folded)")
     ap.add_argument("--quantization", choices=("none", "fp8", *INT4), default="none", help="the projections' format")
-    ap.add_argument("--fp8-lm-head", action="store_true", help="with --quantization fp8: the output layer in FP8 too")
+    ap.add_argument("--fp8-lm-head", action="store_true", help="with fp8, awq or gptq: the output layer in FP8 too")
     ap.add_argument("--kv-dtype", default="auto", help="the KV pool's format: auto (the model's dtype), int8 or fp8")
     args = ap.parse_args(argv)
     cfg = ModelConfig.from_dict(SHAPES[args.shape])

@@ -37,6 +37,10 @@ from shared.model_config import ModelConfig
 from shared.quant_config import with_flag
 
 log = logging.getLogger(__name__)
+# the weight formats beside which --fp8-lm-head puts the output layer in FP8: a model whose
+# projections are already lossy, for which a step's read of the bf16 output layer (1 GB at a
+# 128k vocabulary) is a large share of the bytes
+LM_HEAD_FP8_BESIDE = ("fp8", "awq", "gptq")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -111,8 +115,10 @@ def build_model_stack(
     if weights is None:
         weights = load_weights(cfg.model_dir, model_cfg, dtype, device, tp)
     if cfg.fp8_lm_head:
-        if model_cfg.quantization is None or model_cfg.quantization.method != "fp8":
-            raise ValueError("--fp8-lm-head needs FP8 weights: --quantization fp8 or an FP8 checkpoint")
+        if model_cfg.quantization is None or model_cfg.quantization.method not in LM_HEAD_FP8_BESIDE:
+            raise ValueError(
+                "--fp8-lm-head needs quantized weights: --quantization fp8, or an FP8, AWQ or GPTQ checkpoint"
+            )
         quantize_lm_head_(weights)
     max_total_len = min(cfg.max_req_total_len or model_cfg.context_length, model_cfg.context_length)
     cache = _kv_pool(cfg, model_cfg, tp, dtype, device, max_total_len)
