@@ -18,7 +18,8 @@ from services.worker.memory.req_table import ReqTable
 from services.worker.memory.token_allocator import TokenAllocator
 from services.worker.models.attention.base import attention_layers
 from services.worker.models.attention.torch_backend import TorchAttention
-from services.worker.models.fp8_weight import quantize_layers_, quantize_lm_head_
+from services.worker.models.fp8_weight import Fp8Weight, quantize_layers_, quantize_lm_head_
+from services.worker.models.int4_weight import Int4Weight
 from services.worker.models.interface import CausalLM
 from services.worker.models.layers.fp8_product import fp8_triton
 from services.worker.models.layers.ops import TorchOps
@@ -37,10 +38,6 @@ from shared.model_config import ModelConfig
 from shared.quant_config import with_flag
 
 log = logging.getLogger(__name__)
-# the weight formats beside which --fp8-lm-head puts the output layer in FP8: a model whose
-# projections are already lossy, for which a step's read of the bf16 output layer (1 GB at a
-# 128k vocabulary) is a large share of the bytes
-LM_HEAD_FP8_BESIDE = ("fp8", "awq", "gptq")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -115,7 +112,7 @@ def build_model_stack(
     if weights is None:
         weights = load_weights(cfg.model_dir, model_cfg, dtype, device, tp)
     if cfg.fp8_lm_head:
-        if model_cfg.quantization is None or model_cfg.quantization.method not in LM_HEAD_FP8_BESIDE:
+        if not isinstance(weights.layers[0].qkv, (Fp8Weight, Int4Weight)):
             raise ValueError(
                 "--fp8-lm-head needs quantized weights: --quantization fp8, or an FP8, AWQ or GPTQ checkpoint"
             )

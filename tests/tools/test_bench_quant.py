@@ -103,3 +103,14 @@ def test_fp8_lm_head_is_built_and_its_floor_counts_a_byte_a_weight(tiny: str, mo
     cfg = built.model_cfg
     fp8_head = weight_bytes(cfg, layer_bytes=1, head_bytes=projection_bytes(head))
     assert weight_bytes(cfg, layer_bytes=1) - fp8_head == cfg.vocab_size * cfg.hidden_size
+
+
+def test_fp8_lm_head_beside_random_int4_weights(tiny: str, monkeypatch) -> None:
+    """The benchmark's int4 weights are quantized before the build (no checkpoint says so): the
+    flag still finds quantized projections and puts the output layer in FP8."""
+    with open(os.path.join(tiny, "config.json")) as f:
+        monkeypatch.setitem(SHAPES, "tiny-test", json.load(f))
+    flags = ["--out", "unused.json", "--shape", "tiny-test", "--device", "cpu", "--quantization", "awq"]
+    _, args = bench_quant.parse_args([*flags, "--fp8-lm-head"])
+    w = EngineFactory(args).build(cache_on=True).engine.runner.model.w
+    assert isinstance(w.lm_head, Fp8Weight) and isinstance(w.layers[0].qkv, Int4Weight)
