@@ -44,13 +44,15 @@ def compile_sm90(
     """fn (a @triton.jit kernel) compiled for sm_90 -> its cubin. signature: each runtime
     argument's Triton type ("*bf16", "i32"); constexprs: the compile-time ones' values; divisible:
     the integers a real launch passes as multiples of 16. Triton's launcher specializes those, and
-    every pointer to a tensor's start (16-byte aligned), as divisible by 16, and its loads
-    vectorize only where it can prove that: without the same marks the SASS is another kernel's."""
+    every pointer to a tensor's start (16-byte aligned), as divisible by 16, but not the kernel's
+    do_not_specialize arguments; its loads vectorize only where it can prove that: without the
+    same marks the SASS is another kernel's."""
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default and p.name not in constexprs}
     constexprs = constexprs | defaults
     sig = dict(signature) | {name: "constexpr" for name in constexprs}
     names = fn.arg_names
-    marked = [n for n, t in signature.items() if t[0] == "*" or n in divisible]
+    kept = {p.name for p in fn.params if p.do_not_specialize}
+    marked = [n for n, t in signature.items() if t[0] == "*" or (n in divisible and n not in kept)]
     marks = {(names.index(n),): [["tt.divisibility", 16]] for n in marked}
     src = triton.compiler.ASTSource(
         fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=marks
@@ -149,9 +151,9 @@ def decode_e4m3(scales: str) -> dict:
             sig[name] = pointers.get(name, "*bf16")
         else:
             sig[name] = "fp32" if name in ("nrm_eps", "qk_scale") else "i32"
-    # the strides of q, the pools, the tables and the scratch are multiples of 16 at these heads;
-    # the scales' ([slots, 8 KV heads]: 8 and 1) are not
-    divisible = frozenset(n for n in sig if n.endswith("stride") and not n.startswith(("ks_", "vs_")))
+    # the strides of q, the pools and the tables are multiples of 16 at these heads (the kernel
+    # leaves the scales' and the scratch's unspecialized)
+    divisible = frozenset(n for n in sig if n.endswith("stride"))
     cubin = compile_sm90(_decode_split_kernel, sig, constexprs, cfg["num_warps"], cfg["num_stages"], divisible)
     ops, loop = count(sass(cubin))
     return {"loop": loop, "ops": dict(ops.most_common())}
