@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.kernels.fp8_quant_rows import ONE_PASS_MAX, Fp8Rows, quantize_row, row_pointers
+from services.worker.kernels.fp8_quant_rows import ONE_PASS_MAX, Fp8Rows, launch_shape, quantize_row, row_pointers
 from services.worker.kernels.launch import cdiv, launcher, next_pow2
 from services.worker.kernels.rmsnorm import check_row_norm, row_inv_rms
 from services.worker.models.layers.ops import RowNorm
@@ -81,6 +81,7 @@ def silu_mul(
         rows.check("silu_mul", t, inter)
     if t == 0:
         return out
+    # with rows, one program a row: fp8_quant_rows' one-pass tile and warps for rows of I values
     block = next_pow2(inter) if rows is not None else min(BLOCK, next_pow2(inter))
     grid = (t, cdiv(inter, block))
     res, hidden, eps = (norm.src, norm.src.shape[1], norm.eps) if norm is not None else (gate_up, 0, 0.0)
@@ -100,6 +101,6 @@ def silu_mul(
         NORM=norm is not None,
         NORM_BLOCK=norm_block,
         QUANT=rows is not None,
-        num_warps=4 if rows is None else min(16, max(4, block // 512)),
+        num_warps=4 if rows is None else launch_shape(inter)[2],
     )
     return out
