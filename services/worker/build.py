@@ -132,8 +132,8 @@ def build_model_stack(
         )
         # e4m3 rows beside the norms' outputs: only where Triton converts e4m3 (compute capability
         # 8.9 on); an older GPU's FP8 products dequantize the weights instead
-        fp8 = model_cfg.quantization is not None and model_cfg.quantization.method == "fp8"
-        model = family.model(model_cfg, weights, TritonOps(fp8_rows=fp8 and fp8_triton(device)), attn, cos_sin, tp)
+        fp8 = isinstance(weights.layers[0].qkv, Fp8Weight) and fp8_triton(device)
+        model = family.model(model_cfg, weights, TritonOps(fp8_rows=fp8), attn, cos_sin, tp)
     else:
         attn = TorchAttention(cache, heads, model_cfg.head_dim, layers)
         model = family.model(model_cfg, weights, TorchOps(), attn, cos_sin, tp)
