@@ -77,6 +77,12 @@ class RouterProbe:
         wait_until(check, timeout_s, lambda: f"{what} (last figures: {got})")
         return got
 
+    def holding(self, group: str, timeout_s: float = 30) -> Figures:
+        """Until the router counts requests running on ``group`` (a fault test's moment to strike:
+        a group of a few clients' load can be idle for a moment); -> the figures then."""
+        key = running_key(group)
+        return self.wait_for(lambda f: f.get(key, 0) > 0, timeout_s, f"requests on group {group}")
+
 
 def two_groups(model_dir: str, redis_server: RedisServer, log_dir: str) -> tuple[Stack, RouterProbe]:
     """A stack of two worker groups whose router serves its metrics, and its probe, once the
@@ -90,6 +96,10 @@ def two_groups(model_dir: str, redis_server: RedisServer, log_dir: str) -> tuple
         stack.stop()
         raise
     return stack, probe
+
+
+def running_key(group: str) -> str:
+    return f'group_running_requests{{group="{group}"}}'
 
 
 def admitted(f: Figures, group: str) -> float:

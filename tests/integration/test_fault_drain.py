@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from tests.integration.fault_load import COMPLETED, ERROR, LOST, Load, Tally, prompts, reference_texts
-from tests.integration.router_live import RouterProbe, admitted, wait_until
+from tests.integration.router_live import RouterProbe, admitted, running_key, wait_until
 from tools.redis_server import RedisServer, free_port
 from tools.stack import Stack, StackOptions
 
@@ -73,8 +73,7 @@ async def _drain(stack: Stack, probe: RouterProbe, load: Load, group: str) -> di
     """SIGTERM one group under load; -> what it held then, what the router placed on it while it
     drained, and how many requests were handed over from it."""
     await load.completed_since(time.monotonic(), 2, 60)  # requests flow
-    await asyncio.sleep(0.5)  # and are in flight on both groups
-    before = await asyncio.to_thread(probe.figures)
+    before = await asyncio.to_thread(probe.holding, group)  # and some are on this group
     stack.signal_service(f"worker-{group}", signal.SIGTERM)
     await asyncio.sleep(0.3)  # the router has read its draining status
     seen = await asyncio.to_thread(probe.figures)
@@ -87,7 +86,7 @@ async def _drain(stack: Stack, probe: RouterProbe, load: Load, group: str) -> di
     )
     after = await asyncio.to_thread(probe.figures)
     return {
-        "held": before.get(f'group_running_requests{{group="{group}"}}', 0.0),
+        "held": before[running_key(group)],
         "placed_while_draining": admitted(after, group) - admitted(seen, group),
         "handed_over": after["requeued_total"] - before["requeued_total"],
     }

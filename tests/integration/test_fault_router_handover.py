@@ -47,9 +47,7 @@ async def _double_fault(stack: Stack, probe: RouterProbe) -> tuple[dict[str, str
     reference = await reference_texts(stack.url, texts, MAX_NEW)
     async with Load(stack.url, texts, CLIENTS, MAX_NEW, bound_s=60) as load:
         await load.completed_since(time.monotonic(), 2, 90)
-        await asyncio.to_thread(
-            probe.wait_for, lambda f: f.get('group_running_requests{group="0"}', 0) > 0, 30, "requests on group 0"
-        )
+        await asyncio.to_thread(probe.holding, "0")
         stack.signal_service("worker-0", signal.SIGSTOP)  # holds its requests, sends nothing
         await asyncio.to_thread(stack.kill_service, "router")  # before it could declare group 0 dead
         stack.start_service("router")

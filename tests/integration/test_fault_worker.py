@@ -53,8 +53,7 @@ async def _kill_groups(stack: Stack, probe: RouterProbe) -> tuple[dict[str, str]
         for k in range(KILLS):
             group = str(k % 2)
             await load.completed_since(time.monotonic(), 2, 60)  # requests flow
-            await asyncio.sleep(0.5)  # and are in flight on both groups
-            before = await asyncio.to_thread(probe.figures)
+            before = await asyncio.to_thread(probe.holding, group)  # and some are on this group
             if k % 2:
                 stack.signal_service(f"worker-{group}", signal.SIGSTOP)
                 await asyncio.sleep(1.0)
