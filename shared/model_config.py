@@ -187,7 +187,7 @@ class ModelConfig:
             rope_scaling=scaling,
             eos_token_ids=eos,
             bos_token_id=raw.get("bos_token_id"),
-            quantization=parse_quantization(raw, family in MOE_FAMILIES),
+            quantization=parse_quantization(raw),
             mrope_section=mrope_section,
             **moe,
             **gemma,

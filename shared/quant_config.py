@@ -7,7 +7,8 @@ Supported:
 
 - 4-bit AWQ (the GEMM layout, zero points) and 4-bit GPTQ (symmetric, desc_act false, the
   "gptq" checkpoint format: stored zero points one below the real ones), group size 128 or any
-  power of two from 32; dense families only.
+  power of two from 32; any family, a mixture of experts' routed experts included (Phi-3's fused
+  projections are not tested quantized).
 - FP8 e4m3: compressed-tensors' "float-quantized" format (8-bit float weights, per-tensor or
   per-channel ``weight_scale``; input scales dynamic or static: activations are quantized per
   token whatever the checkpoint calibrated) and Hugging Face's fine-grained FP8 (quant_method
@@ -68,7 +69,7 @@ class WeightQuant:
 FP8_AT_LOAD = WeightQuant("fp8", 8, 0)
 
 
-def parse_quantization(raw: dict[str, Any], moe: bool) -> WeightQuant | None:
+def parse_quantization(raw: dict[str, Any]) -> WeightQuant | None:
     """config.json's quantization_config -> what the loader reads (None: unquantized weights)."""
     q = raw.get("quantization_config")
     if not q:
@@ -96,8 +97,6 @@ def parse_quantization(raw: dict[str, Any], moe: bool) -> WeightQuant | None:
             )
     else:
         raise QuantConfigError(f"quantization method {method!r} ({found}) is not supported; supported: {SUPPORTED}")
-    if moe:
-        raise QuantConfigError(f"a quantized mixture of experts ({found}) is not supported; dense families only")
     return WeightQuant(method, bits, group)
 
 

@@ -61,7 +61,7 @@ def dequantized_copy(src: str, dst: str, at_load: bool = False) -> None:
     shutil.copytree(src, dst)
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
-    quant = FP8_AT_LOAD if at_load else parse_quantization(cfg, moe=False)
+    quant = FP8_AT_LOAD if at_load else parse_quantization(cfg)
     assert quant is not None, f"{src} holds no quantized checkpoint"
     cfg.pop("quantization_config", None)
     with open(os.path.join(dst, "config.json"), "w") as f:

@@ -6,6 +6,7 @@ interpreter's).
 
     python tools/sass_count.py int4-one-row [--pairs 0|1] [--dtype bf16|fp16] [--block-n 64] [--block-k 128] [--warps 1]
     python tools/sass_count.py decode-e4m3 [--scales i8|fp32]
+    python tools/sass_count.py moe-int4 [--gemm gate_up|down] [--tiles small|large]
 
 prints a JSON line: the loop's instructions (int4: a weight a thread too) and the opcodes' counts.
 decode-e4m3: decode attention's stage 1 over an e4m3 pool at Llama-3-8B's heads, as
@@ -159,9 +160,31 @@ def decode_e4m3(scales: str) -> dict:
     return {"loop": loop, "ops": dict(ops.most_common())}
 
 
+def moe_int4(gate_up: bool, tiles: str) -> dict:
+    """The grouped GEMM of a mixture of experts (fused_moe.py) on AWQ/GPTQ int4 experts (groups of
+    128) with bf16 x, gate|up or down, at pick_tiles' decode ("small": 16 rows) or prefill
+    ("large": 64) tiles."""
+    from services.worker.kernels.fused_moe import MoeTiles, _fused_moe_kernel
+
+    t = MoeTiles(16, 64, 128, 1, 4, 4) if tiles == "small" else MoeTiles(64, 128, 64, 8, 8, 3)
+    constexprs = dict(TOP_K=2 if gate_up else 1, GATE_UP=gate_up, WEIGHTED=not gate_up, HAS_SCALE=False, INT4=True)
+    constexprs |= dict(GROUP=128, EVEN_K=True, IEEE=False, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+    pointers = dict(b_ptr="*i32", zeros_ptr="*u8", weights_ptr="*fp32", sorted_ptr="*i32", block_expert_ptr="*i32")
+    sig = {n: pointers.get(n, "*bf16") if n.endswith("_ptr") else "i32" for n in _fused_moe_kernel.arg_names}
+    sig = {n: v for n, v in sig.items() if n not in constexprs and n != "GROUP_M"}
+    divisible = frozenset(n for n in sig if n in ("N", "K") or n.startswith("stride"))
+    cubin = compile_sm90(
+        _fused_moe_kernel, sig, constexprs | {"GROUP_M": t.group_m}, t.num_warps, t.num_stages, divisible
+    )
+    ops, loop = count(sass(cubin))
+    return {"loop": loop, "ops": dict(ops.most_common())}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("kernel", choices=("int4-one-row", "decode-e4m3"))
+    ap.add_argument("kernel", choices=("int4-one-row", "decode-e4m3", "moe-int4"))
+    ap.add_argument("--gemm", default="gate_up", choices=("gate_up", "down"), help="moe-int4: which product")
+    ap.add_argument("--tiles", default="small", choices=("small", "large"), help="moe-int4: decode or prefill tiles")
     ap.add_argument("--scales", default="i8", choices=("i8", "fp32"), help="decode-e4m3: the pool's scales")
     ap.add_argument("--pairs", type=int, default=1, choices=(0, 1))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="x's; pairs in PTX: bf16 only")
@@ -171,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.kernel == "decode-e4m3":
         print(json.dumps(decode_e4m3(args.scales)), flush=True)
+    elif args.kernel == "moe-int4":
+        print(json.dumps(moe_int4(args.gemm == "gate_up", args.tiles)), flush=True)
     else:
         print(json.dumps(int4_one_row(args.pairs, args.dtype, args.block_n, args.block_k, args.warps)), flush=True)
 

@@ -21,13 +21,18 @@ from tests.worker.test_engine_vs_hf import PROMPTS
 from tools import make_tiny_model
 
 
-def _check(model_dir: str, reference: str, quantization: str, engine=None) -> None:
+def check_greedy(
+    model_dir: str, reference: str, quantization: str, engine=None, forms=(Fp8Weight, Fp8ExpertWeight)
+) -> None:
+    """The engine on model_dir (its projections and routed experts of forms' types) gives HF's
+    greedy tokens on reference."""
     engine = engine or build_engine(WorkerConfig(model_dir=model_dir, quantization=quantization))
+    dense, experts = forms
     for layer in engine.runner.model.w.layers:
-        assert isinstance(layer.qkv, Fp8Weight) and isinstance(layer.o, Fp8Weight)
-        assert layer.gate_up is None or isinstance(layer.gate_up, Fp8Weight)  # a routed-only MoE layer has none
-        if layer.experts is not None:  # the routed experts: e4m3 with a scale per expert and row
-            assert isinstance(layer.experts.w13, Fp8ExpertWeight) and isinstance(layer.experts.w2, Fp8ExpertWeight)
+        assert isinstance(layer.qkv, dense) and isinstance(layer.o, dense)
+        assert layer.gate_up is None or isinstance(layer.gate_up, dense)  # a routed-only MoE layer has none
+        if layer.experts is not None:  # the routed experts: quantized with their scales
+            assert isinstance(layer.experts.w13, experts) and isinstance(layer.experts.w2, experts)
     tok = hf_reference.tokenizer(reference)
     reqs, want = [], {}
     for i, text in enumerate(PROMPTS[:4]):
@@ -43,7 +48,7 @@ def test_fp8_at_load_in_every_family(arch: str, tmp_path) -> None:
     make_tiny_model.main(["--arch", arch, "--out", model_dir, "--seed", "3"])
     reference = str(tmp_path / f"{arch}-dequantized")
     dequantized_copy(model_dir, reference, at_load=True)
-    _check(model_dir, reference, "fp8")
+    check_greedy(model_dir, reference, "fp8")
 
 
 @pytest.mark.parametrize(
@@ -55,18 +60,20 @@ def test_fp8_checkpoints_of_mixtures_of_experts(arch: str, kind: str, tmp_path) 
     reference = str(tmp_path / f"{arch}-dequantized")
     dequantized_copy(model_dir, reference)
     assert os.path.exists(os.path.join(reference, "model.safetensors"))
-    _check(model_dir, reference, "none")
+    check_greedy(model_dir, reference, "none")
 
 
-def _over_two_ranks(model_dir: str, reference: str) -> None:
-    """--quantization fp8 on model_dir over two gloo ranks (rank 1 a child process), its tokens
-    checked against Hugging Face's on reference."""
-    cfg = WorkerConfig(model_dir=model_dir, device="cpu", tp=2, quantization="fp8", batch_max_tokens=16)
+def over_two_ranks(
+    model_dir: str, reference: str, quantization: str = "fp8", forms=(Fp8Weight, Fp8ExpertWeight)
+) -> None:
+    """model_dir (with --quantization quantization) over two gloo ranks (rank 1 a child process),
+    its tokens checked against Hugging Face's on reference."""
+    cfg = WorkerConfig(model_dir=model_dir, device="cpu", tp=2, quantization=quantization, batch_max_tokens=16)
     threads = torch.get_num_threads()  # joining the group divides the cores between the ranks
     group = start_group(cfg)
     try:
         engine = build_engine(cfg, group.tp, channel=group.channel)
-        _check(model_dir, reference, "fp8", engine)
+        check_greedy(model_dir, reference, quantization, engine, forms)
     finally:
         group.stop(join_s=20)
         leave_group()
@@ -76,7 +83,7 @@ def _over_two_ranks(model_dir: str, reference: str) -> None:
 def test_fp8_over_two_tensor_parallel_ranks(tiny_quant: dict[str, str]) -> None:
     """Column-parallel shares cut the scales, row-parallel ones keep them whole, and the tokens
     are HF's on the whole model's FP8 weights, dequantized."""
-    _over_two_ranks(tiny_quant["plain"], tiny_quant["fp8-at-load-dequantized"])
+    over_two_ranks(tiny_quant["plain"], tiny_quant["fp8-at-load-dequantized"])
 
 
 def test_fp8_experts_over_two_tensor_parallel_ranks(tmp_path) -> None:
@@ -85,4 +92,4 @@ def test_fp8_experts_over_two_tensor_parallel_ranks(tmp_path) -> None:
     model_dir, reference = str(tmp_path / "mixtral"), str(tmp_path / "mixtral-dequantized")
     make_tiny_model.main(["--arch", "mixtral", "--out", model_dir, "--seed", "3"])
     dequantized_copy(model_dir, reference, at_load=True)
-    _over_two_ranks(model_dir, reference)
+    over_two_ranks(model_dir, reference)

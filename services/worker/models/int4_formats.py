@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from services.worker.models.int4_experts import Int4ExpertWeight
 from services.worker.models.int4_weight import Int4Weight, pack_cols, pack_rows, unpack_cols
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -63,17 +64,33 @@ def quantize(w: torch.Tensor, group_size: int, symmetric: bool) -> tuple[torch.T
     return q.clamp(0, 15).reshape(k, n).to(torch.uint8), zero.to(torch.uint8), scale
 
 
+def quantize_weight(w: torch.Tensor, group_size: int, symmetric: bool) -> Int4Weight:
+    """W [N, K] -> an Int4Weight rounded to nearest as quantize does, its scales in W's dtype."""
+    q, z, s = quantize(w, group_size, symmetric)
+    return Int4Weight(pack_rows(q), z, s.to(w.dtype), group_size)
+
+
+def quantize_experts(w: torch.Tensor, group_size: int, symmetric: bool) -> Int4ExpertWeight:
+    """W [E, N, K] -> each expert as quantize_weight, one at a time."""
+    out = Int4ExpertWeight.empty(w.shape[0], w.shape[1], w.shape[2], group_size, w.dtype, w.device)
+    for e in range(w.shape[0]):
+        out.place(e, 0, quantize_weight(w[e], group_size, symmetric))
+    return out
+
+
 def quantize_layers_(layers: list[Any], method: str, group_size: int = 128) -> None:
-    """Each layer's dense projections (LayerWeights' qkv, o, gate_up, down) as method's int4
-    weights, in place: random weights drawn on the device (benchmarks), quantized as to_awq or
-    to_gptq would write them, their scales in the weights' dtype."""
+    """Each layer's projections (LayerWeights' qkv, o, gate_up, down and a sparse layer's routed
+    experts) as method's int4 weights, in place: random weights drawn on the device (benchmarks),
+    quantized as to_awq or to_gptq would write them, their scales in the weights' dtype."""
     symmetric = {"awq": False, "gptq": True}[method]
     for layer in layers:
         for name in ("qkv", "o", "gate_up", "down"):
             w = getattr(layer, name)
             if isinstance(w, torch.Tensor):
-                q, z, s = quantize(w, group_size, symmetric)
-                setattr(layer, name, Int4Weight(pack_rows(q), z, s.to(w.dtype), group_size))
+                setattr(layer, name, quantize_weight(w, group_size, symmetric))
+        if layer.experts is not None:
+            for name in ("w13", "w2"):
+                setattr(layer.experts, name, quantize_experts(getattr(layer.experts, name), group_size, symmetric))
 
 
 def to_awq(w: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
@@ -100,15 +117,27 @@ def read(method: str, get, prefix: str, group_size: int) -> Int4Weight:
 
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+EXPERT_PROJECTIONS = ("w1", "w2", "w3")  # Mixtral's routed experts' gate, down and up
+
+
+def _quantized(name: str) -> bool:
+    """A layer's projection that AutoAWQ and auto-gptq quantize: attention's, the MLP's, a shared
+    expert's and each routed expert's; not a router (mlp.gate, block_sparse_moe.gate) nor a
+    shared expert's gate."""
+    if not name.startswith("model.layers.") or not name.endswith(".weight"):
+        return False
+    proj = name.rsplit(".", 2)[-2]
+    return proj in PROJECTIONS or (".experts." in name and proj in EXPERT_PROJECTIONS)
 
 
 def quantize_checkpoint(tensors: dict[str, torch.Tensor], method: str, group_size: int) -> dict[str, torch.Tensor]:
-    """A dense checkpoint's tensors with every layer's projection in method's tensors (the
-    embedding, the output layer and the norms as they were), as AutoAWQ and auto-gptq write them."""
+    """A checkpoint's tensors with every layer's projection (a mixture of experts' routed experts
+    too) in method's tensors (the embedding, the output layer, the norms and the routers as they
+    were), as AutoAWQ and auto-gptq write them."""
     write = to_awq if method == "awq" else to_gptq
     out = {}
     for name, t in tensors.items():
-        if name.startswith("model.layers.") and name.rsplit(".", 2)[-2] in PROJECTIONS and name.endswith(".weight"):
+        if _quantized(name):
             stem = name.removesuffix("weight")
             out |= {stem + k: v for k, v in write(t, group_size).items()}
         else:

@@ -32,6 +32,8 @@ import torch
 from services.worker.forward_batch import ForwardBatch
 from services.worker.models.checkpoint import Checkpoint, Shard, WeightLoadError
 from services.worker.models.fp8_weight import Fp8ExpertWeight, Fp8Weight
+from services.worker.models.int4_experts import Int4ExpertWeight
+from services.worker.models.int4_weight import Int4Weight
 from services.worker.models.layers.moe import route
 from services.worker.models.layers.projection import matmul
 from services.worker.models.llama import LlamaModel
@@ -92,7 +94,9 @@ def load_experts(
     this rank's share of I. Each expert is copied into place as it is read, so no second copy of
     a layer's experts is ever held. FP8 projections (an FP8 checkpoint's, or --quantization fp8's)
     stack into an Fp8ExpertWeight, their scales cut with their rows: a rank's gate and up rows
-    keep their own scales, its columns of down the whole rows' scales."""
+    keep their own scales, its columns of down the whole rows' scales. AWQ's and GPTQ's int4
+    projections stack into an Int4ExpertWeight: gate and up cut by output columns of the packed
+    tensors, down by whole groups of input rows (Int4Weight.chunk)."""
     gate, up, down = names
     w13 = w2 = torch.empty(0)
     for e in range(num_experts):
@@ -108,19 +112,24 @@ def load_experts(
     return w13, w2
 
 
-def _stack(ckpt: Checkpoint, first: torch.Tensor | Fp8Weight, num_experts: int, rows: int) -> ExpertWeight:
+def _stack(ckpt: Checkpoint, first: torch.Tensor | Fp8Weight | Int4Weight, num_experts: int, rows: int) -> ExpertWeight:
     """Room for num_experts projections of rows rows, in the form of the first one read."""
     if isinstance(first, Fp8Weight):
         return Fp8ExpertWeight.empty(num_experts, rows, first.shape[1], ckpt.device)
+    if isinstance(first, Int4Weight):
+        return Int4ExpertWeight.empty(num_experts, rows, first.shape[1], first.group_size, ckpt.dtype, ckpt.device)
     return torch.empty(num_experts, rows, first.shape[1], dtype=ckpt.dtype, device=ckpt.device)
 
 
-def _place(stack: ExpertWeight, e: int, start: int, w: torch.Tensor | Fp8Weight) -> None:
+_FORMS = {Fp8ExpertWeight: Fp8Weight, Int4ExpertWeight: Int4Weight}  # a stack's form -> its experts'
+
+
+def _place(stack: ExpertWeight, e: int, start: int, w: torch.Tensor | Fp8Weight | Int4Weight) -> None:
     """Expert e's rows from start set to w's."""
-    if isinstance(stack, Fp8ExpertWeight) != isinstance(w, Fp8Weight):
+    if not isinstance(w, _FORMS.get(type(stack), torch.Tensor)):
         raise WeightLoadError(f"expert {e}: {type(w).__name__} where the experts before it are {type(stack).__name__}")
-    if isinstance(stack, Fp8ExpertWeight):
-        stack.place(e, start, w)
+    if isinstance(stack, (Fp8ExpertWeight, Int4ExpertWeight)):
+        stack.place(e, start, w)  # type: ignore[arg-type]
     else:
         stack[e, start : start + w.shape[0]].copy_(w)
 

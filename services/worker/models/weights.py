@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 import torch
 
 from services.worker.models.fp8_weight import Fp8ExpertWeight
+from services.worker.models.int4_experts import Int4ExpertWeight
 
-# one projection of every routed expert [E, N, K]: in the serving dtype, or FP8 with a scale a row
-ExpertWeight = torch.Tensor | Fp8ExpertWeight
+# one projection of every routed expert [E, N, K]: in the serving dtype, FP8 with a scale a row,
+# or AWQ's / GPTQ's int4 with a scale and zero point a group
+ExpertWeight = torch.Tensor | Fp8ExpertWeight | Int4ExpertWeight
 
 
 @dataclass

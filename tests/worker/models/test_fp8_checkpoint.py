@@ -118,13 +118,13 @@ def test_row_parallel_shares_keep_the_whole_rows_scales(tiny_quant: dict[str, st
 )
 def test_unsupported_fp8_is_refused(q: dict, found: str) -> None:
     with pytest.raises(QuantConfigError, match=found) as e:
-        parse_quantization({"quantization_config": q}, moe=False)
+        parse_quantization({"quantization_config": q})
     assert "supported: " in str(e.value) and "fine-grained FP8" in str(e.value)
 
 
 def test_fp8_checkpoints_of_mixtures_of_experts_are_read() -> None:
     q = {"quant_method": "fp8", "weight_block_size": [128, 128]}
-    assert parse_quantization({"quantization_config": q}, moe=True) == WeightQuant(
+    assert parse_quantization({"quantization_config": q}) == WeightQuant(
         "fp8", 8, 0, scale_name="weight_scale_inv", block=(128, 128)
     )
 

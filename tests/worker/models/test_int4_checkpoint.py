@@ -84,10 +84,5 @@ def test_inputs_that_split_in_partial_groups_are_refused() -> None:
 )
 def test_unsupported_quantization_is_refused(q: dict, found: str) -> None:
     with pytest.raises(QuantConfigError, match=found) as e:
-        parse_quantization({"quantization_config": q}, moe=False)
+        parse_quantization({"quantization_config": q})
     assert "supported" in str(e.value)
-
-
-def test_a_quantized_mixture_of_experts_is_refused() -> None:
-    with pytest.raises(QuantConfigError, match="mixture of experts"):
-        parse_quantization({"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}, moe=True)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from services.worker.models.fp8_weight import Fp8ExpertWeight
+from services.worker.models.int4_experts import Int4ExpertWeight
 from services.worker.models.weights import ExpertWeight
 
 
@@ -38,7 +39,7 @@ def experts_reference(
     [T, k] from route -> [T, H] in x's dtype: sum over j of weights[t, j] * expert ids[t, j] (x[t]).
     A loop over the experts chosen, each over the tokens that chose it (index_select, index_add),
     as Hugging Face computes it; its shapes depend on the routing, so it is for the CPU only. An
-    FP8 expert's weights are dequantized to x's dtype first (fp8_weight's reference product)."""
+    FP8 or int4 expert's weights are dequantized to x's dtype first (their reference products')."""
     out = torch.zeros_like(x)
     inter = w13.shape[1] // 2
     for e in ids.unique().tolist():
@@ -51,5 +52,5 @@ def experts_reference(
 
 
 def _expert(w: ExpertWeight, e: int, dtype: torch.dtype) -> torch.Tensor:
-    """Expert e's weight [N, K] in dtype (FP8: dequantized, rounded once)."""
-    return w[e].dequantize(dtype) if isinstance(w, Fp8ExpertWeight) else w[e]
+    """Expert e's weight [N, K] in dtype (FP8, int4: dequantized, rounded once)."""
+    return w[e].dequantize(dtype) if isinstance(w, (Fp8ExpertWeight, Int4ExpertWeight)) else w[e]
