@@ -122,6 +122,12 @@ def test_real_shapes_bf16_match_the_reference(shape: str, t: int) -> None:
 def test_a_cuda_graph_replays_new_routings() -> None:
     """Captured once (a host sync would fail the capture), replayed with other inputs and routings."""
     x, w13, w2, weights, ids = _inputs(48, 256, 96, 8, 2, torch.bfloat16, torch.device("cuda"))
+    replays_new_routings(x, w13, w2, weights, ids)
+
+
+def replays_new_routings(x, w13, w2, weights, ids) -> None:
+    """fused_experts captured once in a CUDA graph, then replayed with other x and routings (of
+    ids' shape, over w13's experts): each replay equals an eager call, bit for bit."""
     fused_experts(x, w13, w2, weights, ids)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -130,7 +136,9 @@ def test_a_cuda_graph_replays_new_routings() -> None:
     for seed in range(3):
         torch.manual_seed(seed)
         x.copy_(torch.randn_like(x))
-        new_w, new_ids = route(torch.randn(48, 8, device="cuda"), 2, True, torch.float32)
+        new_w, new_ids = route(
+            torch.randn(ids.shape[0], w13.shape[0], device="cuda"), ids.shape[1], True, torch.float32
+        )
         weights.copy_(new_w)
         ids.copy_(new_ids)
         graph.replay()
