@@ -7,8 +7,8 @@ Supported:
 
 - 4-bit AWQ (the GEMM layout, zero points) and 4-bit GPTQ (symmetric, desc_act false, the
   "gptq" checkpoint format: stored zero points one below the real ones), group size 128 or any
-  power of two from 32; any family, a mixture of experts' routed experts included (Phi-3's fused
-  projections are not tested quantized).
+  power of two from 32; any family, Phi-3's fused projections and a mixture of experts' routed
+  experts included.
 - FP8 e4m3: compressed-tensors' "float-quantized" format (8-bit float weights, per-tensor or
   per-channel ``weight_scale``; input scales dynamic or static: activations are quantized per
   token whatever the checkpoint calibrated) and Hugging Face's fine-grained FP8 (quant_method

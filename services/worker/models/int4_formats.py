@@ -116,13 +116,13 @@ def read(method: str, get, prefix: str, group_size: int) -> Int4Weight:
     raise ValueError(f"int4 method {method!r}: awq or gptq")
 
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
 EXPERT_PROJECTIONS = ("w1", "w2", "w3")  # Mixtral's routed experts' gate, down and up
 
 
 def _quantized(name: str) -> bool:
-    """A layer's projection that AutoAWQ and auto-gptq quantize: attention's, the MLP's, a shared
-    expert's and each routed expert's; not a router (mlp.gate, block_sparse_moe.gate) nor a
+    """A layer's projection that AutoAWQ and auto-gptq quantize: attention's, the MLP's (Phi-3's
+    fused ones too), a shared expert's and each routed expert's; not a router (mlp.gate, block_sparse_moe.gate) nor a
     shared expert's gate."""
     if not name.startswith("model.layers.") or not name.endswith(".weight"):
         return False

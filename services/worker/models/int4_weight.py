@@ -81,6 +81,13 @@ class Int4Weight:
         qs, zs, ss = self.qweight.chunk(chunks, 0), self.zeros.chunk(chunks, 0), self.scales.chunk(chunks, 0)
         return [Int4Weight(q, z, s, self.group_size) for q, z, s in zip(qs, zs, ss, strict=True)]
 
+    def split(self, sizes: list[int], dim: int = 0) -> list[Int4Weight]:
+        """Outputs in the given counts (phi3's fused q | k | v and gate | up): packed columns."""
+        if dim != 0:
+            raise Int4LayoutError("an int4 weight splits along its outputs only")
+        parts = zip(*(t.split(sizes, 1) for t in (self.qweight, self.zeros, self.scales)), strict=True)
+        return [Int4Weight(q, z, s, self.group_size) for q, z, s in parts]
+
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Int4Weight:
         """On device, its scales in dtype (the serving dtype); the packed tensors stay integers."""
         q, z = self.qweight.to(device), self.zeros.to(device)

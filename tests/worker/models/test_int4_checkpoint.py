@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.models.int4_formats import AWQ_ORDER, from_awq, from_gptq
+from services.worker.models.int4_formats import AWQ_ORDER, from_awq, from_gptq, quantize_weight
 from services.worker.models.int4_weight import Int4Weight
 from services.worker.models.registry import load_weights
 from services.worker.tp.parallel import TensorParallel
@@ -70,6 +70,16 @@ def test_inputs_that_split_in_partial_groups_are_refused() -> None:
     )
     with pytest.raises(ValueError, match="whole groups of 128"):
         w.chunk(2, dim=1)
+
+
+def test_a_split_by_outputs_is_the_dequantized_weights_split() -> None:
+    """Phi-3's fused q | k | v: parts of 24, 8 and 8 outputs, each its rows of the whole."""
+    w = quantize_weight(torch.randn(40, 64), 32, symmetric=False)
+    parts = w.split([24, 8, 8])
+    for part, want in zip(parts, w.dequantize().split([24, 8, 8]), strict=True):
+        torch.testing.assert_close(part.dequantize(), want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="outputs only"):
+        w.split([32, 32], dim=1)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
-"""AWQ and GPTQ checkpoints of the mixtures of experts (their routed experts int4 too, the
-routers not), on the CPU: loaded as Int4ExpertWeights equal to the dequantized checkpoint's
-experts, on one rank and each of two, and Hugging Face's greedy tokens on the dequantized
-weights through the engine, on one rank and over two."""
+"""AWQ and GPTQ checkpoints beyond the dense Llama-shaped families, on the CPU: the mixtures of
+experts (their routed experts int4 too, the routers not), loaded as Int4ExpertWeights equal to
+the dequantized checkpoint's experts on one rank and each of two, and Phi-3 (its fused qkv_proj
+and gate_up_proj quantized whole, split at load): Hugging Face's greedy tokens on the
+dequantized weights through the engine, on one rank and over two."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tools import make_tiny_model
 INT4_FORMS = (Int4Weight, Int4ExpertWeight)
 
 
-def _moe(tmp_path, arch: str, method: str) -> tuple[str, str]:
+def _quantized(tmp_path, arch: str, method: str) -> tuple[str, str]:
     """A tiny mixture of experts as method's checkpoint, groups of 32 (the experts 64 wide: one
     group a rank over two) -> (its directory, its dequantized twin's)."""
     model_dir, reference = str(tmp_path / f"{arch}-{method}"), str(tmp_path / f"{arch}-{method}-dequantized")
@@ -35,16 +36,26 @@ def _moe(tmp_path, arch: str, method: str) -> tuple[str, str]:
 def test_int4_checkpoints_of_mixtures_of_experts(arch: str, method: str, tmp_path) -> None:
     """Mixtral's w1/w3/w2 and the Qwen experts' gate/up/down (Qwen2-MoE's shared expert too) int4,
     the routers and the shared expert's gate unquantized: HF's greedy tokens."""
-    model_dir, reference = _moe(tmp_path, arch, method)
+    model_dir, reference = _quantized(tmp_path, arch, method)
     cfg = ModelConfig.from_dir(model_dir)
     assert cfg.quantization is not None and cfg.quantization.method == method
     check_greedy(model_dir, reference, "none", forms=INT4_FORMS)
 
 
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_int4_phi3_splits_its_fused_projections(method: str, tmp_path) -> None:
+    """qkv_proj and gate_up_proj are one int4 tensor each: split into q, k, v and gate, up by
+    packed columns (Int4Weight.split), then joined again in LightStream's layout."""
+    model_dir, reference = _quantized(tmp_path, "phi3", method)
+    check_greedy(model_dir, reference, "none", forms=INT4_FORMS)
+    if method == "gptq":
+        over_two_ranks(model_dir, reference, "none", INT4_FORMS)
+
+
 def test_int4_experts_load_equal_to_the_dequantized_checkpoint(tmp_path) -> None:
     """Each of two ranks' int4 experts (gate and up by output columns, down by whole groups of
     input rows) dequantize exactly to the same rank's share of the dequantized checkpoint."""
-    model_dir, reference = _moe(tmp_path, "qwen3_moe", "gptq")
+    model_dir, reference = _quantized(tmp_path, "qwen3_moe", "gptq")
     for rank, size in ((0, 1), (0, 2), (1, 2)):
         quant, plain = _load(model_dir, rank, size), _load(reference, rank, size)
         for got, want in zip(quant.layers, plain.layers, strict=True):
@@ -56,7 +67,7 @@ def test_int4_experts_load_equal_to_the_dequantized_checkpoint(tmp_path) -> None
 
 
 def test_int4_experts_over_two_tensor_parallel_ranks(tmp_path) -> None:
-    model_dir, reference = _moe(tmp_path, "mixtral", "awq")
+    model_dir, reference = _quantized(tmp_path, "mixtral", "awq")
     over_two_ranks(model_dir, reference, "none", INT4_FORMS)
 
 
