@@ -42,6 +42,16 @@ def test_int4_checkpoints_of_mixtures_of_experts(arch: str, method: str, tmp_pat
     check_greedy(model_dir, reference, "none", forms=INT4_FORMS)
 
 
+@pytest.mark.parametrize(
+    ("arch", "method"), [("qwen2", "gptq"), ("qwen3", "awq"), ("gemma2", "gptq"), ("gemma3", "awq")]
+)
+def test_int4_in_the_other_dense_families(arch: str, method: str, tmp_path) -> None:
+    """QKV bias, head norms, Gemma's unit-offset norms, soft-capping and sliding windows beside
+    int4 projections (Llama's own: tests/worker/test_quant_vs_hf.py)."""
+    model_dir, reference = _quantized(tmp_path, arch, method)
+    check_greedy(model_dir, reference, "none", forms=INT4_FORMS)
+
+
 @pytest.mark.parametrize("method", ["awq", "gptq"])
 def test_int4_phi3_splits_its_fused_projections(method: str, tmp_path) -> None:
     """qkv_proj and gate_up_proj are one int4 tensor each: split into q, k, v and gate, up by
