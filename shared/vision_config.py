@@ -129,7 +129,8 @@ _TEXT_DEFAULTS = {
 
 def text_config(raw: dict[str, Any]) -> dict[str, Any]:
     """A vision-language config.json's language model (text_config) as a text model's config.json:
-    its architecture named, Hugging Face's defaults filled in, the top level's ids carried down.
+    its architecture named, Hugging Face's defaults filled in, the top level's ids (and a
+    quantization_config) carried down.
     Qwen2-VL's keeps its architecture, which names its language model's family (qwen2_vl), and its
     text fields at the top level (Qwen's released configs) or under text_config (transformers 5's)."""
     archs = [a for a in raw.get("architectures") or [] if a in VISION_ARCHITECTURES]
@@ -142,7 +143,9 @@ def text_config(raw: dict[str, Any]) -> dict[str, Any]:
     for name, value in _TEXT_DEFAULTS[kind].items():
         text.setdefault(name, value)
     text["architectures"] = [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}[kind]]
-    for name in ("tie_word_embeddings", "eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
+    # a quantized checkpoint's quantization_config stands at the top level (it covers the
+    # language model's projections; the quantizers leave the tower unquantized)
+    for name in ("tie_word_embeddings", "eos_token_id", "bos_token_id", "torch_dtype", "dtype", "quantization_config"):
         if name in raw and name not in text:
             text[name] = raw[name]
     return text

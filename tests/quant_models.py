@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from services.worker.models import fp8_formats, int4_formats
 from services.worker.models.fp8_weight import Fp8Weight
+from services.worker.models.projections import is_projection
 from shared.quant_config import FP8_AT_LOAD, WeightQuant, parse_quantization
 from tools import make_tiny_model
 
@@ -44,11 +45,11 @@ def _served_weights(f, quant: WeightQuant) -> dict[str, torch.Tensor]:
         elif name.endswith((".qzeros", ".scales", ".g_idx", "_scale", "_scale_inv")):
             continue
         elif quant.method == "fp8" and name.endswith(".weight") and stem + quant.scale_name in names:
-            if fp8_formats.is_projection(name):  # a routed expert's too: Fp8Weight
+            if is_projection(name):  # a routed expert's too: Fp8Weight
                 out[name] = fp8_formats.read(f.get_tensor, stem, quant).dequantize()
             else:
                 out[name] = fp8_formats.dequantize(f.get_tensor(name), f.get_tensor(stem + quant.scale_name), quant)
-        elif quant.at_load and fp8_formats.is_projection(name):
+        elif quant.at_load and is_projection(name):
             out[name] = Fp8Weight.quantize(f.get_tensor(name)).dequantize()
         else:
             out[name] = f.get_tensor(name)

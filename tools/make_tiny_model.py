@@ -41,7 +41,7 @@ greedy generations end on EOS now and then. Same arguments, same bytes. --quant 
 layer's projections as 4-bit AWQ or GPTQ tensors quantized from the same draws
 (models/int4_formats.py), with config.json's quantization_config (hidden and intermediate
 sizes multiples of the group size, the experts' too; any arch, the routed experts quantized,
-the routers not), or as FP8 e4m3 (models/fp8_formats.py,
+the routers and a vision tower not: models/projections.py), or as FP8 e4m3 (models/fp8_formats.py,
 any arch, the routed experts too): fp8 is compressed-tensors per channel with dynamic per-token
 input scales, fp8-tensor compressed-tensors per tensor with static input scales, fp8-block
 Hugging Face's fine-grained FP8 with --block-size square blocks.
@@ -379,8 +379,6 @@ def main(argv: list[str] | None = None) -> None:
         args.layers = 4 if args.arch in GEMMA else 2
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise SystemExit("--hidden must divide by --heads, and --heads by --kv-heads")
-    if args.quant and args.arch in (*VISION, *tiny_qwen_vl.VL_ARCHS):
-        raise SystemExit("--quant: not for the vision-language archs")
     write(args.out, args)
     print(args.out)
 

@@ -24,6 +24,8 @@ from shared.messages import GenerateReq, SamplingParams
 from shared.model_config import ModelConfig
 from tests import qwen_vl_reference as ref
 from tests import vision_cases as vc
+from tests.quant_models import dequantized_copy
+from tools import make_tiny_model
 
 NEW_TOKENS = 10
 
@@ -63,3 +65,20 @@ def test_greedy_with_two_images_matches_hf(tiny_vl_models: dict[str, str], arch:
         )
     want = out[0, inputs["input_ids"].shape[1] :].tolist()
     assert _ours(model_dir, images, text) == want
+
+
+@pytest.mark.parametrize(("arch", "quant"), [("qwen2_vl", "gptq"), ("qwen2_5_vl", "fp8-block")])
+def test_a_quantized_vision_language_model_matches_hf(arch: str, quant: str, tmp_path) -> None:
+    """Its language model int4 or FP8, its tower (visual.*) unquantized: HF's greedy tokens on
+    the dequantized twin."""
+    model_dir, twin = str(tmp_path / arch), str(tmp_path / f"{arch}-dequantized")
+    flags = ["--quant", quant, "--group-size", "32", "--block-size", "32"]
+    make_tiny_model.main(["--arch", arch, "--out", model_dir, "--seed", "3", *flags])
+    dequantized_copy(model_dir, twin)
+    images = [ref.image(84, 56, seed=3)]
+    inputs = ref.prompt(twin, "Describe", images)
+    with torch.no_grad():
+        out = ref.model(twin).generate(
+            **inputs, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    assert _ours(model_dir, images, "Describe") == out[0, inputs["input_ids"].shape[1] :].tolist()

@@ -16,6 +16,8 @@ from shared.messages import GenerateReq, ImageRef, SamplingParams
 from shared.model_config import ModelConfig
 from shared.vision_config import image_pseudo_id
 from tests import vision_cases as vc
+from tests.quant_models import dequantized_copy
+from tools import make_tiny_model
 
 TEXT = "<s><|im_start|>user\n<image>Describe<image> both.<|im_end|>\n<|im_start|>assistant\n"
 MAX_NEW = 8
@@ -65,6 +67,21 @@ def test_two_images_of_different_sizes_match_hf(request: pytest.FixtureRequest, 
     engine = build_engine(WorkerConfig(model_dir=model_dir, device="cpu", batch_max_tokens=chunk))
     got = _run(engine, [_request(model_dir, "a", TEXT, images)])["a"][0]
     assert got == want
+
+
+@pytest.mark.parametrize(("arch", "quant"), [("llava", "awq"), ("llava_next", "fp8")])
+def test_a_quantized_llava_matches_hf_on_its_dequantized_weights(arch: str, quant: str, tmp_path) -> None:
+    """Its language model's projections int4 or FP8 (config.json's top-level quantization_config
+    carried down to the text model), its tower unquantized as the quantizers leave it: HF's
+    greedy tokens on the dequantized twin."""
+    model_dir, twin = str(tmp_path / arch), str(tmp_path / f"{arch}-dequantized")
+    make_tiny_model.main(["--arch", arch, "--out", model_dir, "--seed", "3", "--quant", quant, "--group-size", "32"])
+    dequantized_copy(model_dir, twin)
+    assert ModelConfig.from_dir(model_dir).quantization is not None
+    images = [vc.image(1, 60, 40), vc.image(2, 23, 70)]
+    want = vc.hf_greedy(twin, TEXT, images, MAX_NEW, add_special_tokens=False)
+    engine = build_engine(WorkerConfig(model_dir=model_dir, device="cpu", batch_max_tokens=16))
+    assert _run(engine, [_request(twin, "a", TEXT, images)])["a"][0] == want  # the twin's processor: HF's own
 
 
 def test_prompt_cache_keys_image_positions_by_image(tiny_llava: str) -> None:

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from services.worker.models import fp8_formats, int4_formats
 from services.worker.models.fp8_weight import Fp8Weight
 from services.worker.models.int4_weight import Int4Weight
+from services.worker.models.projections import is_projection
 from services.worker.tp.parallel import TensorParallel
 from shared.quant_config import WeightQuant
 
@@ -107,7 +108,7 @@ class Checkpoint:
         handle = self.where.get(name)
         stem = name.removesuffix("weight")
         quant = self.quant
-        if handle is None and quant is not None and stem + "qweight" in self.where:
+        if handle is None and quant is not None and self.has(stem + "qweight"):  # under an alias too (a LLaVA's)
             return int4_formats.read(quant.method, self.get, stem, quant.group_size)
         if handle is None:
             raise WeightLoadError(f"tensor {name} missing from the checkpoint")
@@ -116,7 +117,7 @@ class Checkpoint:
         return handle.get_tensor(name)
 
     def _fp8(self, name: str, stem: str, quant: WeightQuant, handle) -> torch.Tensor | Fp8Weight:
-        projection = fp8_formats.is_projection(name)
+        projection = is_projection(name)
         if quant.at_load:
             t = handle.get_tensor(name)
             return Fp8Weight.quantize(t.to(self.device)) if projection and t.dim() == 2 else t

@@ -24,17 +24,8 @@ from collections.abc import Callable
 import torch
 
 from services.worker.models.fp8_weight import FP8_MAX, MIN_SCALE, Fp8Weight, to_fp8
+from services.worker.models.projections import is_projection
 from shared.quant_config import WeightQuant
-
-EXPERT_NAMES = ("w1", "w2", "w3")  # Mixtral's routed experts' gate, down and up
-
-
-def is_projection(name: str) -> bool:
-    """A decoder layer's projection weight: q/k/v/o, gate/up/down, phi3's fused qkv and gate_up,
-    a shared expert's, and each routed expert's (Mixtral's w1, w3 and w2 too)."""
-    if ".layers." not in name or not name.endswith(".weight"):
-        return False
-    return name.endswith("_proj.weight") or (".experts." in name and name.rsplit(".", 2)[-2] in EXPERT_NAMES)
 
 
 def _block_scales(scale: torch.Tensor, n: int, k: int, block: tuple[int, int]) -> torch.Tensor:

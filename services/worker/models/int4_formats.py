@@ -21,6 +21,7 @@ import torch
 
 from services.worker.models.int4_experts import Int4ExpertWeight
 from services.worker.models.int4_weight import Int4Weight, pack_cols, pack_rows, unpack_cols
+from services.worker.models.projections import is_projection
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)  # column j of a word is nibble AWQ_REVERSE[j]
@@ -116,20 +117,6 @@ def read(method: str, get, prefix: str, group_size: int) -> Int4Weight:
     raise ValueError(f"int4 method {method!r}: awq or gptq")
 
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
-EXPERT_PROJECTIONS = ("w1", "w2", "w3")  # Mixtral's routed experts' gate, down and up
-
-
-def _quantized(name: str) -> bool:
-    """A layer's projection that AutoAWQ and auto-gptq quantize: attention's, the MLP's (Phi-3's
-    fused ones too), a shared expert's and each routed expert's; not a router (mlp.gate, block_sparse_moe.gate) nor a
-    shared expert's gate."""
-    if not name.startswith("model.layers.") or not name.endswith(".weight"):
-        return False
-    proj = name.rsplit(".", 2)[-2]
-    return proj in PROJECTIONS or (".experts." in name and proj in EXPERT_PROJECTIONS)
-
-
 def quantize_checkpoint(tensors: dict[str, torch.Tensor], method: str, group_size: int) -> dict[str, torch.Tensor]:
     """A checkpoint's tensors with every layer's projection (a mixture of experts' routed experts
     too) in method's tensors (the embedding, the output layer, the norms and the routers as they
@@ -137,7 +124,7 @@ def quantize_checkpoint(tensors: dict[str, torch.Tensor], method: str, group_siz
     write = to_awq if method == "awq" else to_gptq
     out = {}
     for name, t in tensors.items():
-        if _quantized(name):
+        if is_projection(name):
             stem = name.removesuffix("weight")
             out |= {stem + k: v for k, v in write(t, group_size).items()}
         else:
