@@ -9,6 +9,8 @@ Supported:
   "gptq" checkpoint format: stored zero points one below the real ones), group size 128 or any
   power of two from 32; any family, Phi-3's fused projections and a mixture of experts' routed
   experts included.
+- compressed-tensors' W4A16 ("pack-quantized": 4-bit int weights, symmetric, a scale a group,
+  actorder none or "weight"), read into the same int4 layout as GPTQ's.
 - FP8 e4m3: compressed-tensors' "float-quantized" format (8-bit float weights, per-tensor or
   per-channel ``weight_scale``; input scales dynamic or static: activations are quantized per
   token whatever the checkpoint calibrated) and Hugging Face's fine-grained FP8 (quant_method
@@ -26,10 +28,13 @@ log = logging.getLogger(__name__)
 
 SUPPORTED = (
     "4-bit AWQ (version gemm, zero_point true), 4-bit GPTQ (sym true, desc_act false, format gptq), "
+    "compressed-tensors pack-quantized W4A16 (4-bit int weights, symmetric, strategy group, actorder none "
+    "or weight), "
     "compressed-tensors float-quantized FP8 (8-bit float weights, strategy tensor or channel) or "
     "Hugging Face fine-grained FP8 (quant_method fp8, e4m3, weight_block_size [rows, cols] or none)"
 )
 GROUP_SIZES = (32, 64, 128, 256)
+INT4_METHODS = ("awq", "gptq", "w4a16")  # w4a16: compressed-tensors' pack-quantized int4
 FP8_SCALES = ("weight_scale", "weight_scale_inv", "")  # compressed-tensors', HF fine-grained's; "": made at load
 
 
@@ -39,7 +44,7 @@ class QuantConfigError(ValueError):
 
 @dataclass(frozen=True)
 class WeightQuant:
-    method: str  # awq | gptq | fp8
+    method: str  # awq | gptq | w4a16 | fp8
     bits: int  # 4, or 8 for fp8
     group_size: int  # int4: input columns sharing one scale and zero point; fp8: 0
     scale_name: str = (
@@ -54,7 +59,7 @@ class WeightQuant:
                     f"fp8 with {self.bits} bits, scales {self.scale_name!r}, block {list(self.block)} is not "
                     f"supported; supported: {SUPPORTED}"
                 )
-        elif self.method not in ("awq", "gptq") or self.bits != 4 or self.group_size not in GROUP_SIZES:
+        elif self.method not in INT4_METHODS or self.bits != 4 or self.group_size not in GROUP_SIZES:
             raise QuantConfigError(
                 f"quantization {self.method} with {self.bits} bits, group size {self.group_size} is not supported; "
                 f"supported: {SUPPORTED}, group size one of {GROUP_SIZES}"
@@ -101,8 +106,11 @@ def parse_quantization(raw: dict[str, Any]) -> WeightQuant | None:
 
 
 def _compressed_tensors(q: dict[str, Any]) -> WeightQuant:
-    """compressed-tensors' FP8: every config group's weights 8-bit float, per tensor or channel."""
+    """compressed-tensors' FP8: every config group's weights 8-bit float, per tensor or channel;
+    or its W4A16 (pack-quantized)."""
     fmt = str(q.get("format", "?"))
+    if fmt == "pack-quantized":
+        return _pack_quantized(q)
     if fmt != "float-quantized":
         raise QuantConfigError(f"compressed-tensors format {fmt!r} is not supported; supported: {SUPPORTED}")
     for name, group in (q.get("config_groups") or {}).items():
@@ -120,6 +128,29 @@ def _compressed_tensors(q: dict[str, Any]) -> WeightQuant:
     if q.get("kv_cache_scheme"):
         log.warning("the checkpoint's KV cache scales are not read: --kv-dtype fp8 computes per-token scales")
     return WeightQuant("fp8", 8, 0, scale_name="weight_scale")
+
+
+def _pack_quantized(q: dict[str, Any]) -> WeightQuant:
+    """compressed-tensors' W4A16 (llm-compressor's default int4 scheme): every config group's
+    weights 4-bit int, symmetric, one scale a group of input columns; no activation quantization.
+    actorder "weight" reorders only the quantizer's pass (the groups stay contiguous); "group"
+    would need each column's group index, which is not read."""
+    groups = set()
+    for name, group in (q.get("config_groups") or {}).items():
+        w, acts = group.get("weights") or {}, group.get("input_activations")
+        found = (
+            f"weights of {name}: {w.get('num_bits')} bits, type {w.get('type')!r}, symmetric {w.get('symmetric')}, "
+            f"strategy {w.get('strategy')!r}, actorder {w.get('actorder')!r}, input activations {acts}"
+        )
+        ok = (w.get("num_bits"), w.get("type"), w.get("symmetric"), w.get("strategy")) == (4, "int", True, "group")
+        if not ok or w.get("actorder") not in (None, "weight") or acts:
+            raise QuantConfigError(
+                f"compressed-tensors pack-quantized {found} is not supported; supported: {SUPPORTED}"
+            )
+        groups.add(int(w.get("group_size") or 0))
+    if len(groups) != 1:
+        raise QuantConfigError(f"compressed-tensors pack-quantized with group sizes {sorted(groups)}: one is supported")
+    return WeightQuant("w4a16", 4, groups.pop())
 
 
 def _fine_grained_fp8(q: dict[str, Any]) -> WeightQuant:

@@ -22,7 +22,7 @@ from tools import make_tiny_model
 
 # group size 128 needs projections' inputs that are multiples of 128
 SHAPE = ["--hidden", "128", "--intermediate", "256", "--heads", "4", "--kv-heads", "2", "--seed", "0"]
-INT4 = ("awq", "gptq")
+INT4 = ("awq", "gptq", "w4a16")
 FP8 = ("fp8", "fp8-tensor", "fp8-block", "fp8-at-load")
 AT_LOAD = "fp8-at-load"  # served with WorkerConfig(quantization="fp8")
 
@@ -38,11 +38,11 @@ def _served_weights(f, quant: WeightQuant) -> dict[str, torch.Tensor]:
     out = {}
     for name in names:
         stem = name.removesuffix("weight")
-        if name.endswith(".qweight"):
-            stem = name.removesuffix("qweight")
+        if name.endswith((".qweight", ".weight_packed")):
+            stem = name.removesuffix("qweight").removesuffix("weight_packed")
             w = int4_formats.read(quant.method, f.get_tensor, stem, quant.group_size)
             out[stem + "weight"] = w.to(dtype=torch.float32).dequantize()
-        elif name.endswith((".qzeros", ".scales", ".g_idx", "_scale", "_scale_inv")):
+        elif name.endswith((".qzeros", ".scales", ".g_idx", "_scale", "_scale_inv", ".weight_shape")):
             continue
         elif quant.method == "fp8" and name.endswith(".weight") and stem + quant.scale_name in names:
             if is_projection(name):  # a routed expert's too: Fp8Weight

@@ -6,7 +6,7 @@ byte-level BPE tokenizer trained here on tools/data/corpus.txt.
         [--hidden 64] [--layers 2 (gemma: 4)] [--heads 4] [--kv-heads 2] [--intermediate 128]
         [--experts 4] [--top-k 2] [--moe-intermediate 48] [--shared-intermediate 96]
         [--mlp-only-layers I ...] [--vocab 1000] [--max-positions 1024] [--dtype float32]
-        [--quant awq|gptq|fp8|fp8-tensor|fp8-block] [--group-size 128] [--block-size 128]
+        [--quant awq|gptq|w4a16|fp8|fp8-tensor|fp8-block] [--group-size 128] [--block-size 128]
         [--arch llava|llava_next [--image-size 32] [--patch-size 8] [--vision-hidden 32] [--vision-layers 3]]
         [--arch qwen2_vl|qwen2_5_vl]
 
@@ -38,8 +38,8 @@ The output layer is scaled up so the next-token distribution is peaked: greedy c
 then do not hinge on the order of floating-point sums, which lets tests compare token
 for token with Hugging Face transformers. The end-of-sequence row is scaled further so
 greedy generations end on EOS now and then. Same arguments, same bytes. --quant writes every
-layer's projections as 4-bit AWQ or GPTQ tensors quantized from the same draws
-(models/int4_formats.py), with config.json's quantization_config (hidden and intermediate
+layer's projections as 4-bit AWQ, GPTQ or compressed-tensors W4A16 tensors quantized from the
+same draws (models/int4_formats.py), with config.json's quantization_config (hidden and intermediate
 sizes multiples of the group size, the experts' too; any arch, the routed experts quantized,
 the routers and a vision tower not: models/projections.py), or as FP8 e4m3 (models/fp8_formats.py,
 any arch, the routed experts too): fp8 is compressed-tensors per channel with dynamic per-token
@@ -366,7 +366,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     ap.add_argument("--logit-scale", type=float, default=4.0, help="standard deviation of the logits")
     ap.add_argument("--eos-boost", type=float, default=1.8, help="extra scale of the EOS row of the output layer")
-    ap.add_argument("--quant", choices=["awq", "gptq", *fp8_formats.KINDS], help="quantized projections (docstring)")
+    ap.add_argument(
+        "--quant", choices=["awq", "gptq", "w4a16", *fp8_formats.KINDS], help="quantized projections (docstring)"
+    )
     ap.add_argument("--group-size", type=int, default=128, help="awq and gptq's group size")
     ap.add_argument("--block-size", type=int, default=128, help="fp8-block's block: rows and columns")
     tiny_vision.add_args(ap)

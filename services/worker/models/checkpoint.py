@@ -108,7 +108,9 @@ class Checkpoint:
         handle = self.where.get(name)
         stem = name.removesuffix("weight")
         quant = self.quant
-        if handle is None and quant is not None and self.has(stem + "qweight"):  # under an alias too (a LLaVA's)
+        packed = int4_formats.PACKED.get(quant.method, "") if quant is not None else ""
+        if handle is None and packed and self.has(stem + packed):  # under an alias too (a LLaVA's)
+            assert quant is not None
             return int4_formats.read(quant.method, self.get, stem, quant.group_size)
         if handle is None:
             raise WeightLoadError(f"tensor {name} missing from the checkpoint")

@@ -1,6 +1,6 @@
-"""AWQ's and GPTQ's 4-bit checkpoint tensors -> Int4Weight (int4_weight.py's one layout), and the
-quantizers that write them (tools/make_tiny_model.py --quant), so each reader is tested without
-a download.
+"""AWQ's, GPTQ's and compressed-tensors' W4A16 4-bit checkpoint tensors -> Int4Weight
+(int4_weight.py's one layout), and the quantizers that write them (tools/make_tiny_model.py
+--quant), so each reader is tested without a download.
 
 Per projection, both store scales [K / G, N] (float16) beside:
 
@@ -11,6 +11,9 @@ Per projection, both store scales [K / G, N] (float16) beside:
   [K / 8, N] int32, input row 8i + j at bits 4j of word i; qzeros [K / G, N / 8], column 8w + j
   at bits 4j of word w, holding the zero point minus one; g_idx [K] (k // G when desc_act is
   false, which is all that is read). W = (q - (stored zero + 1)) * scale; symmetric: zero 8.
+- compressed-tensors' W4A16 ("pack-quantized", llm-compressor's int4): weight_packed [N, K / 8]
+  int32, input column 8i + j at bits 4j of word i, each value stored plus 8 (an offset code of
+  a signed -8..7); weight_scale [N, K / G]; weight_shape [2]. Symmetric: W = (q - 8) * scale.
 """
 
 from __future__ import annotations
@@ -94,6 +97,12 @@ def quantize_layers_(layers: list[Any], method: str, group_size: int = 128) -> N
                 setattr(layer.experts, name, quantize_experts(getattr(layer.experts, name), group_size, symmetric))
 
 
+def from_w4a16(weight_packed: torch.Tensor, weight_scale: torch.Tensor, group_size: int) -> Int4Weight:
+    q = unpack_cols(weight_packed).t()  # [K, N], offset codes: the zero point is 8
+    z = torch.full(weight_scale.t().shape, 8, dtype=torch.uint8, device=q.device)
+    return Int4Weight(pack_rows(q.contiguous()), z, weight_scale.t().contiguous(), group_size)
+
+
 def to_awq(w: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
     """W [N, K] -> AWQ's tensors by their checkpoint suffixes."""
     q, z, s = quantize(w, group_size, symmetric=False)
@@ -107,21 +116,33 @@ def to_gptq(w: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
     return {"qweight": pack_rows(q), "qzeros": pack_cols(z.int() - 1), "scales": s, "g_idx": g_idx}
 
 
+def to_w4a16(w: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
+    """W [N, K] -> compressed-tensors' pack-quantized tensors by their checkpoint suffixes."""
+    q, _, s = quantize(w, group_size, symmetric=True)  # codes 0..15 about a zero point of 8
+    shape = torch.tensor(list(w.shape), dtype=torch.int64)
+    return {"weight_packed": pack_cols(q.t().contiguous()), "weight_scale": s.t().contiguous(), "weight_shape": shape}
+
+
+PACKED = {"awq": "qweight", "gptq": "qweight", "w4a16": "weight_packed"}  # the tensor that marks a projection int4
+
+
 def read(method: str, get, prefix: str, group_size: int) -> Int4Weight:
     """The projection under prefix ("...q_proj.") from a checkpoint's get(name)."""
+    if method == "w4a16":
+        return from_w4a16(get(prefix + "weight_packed"), get(prefix + "weight_scale"), group_size)
     qweight, qzeros, scales = (get(prefix + n) for n in ("qweight", "qzeros", "scales"))
     if method == "awq":
         return from_awq(qweight, qzeros, scales, group_size)
     if method == "gptq":
         return from_gptq(qweight, qzeros, scales, group_size)
-    raise ValueError(f"int4 method {method!r}: awq or gptq")
+    raise ValueError(f"int4 method {method!r}: awq, gptq or w4a16")
 
 
 def quantize_checkpoint(tensors: dict[str, torch.Tensor], method: str, group_size: int) -> dict[str, torch.Tensor]:
     """A checkpoint's tensors with every layer's projection (a mixture of experts' routed experts
     too) in method's tensors (the embedding, the output layer, the norms and the routers as they
     were), as AutoAWQ and auto-gptq write them."""
-    write = to_awq if method == "awq" else to_gptq
+    write = {"awq": to_awq, "gptq": to_gptq, "w4a16": to_w4a16}[method]
     out = {}
     for name, t in tensors.items():
         if is_projection(name):
@@ -136,6 +157,15 @@ def quantization_config(method: str, group_size: int) -> dict:
     """config.json's quantization_config for a checkpoint quantize_checkpoint wrote."""
     if method == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": group_size, "version": "gemm", "zero_point": True}
+    if method == "w4a16":
+        weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": group_size}
+        group = {"targets": ["Linear"], "weights": weights | {"actorder": None, "dynamic": False}}
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {"group_0": group | {"input_activations": None, "output_activations": None}},
+            "ignore": ["lm_head"],
+        }
     return {
         "quant_method": "gptq",
         "bits": 4,

@@ -6,12 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.models.int4_formats import AWQ_ORDER, from_awq, from_gptq, quantize_weight
+from services.worker.models.int4_formats import (
+    AWQ_ORDER,
+    from_awq,
+    from_gptq,
+    from_w4a16,
+    quantization_config,
+    quantize_weight,
+)
 from services.worker.models.int4_weight import Int4Weight
 from services.worker.models.registry import load_weights
 from services.worker.tp.parallel import TensorParallel
 from shared.model_config import ModelConfig
-from shared.quant_config import QuantConfigError, parse_quantization
+from shared.quant_config import QuantConfigError, WeightQuant, parse_quantization
 
 K, N, G = 64, 16, 32
 
@@ -45,12 +52,35 @@ def test_gptq_layout_as_auto_gptq_packs_it() -> None:
             assert got[n, k] == (q - z) * scales[k // G, n]
 
 
+def test_w4a16_layout_as_compressed_tensors_packs_it() -> None:
+    """weight_packed [N, K / 8]: input column 8i + j at bits 4j of word i, each a signed value
+    plus 8; weight_scale [N, K / G]. W = (code - 8) * scale."""
+    packed, scale = _words(N, K // 8), torch.rand(N, K // G) + 0.5
+    got = from_w4a16(packed, scale, G).dequantize(torch.float32)
+    for k in range(0, K, 3):
+        for n in range(N):
+            assert got[n, k] == (_nibble(packed[n, k // 8], k % 8) - 8) * scale[n, k // G]
+
+
+def test_w4a16_config_as_llm_compressor_writes_it() -> None:
+    """The W4A16 preset's quantization_config; group and asymmetric schemes are refused by name."""
+    cfg = quantization_config("w4a16", 128)
+    assert parse_quantization({"quantization_config": cfg}) == WeightQuant("w4a16", 4, 128)
+    weights = cfg["config_groups"]["group_0"]["weights"]
+    for change, found in (({"symmetric": False}, "symmetric False"), ({"actorder": "group"}, "actorder 'group'")):
+        bad = {**cfg, "config_groups": {"group_0": {**cfg["config_groups"]["group_0"], "weights": weights | change}}}
+        with pytest.raises(QuantConfigError, match=found):
+            parse_quantization({"quantization_config": bad})
+
+
 def _load(model_dir: str, rank: int = 0, size: int = 1):
     cfg = ModelConfig.from_dir(model_dir)
     return load_weights(model_dir, cfg, torch.float32, "cpu", TensorParallel(rank, size), progress=False)
 
 
-@pytest.mark.parametrize(("method", "size"), [("awq", 1), ("gptq", 1), ("awq-g32", 2), ("gptq-g32", 2)])
+@pytest.mark.parametrize(
+    ("method", "size"), [("awq", 1), ("gptq", 1), ("w4a16", 1), ("awq-g32", 2), ("gptq-g32", 2), ("w4a16-g32", 2)]
+)
 def test_loading_equals_the_dequantized_weights(tiny_quant: dict[str, str], method: str, size: int) -> None:
     """Each rank's int4 share (rows of qkv and gate_up, columns of o and down) dequantizes to
     the same rank's share of the dequantized checkpoint."""
