@@ -11,7 +11,9 @@ import pytest
 
 from services.worker.models.bench_shapes import SHAPES
 from services.worker.models.fp8_weight import Fp8Weight
+from services.worker.models.int4_experts import Int4ExpertWeight
 from services.worker.models.int4_weight import Int4Weight
+from tests.worker.engine_driver import request, run
 from tools import bench_quant, make_tiny_model
 from tools.engine_factory import EngineFactory, projection_bytes
 
@@ -114,3 +116,19 @@ def test_fp8_lm_head_beside_random_int4_weights(tiny: str, monkeypatch) -> None:
     _, args = bench_quant.parse_args([*flags, "--fp8-lm-head"])
     w = EngineFactory(args).build(cache_on=True).engine.runner.model.w
     assert isinstance(w.lm_head, Fp8Weight) and isinstance(w.layers[0].qkv, Int4Weight)
+
+
+def test_the_int4_variant_of_a_mixture_of_experts(tmp_path, monkeypatch) -> None:
+    """--quantization gptq on a mixture of experts' random weights: its routed experts become
+    Int4ExpertWeights of group size 128 too, and the engine decodes on them."""
+    model_dir = str(tmp_path / "moe")
+    make_tiny_model.main(["--arch", "qwen3_moe", "--out", model_dir, "--hidden", "128", "--moe-intermediate", "128"])
+    with open(os.path.join(model_dir, "config.json")) as f:
+        monkeypatch.setitem(SHAPES, "tiny-moe", json.load(f))
+    flags = ["--out", "unused.json", "--shape", "tiny-moe", "--device", "cpu", "--quantization", "gptq"]
+    _, args = bench_quant.parse_args(flags)
+    built = EngineFactory(args).build(cache_on=True)
+    experts = [layer.experts for layer in built.engine.runner.model.w.layers if layer.experts is not None]
+    assert experts and all(isinstance(e.w13, Int4ExpertWeight) and e.w2.group_size == 128 for e in experts)
+    out = run(built.engine, [request("a", [5, 6, 7, 8], max_new_tokens=4)])
+    assert len(out["a"].tokens) == 4
