@@ -148,6 +148,8 @@ def _pack_quantized(q: dict[str, Any]) -> WeightQuant:
                 f"compressed-tensors pack-quantized {found} is not supported; supported: {SUPPORTED}"
             )
         groups.add(int(w.get("group_size") or 0))
+    if not groups:
+        raise QuantConfigError(f"compressed-tensors pack-quantized without config_groups; supported: {SUPPORTED}")
     if len(groups) != 1:
         raise QuantConfigError(f"compressed-tensors pack-quantized with group sizes {sorted(groups)}: one is supported")
     return WeightQuant("w4a16", 4, groups.pop())

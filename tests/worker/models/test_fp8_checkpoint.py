@@ -95,7 +95,8 @@ def test_row_parallel_shares_keep_the_whole_rows_scales(tiny_quant: dict[str, st
 @pytest.mark.parametrize(
     ("q", "found"),
     [
-        ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "'pack-quantized'"),
+        ({"quant_method": "compressed-tensors", "format": "marlin-24"}, "'marlin-24'"),
+        ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "pack-quantized without config_groups"),
         (
             {
                 "quant_method": "compressed-tensors",
