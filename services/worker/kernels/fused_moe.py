@@ -286,9 +286,8 @@ def fused_experts(
     """x [T, H] through its routed experts: w13 [E, 2I, H] (each expert's gate rows, then its up
     rows), w2 [E, H, I], each in x's dtype, an Fp8ExpertWeight (e4m3, scales [E, 2I] and [E, H];
     on a GPU of compute capability 8.9 or more, or the interpreter) or an Int4ExpertWeight (its
-    scales in x's dtype), weights [T, k] (float) and
-    ids [T, k] (int) from layers/moe.py's route -> [T, H] in x's dtype. tiles: the launch
-    configuration, else pick_tiles'."""
+    scales in x's dtype), weights [T, k] (float) and ids [T, k] (int) from layers/moe.py's route
+    -> [T, H] in x's dtype. tiles: the launch configuration, else pick_tiles'."""
     _check(x, w13, w2, weights, ids)
     t, h = x.shape
     e, inter, k = w13.shape[0], w13.shape[1] // 2, ids.shape[1]

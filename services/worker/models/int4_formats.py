@@ -2,7 +2,7 @@
 (int4_weight.py's one layout), and the quantizers that write them (tools/make_tiny_model.py
 --quant), so each reader is tested without a download.
 
-Per projection, both store scales [K / G, N] (float16) beside:
+Per projection, AWQ and GPTQ store scales [K / G, N] (float16) beside:
 
 - AWQ (AutoAWQ, version gemm): qweight [K, N / 8] and qzeros [K / G, N / 8] int32, eight
   output columns a word in the order 0 2 4 6 1 3 5 7 (nibble i, at bits 4i, holds column
