@@ -90,10 +90,18 @@ def quantizes_rows(m: int) -> bool:
     """Whether every FP8 product of m rows on a GPU with e4m3 quantizes x per token: past
     TRITON_MAX_M rows, where each of FP8_TILES' tiles for m's row bucket is an x8 tile (a shape
     without one runs torch._scaled_mm, which quantizes x too)."""
-    from services.worker.kernels.gemm_tiles import FP8_TILES, m_bucket
+    from services.worker.kernels.gemm_tiles import m_bucket
 
-    bucket = m_bucket(m)
-    return m > TRITON_MAX_M and all(t.x8 for (_, _, b), t in FP8_TILES.items() if b == bucket)
+    return m > TRITON_MAX_M and _all_x8(m_bucket(m))
+
+
+@functools.cache
+def _all_x8(bucket: int | None) -> bool:
+    """Each of FP8_TILES' tiles for the row bucket is an x8 tile: read once a bucket, not at
+    every norm of an eager step (the table is fixed)."""
+    from services.worker.kernels.gemm_tiles import FP8_TILES
+
+    return all(t.x8 for (_, _, b), t in FP8_TILES.items() if b == bucket)
 
 
 def scaled_mm_fits(x: torch.Tensor, w: Fp8Weight) -> bool:
