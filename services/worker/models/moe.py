@@ -128,8 +128,8 @@ def _place(stack: ExpertWeight, e: int, start: int, w: torch.Tensor | Fp8Weight 
     """Expert e's rows from start set to w's."""
     if not isinstance(w, _FORMS.get(type(stack), torch.Tensor)):
         raise WeightLoadError(f"expert {e}: {type(w).__name__} where the experts before it are {type(stack).__name__}")
-    if isinstance(stack, (Fp8ExpertWeight, Int4ExpertWeight)):
-        stack.place(e, start, w)  # type: ignore[arg-type]
+    if isinstance(stack, tuple(_FORMS)):
+        stack.place(e, start, w)  # type: ignore[arg-type]  (w is of stack's form: checked above)
     else:
         stack[e, start : start + w.shape[0]].copy_(w)
 
